@@ -1,0 +1,190 @@
+"""
+The commands: ``plan``, ``validate``, ``apply``, ``render`` and the classic form.
+
+Layer: ``poprun.cli``; the only place (with :mod:`main`) that prints, writes files or exits.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from poprun.cli import exitcode
+from poprun.cli.config import export_config
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.span import SourceSpan
+from poprun.planner.context import Context
+from poprun.planner.flags import CommandLine, parse_flags
+from poprun.planner.load import is_spec_path, load_spec
+from poprun.planner.plan import LaunchPlan
+from poprun.planner.solve import Solution, solve
+from poprun.planner.spec import Spec, overlay
+
+VERSION = "0.1.0"
+
+
+def _warn(diagnostics: tuple[Diagnostic, ...]) -> None:
+    if diagnostics:
+        from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
+
+        sys.stderr.write(render_diagnostics(diagnostics))
+
+
+def _read(args: list[str], ctx: Context, *, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
+    """Return the command line and the spec it describes (spec file and imported config under it)."""
+    spec_path = args.pop(0) if allow_spec_file and args and is_spec_path(args[0]) else None
+    command = parse_flags(args, environ=ctx.environ)
+    _warn(command.warnings)
+    spec = command.spec
+    if command.import_config is not None and command.export_config is not None:
+        raise DiagnosticError([error("PR201", "--export-config and --import-config together",
+                                     detail="a configuration cannot be imported and exported in one launch",
+                                     span=command.export_config.origin,
+                                     hint="export with one command, import with the next")])
+    if command.import_config is not None:
+        spec = overlay(load_spec(command.import_config.value), spec)
+    if spec_path is not None:
+        spec = overlay(load_spec(spec_path), spec)
+    if command.export_config is not None:
+        _warn(export_config(command.spec, command.export_config,
+                            overwrite=bool(command.overwrite_config and command.overwrite_config.value)))
+    return command, spec
+
+
+def _reject_plan_options(command: CommandLine, where: str) -> None:
+    if command.plan_options:
+        first = command.plan_options[0]
+        raise DiagnosticError([error("PR101", f"'{first.value}' is an option of 'poprun plan'",
+                                     detail=f"{where} does not take it", span=first.origin,
+                                     hint=f"use 'poprun plan {first.value} ...' to see the plan")])
+
+
+def _solve(spec: Spec, ctx: Context, *, require_program: bool) -> Solution:
+    solution = solve(spec, ctx, require_program=require_program)
+    _warn(solution.warnings)
+    return solution
+
+
+def _emit(text: str, command: CommandLine) -> None:
+    if command.output is not None:
+        Path(command.output.value).write_text(text, encoding="utf-8")
+    else:
+        sys.stdout.write(text)
+
+
+def plan(args: list[str]) -> int:
+    """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``."""
+    ctx = Context.from_process()
+    command, spec = _read(list(args), ctx, allow_spec_file=True)
+    if command.help:
+        return _help()
+    solution = _solve(spec, ctx, require_program=False)
+    if command.format == "json":
+        from poprun.planner.serde import to_json  # noqa: PLC0415
+
+        _emit(to_json(solution.plan), command)
+    elif command.format == "toml":
+        from poprun.planner.tomlspec import to_toml  # noqa: PLC0415
+
+        _emit(to_toml(spec), command)
+    else:
+        _emit(_text(solution.plan, explain=command.explain), command)
+    return exitcode.OK
+
+
+def _text(plan: LaunchPlan, *, explain: bool) -> str:
+    from poprun.render.explain import render_plan  # noqa: PLC0415
+
+    text = render_plan(plan, explain=explain)
+    if plan.output.print_topology:
+        text = _topology(plan) + "\n" + text
+    return text
+
+
+def _topology(plan: LaunchPlan) -> str:
+    from poprun.render.topology import TopologyRow, render_topology  # noqa: PLC0415
+
+    rows = [TopologyRow(index=i.index, host=i.host, ild=i.ild, replica_offset=i.replica_offset,
+                        num_replicas=i.num_local_replicas) for i in plan.instances]
+    return render_topology(rows)
+
+
+def validate(args: list[str]) -> int:
+    """``poprun validate SPEC [options]``: check a spec; print nothing but problems and 'ok'."""
+    ctx = Context.from_process()
+    if not args or args[0].startswith("-"):
+        raise DiagnosticError([error("PR113", "no spec file", detail="'poprun validate' checks a spec file",
+                                     span=SourceSpan.flag("SPEC"), hint="write 'poprun validate train.toml'")])
+    path = args[0]
+    spec = load_spec(path)
+    command = parse_flags(args[1:], environ=ctx.environ)
+    _solve(overlay(spec, command.spec), ctx, require_program=False)
+    sys.stdout.write(f"{path}: ok\n")
+    return exitcode.OK
+
+
+def apply(args: list[str]) -> int:
+    """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
+    ctx = Context.from_process()
+    if args and args[0].endswith(".json") and Path(args[0]).is_file():
+        from poprun.planner.load import read_text  # noqa: PLC0415
+        from poprun.planner.serde import from_json  # noqa: PLC0415
+
+        return _run(from_json(read_text(args[0]), file=args[0]))
+    command, spec = _read(list(args), ctx, allow_spec_file=True)
+    _reject_plan_options(command, "'poprun apply'")
+    if command.help:
+        return _help()
+    return _run(_solve(spec, ctx, require_program=True).plan)
+
+
+def render(args: list[str]) -> int:
+    """``poprun render``: topology graphs are not part of this release."""
+    raise DiagnosticError([error("PR101", "'poprun render' is not available yet",
+                                 detail="topology graphs (DOT, SVG, PNG) are not implemented in this version",
+                                 span=SourceSpan.flag("render"),
+                                 hint="use 'poprun plan --print-topology=yes' for the topology table")])
+
+
+def classic(args: list[str]) -> int:
+    """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
+    ctx = Context.from_process()
+    command, spec = _read(list(args), ctx, allow_spec_file=False)
+    _reject_plan_options(command, "the classic form")
+    if command.help:
+        return _help()
+    if command.version:
+        return _version(command.version_format)
+    solution = _solve(spec, ctx, require_program=True)
+    if solution.plan.output.print_topology:
+        sys.stdout.write(_topology(solution.plan))
+        sys.stdout.flush()
+    return _run(solution.plan)
+
+
+def _run(plan: LaunchPlan) -> int:
+    from poprun.cli.run import run_plan  # noqa: PLC0415
+
+    return run_plan(plan)
+
+
+def _help() -> int:
+    from poprun.cli.helptext import render_help  # noqa: PLC0415
+
+    sys.stdout.write(render_help())
+    return exitcode.OK
+
+
+def _version(fmt: str) -> int:
+    if fmt == "text":
+        sys.stdout.write(f"poprun {VERSION}\n")
+        return exitcode.OK
+    import json  # noqa: PLC0415
+    import platform  # noqa: PLC0415
+
+    info = {"poprun": VERSION, "popdist": VERSION, "python": platform.python_version()}
+    if fmt == "full-json":
+        sys.stdout.write(json.dumps(info, indent=2) + "\n")
+    else:
+        sys.stdout.write("".join(f"{k}: {v}\n" for k, v in info.items()))
+    return exitcode.OK

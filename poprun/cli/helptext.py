@@ -1,0 +1,32 @@
+"""
+``poprun --help``: the options table, grouped, in PopRun's layout.
+
+Layer: ``poprun.cli``.
+"""
+
+from __future__ import annotations
+
+from poprun.planner.option import OPTIONS
+
+USAGE = """usage: poprun [options] program [program args]
+       poprun plan [SPEC] [options] [program [args]] [--explain] [--format text|json|toml] [-o FILE]
+       poprun apply SPEC|PLAN.json [options] [program [args]]
+       poprun validate SPEC
+"""
+
+
+def render_help() -> str:
+    """Return the help text."""
+    groups: dict[str, list[str]] = {}
+    for option in OPTIONS:
+        short = [f for f in option.flags if not f.startswith("--")]
+        longs = [f for f in option.flags if f.startswith("--")]
+        name = (f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(option.flags))
+        if option.takes_value:
+            name += " arg"
+        default = f" (default: {option.default})" if option.default else ""
+        groups.setdefault(option.group, []).append(f"  {name:<36} {option.help}{default}")
+    parts = [USAGE]
+    for group, lines in groups.items():
+        parts.append(f"{group} options:\n" + "\n".join(lines) + "\n")
+    return "\n".join(parts)

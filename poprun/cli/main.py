@@ -1,0 +1,62 @@
+"""
+``poprun``: the classic command line and the ``plan``, ``validate``, ``apply`` and ``render`` commands.
+
+Layer: ``poprun.cli``. Imports are lazy so that ``poprun --version`` starts fast.
+A subcommand is recognised only as the first argument; anything else is the classic form.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from poprun.cli import exitcode
+
+if TYPE_CHECKING:
+    from poprun.planner.context import Context
+    from poprun.planner.flags import CommandLine
+    from poprun.planner.spec import Spec
+
+VERSION = "0.1.0"
+COMMANDS = ("plan", "validate", "apply", "render")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run poprun with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args in (["--version"], ["-V"]):
+        sys.stdout.write(f"poprun {VERSION}\n")
+        return exitcode.OK
+    from poprun.core.diagnostic import DiagnosticError  # noqa: PLC0415
+
+    try:
+        return _dispatch(args)
+    except DiagnosticError as exc:
+        _report(exc.diagnostics)
+        return exitcode.USAGE
+    except KeyboardInterrupt:
+        return 130
+
+
+def _dispatch(args: list[str]) -> int:
+    if args and args[0] in COMMANDS:
+        command, rest = args[0], args[1:]
+        from poprun.cli import commands  # noqa: PLC0415
+
+        handler = {"plan": commands.plan, "validate": commands.validate, "apply": commands.apply,
+                   "render": commands.render}[command]
+        return handler(rest)
+    from poprun.cli import commands  # noqa: PLC0415
+
+    return commands.classic(args)
+
+
+def _report(diagnostics: Sequence[object]) -> None:
+    from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
+
+    sys.stderr.write(render_diagnostics(diagnostics))  # type: ignore[arg-type]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

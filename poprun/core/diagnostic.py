@@ -1,0 +1,159 @@
+"""
+Diagnostics: every user error and warning, with a stable code, a place and a hint.
+
+Layer: ``poprun.core``; imports only attrs and ``poprun.core.span``.
+
+Codes are stable and never reused: ``PR1xx`` syntax (flags, TOML, DSL, host lists),
+``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply. Each code in
+:data:`CODES` has a page in ``docs/errors/`` and a test that triggers it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Iterator
+
+import attrs
+
+from poprun.core.span import SourceSpan
+
+CODES: dict[str, str] = {
+    "PR100": "TOML syntax error",
+    "PR101": "unknown option",
+    "PR102": "ambiguous option",
+    "PR103": "invalid host list",
+    "PR104": "option needs a value",
+    "PR105": "invalid value",
+    "PR106": "host list split by a space",
+    "PR107": "unbalanced quotes",
+    "PR108": "DSL syntax error",
+    "PR109": "unknown key",
+    "PR110": "wrong type",
+    "PR111": "option given twice",
+    "PR112": "option takes no value",
+    "PR113": "cannot read file",
+    "PR114": "invalid plan file",
+    "PR200": "value must be a positive integer",
+    "PR201": "--export-config and --import-config together",
+    "PR202": "two executable caches",
+    "PR203": "two autoreport directories",
+    "PR204": "invalid per-instance arguments",
+    "PR205": "instance index out of range",
+    "PR206": "unknown offline target",
+    "PR207": "offline target without offline mode",
+    "PR208": "hosts given twice",
+    "PR209": "no program",
+    "PR210": "deprecated option",
+    "PR211": "conflicting options",
+    "PR212": "invalid port",
+    "PR213": "invalid subnet",
+    "PR214": "configuration file exists",
+    "PR215": "empty host list",
+    "PR300": "replicas do not divide across instances",
+    "PR301": "instances do not divide across hosts",
+    "PR302": "instances do not divide across IPU-Link domains",
+    "PR303": "IPU-Link domain over capacity",
+    "PR304": "one instance with one replica",
+    "PR305": "more IPUs than the target has",
+    "PR306": "output of other instances hidden",
+}
+
+
+class Severity(enum.Enum):
+    """How bad a diagnostic is: errors stop the stage, warnings never do."""
+
+    ERROR = "error"
+    WARNING = "warning"
+
+
+@attrs.frozen(kw_only=True)
+class Diagnostic:
+    """
+    One problem found in the user's input or environment.
+
+    ``summary`` is one line without a trailing period; ``detail`` says what was found,
+    with values; ``hint`` says what to do next and is never empty.
+    """
+
+    code: str = attrs.field()
+    severity: Severity
+    summary: str
+    detail: str
+    span: SourceSpan
+    hint: str
+    related: tuple[SourceSpan, ...] = ()
+    # Where the span points into text the user gave (a file or a command line), the text.
+    source_line: str | None = None
+
+    @code.validator
+    def _known(self, _: attrs.Attribute[str], value: str) -> None:
+        if value not in CODES:  # programmer error, not user error
+            msg = f"unregistered diagnostic code {value}"
+            raise ValueError(msg)
+
+    @property
+    def is_error(self) -> bool:
+        """Whether this diagnostic stops the stage."""
+        return self.severity is Severity.ERROR
+
+
+def error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str, **kw: object) -> Diagnostic:
+    """Return an error diagnostic."""
+    return Diagnostic(code=code, severity=Severity.ERROR, summary=summary, detail=detail,
+                      span=span, hint=hint, **kw)  # type: ignore[arg-type]
+
+
+def warning(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str, **kw: object) -> Diagnostic:
+    """Return a warning diagnostic."""
+    return Diagnostic(code=code, severity=Severity.WARNING, summary=summary, detail=detail,
+                      span=span, hint=hint, **kw)  # type: ignore[arg-type]
+
+
+class DiagnosticError(Exception):
+    """A stage failed; ``diagnostics`` holds every problem it found, errors and warnings."""
+
+    def __init__(self, diagnostics: Iterable[Diagnostic]) -> None:
+        self.diagnostics = tuple(diagnostics)
+        first = next((d for d in self.diagnostics if d.is_error), None)
+        super().__init__(f"{first.code}: {first.summary}" if first else "failed")
+
+
+class Diagnostics:
+    """
+    A collector: stages append to it, then raise once at their end.
+
+    Warnings never raise; :meth:`raise_if_errors` raises :class:`DiagnosticError` with all
+    diagnostics when at least one is an error.
+    """
+
+    def __init__(self) -> None:
+        self._items: list[Diagnostic] = []
+
+    def add(self, diagnostic: Diagnostic) -> None:
+        """Record a diagnostic."""
+        self._items.append(diagnostic)
+
+    def extend(self, diagnostics: Iterable[Diagnostic]) -> None:
+        """Record several diagnostics."""
+        self._items.extend(diagnostics)
+
+    def __iter__(self) -> Iterator[Diagnostic]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    @property
+    def has_errors(self) -> bool:
+        """Whether any recorded diagnostic is an error."""
+        return any(d.is_error for d in self._items)
+
+    @property
+    def warnings(self) -> tuple[Diagnostic, ...]:
+        """The recorded warnings, in order."""
+        return tuple(d for d in self._items if not d.is_error)
+
+    def raise_if_errors(self) -> None:
+        """Raise :class:`DiagnosticError` when an error was recorded."""
+        if self.has_errors:
+            raise DiagnosticError(self._items)

@@ -1,0 +1,52 @@
+"""
+What the solver may know about the world: environment, working directory, user, V-IPU config.
+
+Layer: ``poprun.planner``; standard library and attrs. The solver itself reads nothing from
+the process: the CLI builds a :class:`Context` once (:meth:`Context.from_process`) and tests
+build their own, so solving stays pure and deterministic.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
+_HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
+
+
+@attrs.frozen(kw_only=True)
+class Context:
+    """The facts planning depends on. ``environ`` is the launching shell's environment."""
+
+    environ: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
+    cwd: str = "/"
+    is_root: bool = False
+    local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    vipu_config: Mapping[str, str] = attrs.field(factory=dict)
+    vipu_config_file: str | None = None
+
+    @classmethod
+    def from_process(cls) -> Context:
+        """Return the context of this process."""
+        names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+        config, where = _read_vipu_config()
+        return cls(environ=dict(os.environ), cwd=os.getcwd(), is_root=os.geteuid() == 0,
+                   local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
+
+
+def _read_vipu_config() -> tuple[dict[str, str], str | None]:
+    """Return the items of the first V-IPU client configuration file found (``api-host`` ...)."""
+    for name in VIPU_CONFIG_FILES:
+        path = Path(name).expanduser()
+        try:
+            text = path.read_text(encoding="utf-8")
+        except OSError:
+            continue
+        return {k: v.strip() for k, v in _HCL_ITEM.findall(text)}, str(path)
+    return {}, None

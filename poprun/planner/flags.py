@@ -1,0 +1,351 @@
+"""
+The PopRun command line as a front end: ``poprun [options] PROGRAM [ARGS...]`` to a Spec.
+
+Layer: ``poprun.planner``; imports ``poprun.core`` and the option table.
+
+It accepts what real users wrote: ``--opt=v`` and ``--opt v``; a value-taking option takes
+the next token even when it starts with ``-``; unambiguous long prefixes; ``-v``, ``-vv``,
+``--vv``; repeated ``--mpi-*-args`` merge; ``-x`` variables inside ``--mpi-*-args`` become
+the spec's environment. Everything after PROGRAM belongs to the program, untouched.
+Options not given fall back on ``POPRUN_<FLAG>`` environment variables.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, Diagnostics, error, warning
+from poprun.core.hint import did_you_mean, join_or
+from poprun.core.span import COMMAND_LINE, SourceSpan
+from poprun.planner import value as conv
+from poprun.planner.option import BY_FLAG, LONG_FLAGS, PLAN_ONLY, Option
+from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
+
+
+@attrs.frozen(kw_only=True)
+class CommandLine:
+    """The parsed command line: the spec, plus the actions that are not part of a launch."""
+
+    spec: Spec
+    help: bool = False
+    version: bool = False
+    version_format: str = "text"
+    export_config: Sourced[str] | None = None
+    import_config: Sourced[str] | None = None
+    overwrite_config: Sourced[bool] | None = None
+    explain: bool = False
+    format: str = "text"
+    output: Sourced[str] | None = None
+    plan_options: tuple[Sourced[str], ...] = ()
+    warnings: tuple[Diagnostic, ...] = ()
+
+
+class _Text:
+    """The command line as one string, with each token's columns, for carets."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        words = ["poprun", *(shlex.quote(a) for a in argv)]
+        self.line = " ".join(words)
+        self.starts: list[int] = []
+        column = len(words[0]) + 2
+        for word in words[1:]:
+            self.starts.append(column)
+            column += len(word) + 1
+        self.widths = [len(w) for w in words[1:]]
+
+    def span(self, key: str, index: int, *, offset: int = 0, length: int | None = None) -> SourceSpan:
+        """Return the span of token ``index`` (or a part of it)."""
+        if index >= len(self.starts):
+            return SourceSpan(file=COMMAND_LINE, key_path=key, line=1, column=len(self.line) + 1,
+                              end_line=1, end_column=len(self.line) + 2)
+        start = self.starts[index] + offset
+        width = self.widths[index] - offset if length is None else length
+        return SourceSpan(file=COMMAND_LINE, key_path=key, line=1, column=start, end_line=1,
+                          end_column=start + max(width, 1))
+
+
+class _Parser:
+    """One pass over argv, collecting values and diagnostics."""
+
+    def __init__(self, argv: Sequence[str]) -> None:
+        self.argv = list(argv)
+        self.text = _Text(argv)
+        self.diags = Diagnostics()
+        self.values: dict[str, Any] = {}
+        self.env: list[Sourced[EnvVarSpec]] = []
+        self.instance_args: list[Sourced[InstanceArgsSpec]] = []
+        self.actions: dict[str, Sourced[str]] = {}
+        self.flags: set[str] = set()
+        self.plan_options: list[Sourced[str]] = []
+
+    def fail(self, code: str, summary: str, *, detail: str, span: SourceSpan, hint: str) -> None:
+        self.diags.add(error(code, summary, detail=detail, span=span, hint=hint, source_line=self.text.line))
+
+    def warn(self, code: str, summary: str, *, detail: str, span: SourceSpan, hint: str) -> None:
+        self.diags.add(warning(code, summary, detail=detail, span=span, hint=hint, source_line=self.text.line))
+
+    def run(self) -> None:
+        i = 0
+        while i < len(self.argv):
+            token = self.argv[i]
+            if token == "--":
+                self._program(i + 1)
+                return
+            if not token.startswith("-") or token == "-":
+                self._program(i)
+                return
+            i = self._option(i, token) + 1
+
+    def _program(self, start: int) -> None:
+        words = tuple(self.argv[start:])
+        if words:
+            span = self.text.span("PROGRAM", start)
+            self.values["program"] = Sourced(words, span)
+
+    def _option(self, i: int, token: str) -> int:
+        """Read the option at ``argv[i]``; return the index of its last token."""
+        name, eq, attached = token.partition("=") if token.startswith("--") else self._short(token)
+        option = self._resolve(name, i, token)
+        if option is None:
+            return i
+        span = self.text.span(option.name, i)
+        if option.name in PLAN_ONLY:
+            self.plan_options.append(Sourced(option.name, span))
+        if not option.takes_value:
+            if eq:
+                self.fail("PR112", f"option '{option.name}' takes no value", detail=f"found '{token}'",
+                          span=span, hint=f"write {option.name} alone")
+            self._count(option, name, span)
+            return i
+        if eq or attached:
+            return self._take(option, attached, i, span, offset=len(name) + len(eq))
+        if i + 1 >= len(self.argv):
+            self.fail("PR104", f"option '{option.name}' needs a value", detail=f"'{token}' is the last word",
+                      span=span, hint=f"write {option.name}=VALUE")
+            return i
+        return self._take(option, self.argv[i + 1], i + 1, self.text.span(option.name, i + 1), offset=0)
+
+    def _short(self, token: str) -> tuple[str, str, str]:
+        if token.startswith("-v") and set(token[1:]) == {"v"}:
+            return token, "", ""
+        if len(token) > 2 and token[:2] in BY_FLAG:  # -Hpod1, -H=pod1
+            rest = token[2:]
+            return token[:2], "=" if rest.startswith("=") else "", rest.removeprefix("=")
+        return token, "", ""
+
+    def _resolve(self, name: str, i: int, token: str) -> Option | None:
+        if name in BY_FLAG:
+            return BY_FLAG[name]
+        if name.startswith("-v") and set(name[1:]) == {"v"}:
+            return BY_FLAG["-v"]
+        span = self.text.span(name, i, length=len(name))
+        matches = [f for f in LONG_FLAGS if name.startswith("--") and f.startswith(name)] if len(name) > 3 else []
+        options = {BY_FLAG[f].name for f in matches}
+        if len(options) == 1:
+            return BY_FLAG[matches[0]]
+        if options:
+            self._ambiguous(name, token, sorted(options), span)
+            return None
+        guess = did_you_mean(name, LONG_FLAGS)
+        hint = f"did you mean '{guess}'?" if guess else "see 'poprun --help' for the options"
+        if not name.startswith("--") and guess is None:
+            hint = "options of the program go after it; poprun's own options are listed by 'poprun --help'"
+        self.fail("PR101", f"unknown option '{name}'", detail=f"poprun has no option '{name}'", span=span, hint=hint)
+        return None
+
+    def _ambiguous(self, name: str, token: str, options: list[str], span: SourceSpan) -> None:
+        _, _, rest = token.partition("=")
+        joined = f"{name}-{rest}".split(" ")[0] if rest else ""
+        guess = did_you_mean(joined, options) if joined else None
+        hint = f"did you mean '{guess} {rest[len(guess) - len(name) - 1:]}'?".replace("  ", " ") if guess else ""
+        hint = f"did you mean '{guess}'?" if guess else f"write one of {join_or(options)} in full"
+        self.fail("PR102", f"ambiguous option '{name}'",
+                  detail=f"'{name}' could be {join_or(options)}", span=span, hint=hint)
+
+    def _count(self, option: Option, name: str, span: SourceSpan) -> None:
+        if option.field == "verbosity":
+            extra = 2 if name in ("-vv", "--vv") else max(name.count("v"), 1) if name.startswith("-v") else 1
+            old = self.values.get("verbosity")
+            self.values["verbosity"] = Sourced((old.value if old else 0) + extra, span)
+        else:
+            self.flags.add(option.name)
+
+    def _take(self, option: Option, raw: str, index: int, span: SourceSpan, *, offset: int) -> int:
+        try:
+            self._store(option, raw, index, span, offset)
+        except conv.ValueProblem as problem:
+            hint = problem.hint
+            if raw.startswith("-") and option.kind not in ("args", "instance_args") and not raw[1:].isdigit():
+                hint = f"'{raw}' looks like an option: did {option.name} lose its value?"
+            self.fail(problem.code, f"invalid value for {option.name}", detail=problem.detail,
+                      span=span, hint=hint)
+        return index
+
+    def _store(self, option: Option, raw: str, index: int, span: SourceSpan, offset: int) -> None:
+        if option.kind == "action":
+            self._action(option, raw, span)
+        elif option.kind == "args":
+            self._args(option, raw, span)
+        elif option.kind == "instance_args":
+            self._instance_args(raw, span)
+        elif option.kind == "hosts":
+            self._hosts(option, raw, index, span, offset)
+        else:
+            self._scalar(option, _convert(option, raw), span)
+
+    def _scalar(self, option: Option, value: object, span: SourceSpan) -> None:
+        assert option.field is not None
+        old = self.values.get(option.field)
+        if option.name == "--vipu-cluster":
+            self.warn("PR210", "deprecated option '--vipu-cluster'", detail="V-IPU clusters are now allocations",
+                      span=span, hint="use --vipu-allocation instead")
+        if old is not None and old.value != value:
+            self.fail("PR111", f"option '{option.name}' given twice",
+                      detail=f"first {old.value!r}, then {value!r}", span=span,
+                      hint="give it once; if a variable holds the value, check what it expands to")
+        self.values[option.field] = Sourced(value, span)
+
+    def _action(self, option: Option, raw: str, span: SourceSpan) -> None:
+        value = raw
+        if option.name == "--overwrite-config":
+            value = "yes" if conv.to_bool(raw) else "no"
+        elif option.choices:
+            value = conv.to_choice(raw, option.choices)
+        self.actions[option.name] = Sourced(value, span)
+
+    def _hosts(self, option: Option, raw: str, index: int, span: SourceSpan, offset: int) -> None:
+        from poprun.core.hostlist import HostlistError, expand  # noqa: PLC0415
+
+        following = self.argv[index + 1] if index + 1 < len(self.argv) else None
+        if raw.rstrip().endswith(",") and following is not None and not following.startswith("-"):
+            stray = self.text.span(option.name, index + 1)
+            self.fail("PR106", "host list split by a space",
+                      detail=f"'{raw}' ends with a comma and '{following}' follows as a separate word, "
+                      f"which would be taken as the program",
+                      span=stray, hint=f"remove the space: {option.name} {raw.rstrip()}{following.rstrip(',')}")
+            return
+        try:
+            hosts = expand(raw)
+        except HostlistError as exc:
+            where = self.text.span(option.name, index, offset=offset + exc.position, length=exc.length)
+            self.fail("PR103", exc.message, detail=f"in host list '{raw}'", span=where, hint=exc.hint)
+            return
+        self._scalar(option, hosts, span)
+
+    def _args(self, option: Option, raw: str, span: SourceSpan) -> None:
+        assert option.field is not None
+        words = conv.to_args(raw)
+        env, rest = split_env_args(words)
+        self.env.extend(Sourced(e, span) for e in env)
+        old = self.values.get(option.field)
+        merged = (old.value if old else ()) + rest
+        self.values[option.field] = Sourced(merged, old.origin if old else span)
+
+    def _instance_args(self, raw: str, span: SourceSpan) -> None:
+        index, colon, args = raw.partition(":")
+        if not colon or not index.strip().isdigit():
+            raise conv.ValueProblem(f"'{raw}' is not INDEX:ARGS", "write e.g. 0:-x VAR=VALUE", code="PR204")
+        env, rest = split_env_args(conv.to_args(args))
+        spec = InstanceArgsSpec(index=int(index), env=env, mpi_args=rest)
+        self.instance_args.append(Sourced(spec, span))
+
+
+def split_env_args(words: tuple[str, ...]) -> tuple[tuple[EnvVarSpec, ...], tuple[str, ...]]:
+    """Split mpirun arguments into ``-x`` variables and the rest."""
+    env: list[EnvVarSpec] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(words):
+        word = words[i]
+        if word == "-x" and i + 1 < len(words):
+            name, value = conv.to_env_assignment(words[i + 1])
+            env.append(EnvVarSpec(name=name, value=value))
+            i += 2
+            continue
+        rest.append(word)
+        i += 1
+    return tuple(env), tuple(rest)
+
+
+def _convert(option: Option, raw: str) -> object:
+    kind = option.kind
+    converters: dict[str, Any] = {
+        "int": conv.to_positive_int, "nonneg": _nonneg, "port": conv.to_port, "bool": conv.to_bool,
+        "subnet": conv.to_subnet, "str": str, "path": str,
+        "choice": lambda text: conv.to_choice(text, option.choices),
+    }
+    return converters[kind](raw)
+
+
+def _nonneg(text: str) -> int:
+    number = conv.to_int(text)
+    if number < 0:
+        raise conv.ValueProblem(f"{number} is negative", "use an instance index, 0 or more")
+    return number
+
+
+def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
+    """Fill options not given on the command line from ``POPRUN_<FLAG>`` variables."""
+    from poprun.planner.option import OPTIONS  # noqa: PLC0415
+
+    for option in OPTIONS:
+        if not option.field or option.kind in ("count", "args") or option.field in parser.values:
+            continue
+        name = "POPRUN_" + option.name.lstrip("-").upper().replace("-", "_")
+        if name in environ:
+            span = SourceSpan.env(name)
+            try:
+                value: object = (expand_hosts(environ[name]) if option.kind == "hosts"
+                                 else _convert(option, environ[name]))
+            except conv.ValueProblem as problem:
+                parser.diags.add(error(problem.code, f"invalid value in {name}", detail=problem.detail,
+                                       span=span, hint=problem.hint))
+                continue
+            parser.values[option.field] = Sourced(value, span)
+
+
+def expand_hosts(text: str) -> tuple[str, ...]:
+    """Expand a host list, turning its error into a :class:`ValueProblem`."""
+    from poprun.core.hostlist import HostlistError, expand  # noqa: PLC0415
+
+    try:
+        return expand(text)
+    except HostlistError as exc:
+        raise conv.ValueProblem(f"{exc.message} in '{text}'", exc.hint, code="PR103") from None
+
+
+def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None) -> CommandLine:
+    """
+    Return the command line ``poprun ARGV`` as a :class:`CommandLine`.
+
+    Diagnostics:
+        PR101-PR107, PR111, PR112 for malformed options; PR105/PR200/PR212/PR213 for values;
+        PR204 for ``--instance-mpi-local-args``; PR210 (warning) for ``--vipu-cluster``.
+    """
+    parser = _Parser(argv)
+    parser.run()
+    if environ:
+        _env_fallbacks(parser, environ)
+    if parser.diags.has_errors:
+        raise DiagnosticError(parser.diags)
+    spec = Spec(**parser.values, env=tuple(parser.env), instance_args=tuple(parser.instance_args))
+    actions = parser.actions
+    overwrite = actions.get("--overwrite-config")
+    return CommandLine(
+        spec=spec,
+        help="--help" in parser.flags,
+        version="--version" in parser.flags,
+        version_format=actions["--version-format"].value if "--version-format" in actions else "text",
+        export_config=actions.get("--export-config"),
+        import_config=actions.get("--import-config"),
+        overwrite_config=Sourced(overwrite.value == "yes", overwrite.origin) if overwrite else None,
+        explain="--explain" in parser.flags,
+        format=actions["--format"].value if "--format" in actions else "text",
+        output=actions.get("--output"),
+        plan_options=tuple(parser.plan_options),
+        warnings=parser.diags.warnings,
+    )

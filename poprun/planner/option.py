@@ -1,0 +1,160 @@
+"""
+PopRun's options as data: flags, TOML keys, kinds, defaults and help, in one table.
+
+Layer: ``poprun.planner``; standard library only. The flags parser, the TOML front end,
+``--export-config`` and ``--help`` all read this table, so they cannot drift apart.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+PLACEMENTS = ("spreadnuma", "scattersocket", "scatternuma", "close", "disabled")
+SSH_KEY_TYPES = ("dsa", "ecdsa", "ed25519", "rsa")
+SYNC_TYPES = ("ST_POD_NATIVE_DEFAULT", "ST_C2_COMPATIBLE", "ST_POD_NATIVE")
+ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
+BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
+VERSION_FORMATS = ("text", "full-json", "full-text")
+
+
+@dataclass(frozen=True, slots=True)
+class Option:
+    """
+    One option. ``field`` is the :class:`Spec` field (None for command-line actions).
+
+    ``kind`` says how its value is read: ``int`` (positive), ``nonneg``, ``port``, ``bool``,
+    ``str``, ``path``, ``choice``, ``hosts``, ``args`` (shell-split; repeats merge),
+    ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``count`` (no value),
+    ``flag`` (no value), ``action`` (a command-line action with a value).
+    """
+
+    flags: tuple[str, ...]
+    field: str | None
+    kind: str
+    help: str
+    section: str = ""
+    key: str = ""
+    default: str = ""
+    choices: tuple[str, ...] = ()
+    group: str = "General"
+
+    @property
+    def takes_value(self) -> bool:
+        """Whether the option consumes a value."""
+        return self.kind not in ("count", "flag")
+
+    @property
+    def name(self) -> str:
+        """The long flag, for messages."""
+        return next((f for f in self.flags if f.startswith("--")), self.flags[0])
+
+
+def _o(flags: str, field: str | None, kind: str, help_: str, where: str = "", **kw: object) -> Option:
+    section, _, key = where.partition(".")
+    return Option(tuple(flags.split()), field, kind, help_, section, key, **kw)  # type: ignore[arg-type]
+
+
+OPTIONS: tuple[Option, ...] = (
+    _o("--help -h", None, "flag", "Produce help message"),
+    _o("--version", None, "flag", "Print the version and exit"),
+    _o("--version-format", None, "action", "Version format: text, full-json or full-text", default="text",
+       choices=VERSION_FORMATS),
+    _o("-v --verbose", "verbosity", "count", "Verbose output", "run.verbosity", default="0"),
+    _o("-vv --vv", "verbosity", "count", "Very verbose output"),
+    _o("-H --host", "hosts", "hosts", "A comma-separated list of hosts on which to invoke instances, "
+       "e.g. host0,host1 or host[0-2,4]. The instances are divided evenly among the hosts",
+       "topology.hosts", group="Topology"),
+    _o("--host-file --hostfile", "host_file", "path", "A file with one host per line "
+       "(mutually exclusive with --host)", "topology.host_file", group="Topology"),
+    _o("--num-replicas", "replicas", "int", "The total number of replicas", "topology.replicas",
+       default="1", group="Topology"),
+    _o("--ipus-per-replica", "ipus_per_replica", "int", "The number of IPUs per replica",
+       "topology.ipus_per_replica", default="1", group="Topology"),
+    _o("--num-instances", "instances", "int", "The number of instances. The replicas are divided "
+       "evenly among the instances", "topology.instances", default="1, or one per host", group="Topology"),
+    _o("--num-ilds", "ilds", "int", "The number of IPU-Link domains. If not set, what the IPUs need",
+       "topology.ilds", group="Topology"),
+    _o("--vipu-server-host", "vipu_server_host", "str", "The host of the V-IPU server",
+       "partition.server_host", default="localhost", group="V-IPU"),
+    _o("--vipu-server-port", "vipu_server_port", "port", "The port number of the V-IPU server",
+       "partition.server_port", default="8090", group="V-IPU"),
+    _o("--vipu-server-timeout", "vipu_server_timeout", "int", "The timeout for the V-IPU server "
+       "requests (in seconds)", "partition.timeout", default="120", group="V-IPU"),
+    _o("--vipu-partition", "partition", "str", "Create/use the specified V-IPU partition",
+       "partition.name", group="V-IPU"),
+    _o("--vipu-allocation", "allocation", "str", "Use the specified V-IPU allocation when creating "
+       "a partition", "partition.allocation", group="V-IPU"),
+    _o("--vipu-cluster", "allocation", "str", "(deprecated, use --vipu-allocation instead)",
+       group="V-IPU"),
+    _o("--update-partition", "update_partition", "bool", "Update the V-IPU partition if needed",
+       "partition.update", default="no", group="V-IPU"),
+    _o("--reset-partition", "reset_partition", "bool", "Reset the V-IPU partition before execution. "
+       "If not set, non-reconfigurable partitions are reset, reconfigurable ones are not",
+       "partition.reset", group="V-IPU"),
+    _o("--remove-partition", "remove_partition", "bool", "Remove a partition PopRun created after "
+       "execution", "partition.remove", default="yes", group="V-IPU"),
+    _o("--vipu-partition-attempts", "partition_attempts", "int", "Retry this many times when the "
+       "partition does not end up in ACTIVE state", "partition.attempts", default="1", group="V-IPU"),
+    _o("--sync-type", "sync_type", "choice", "Sync type of a partition PopRun creates or checks",
+       "partition.sync_type", choices=SYNC_TYPES, group="V-IPU"),
+    _o("--ipu-link-routing-type", "ipu_link_routing_type", "choice", "IPU-Link routing type of the "
+       "partition", "partition.ipu_link_routing_type", choices=ROUTING_TYPES, group="V-IPU"),
+    _o("--gw-link-routing-type", "gw_link_routing_type", "choice", "GW-Link routing type of the "
+       "partition", "partition.gw_link_routing_type", choices=ROUTING_TYPES, group="V-IPU"),
+    _o("--executable-cache-path", "executable_cache_path", "path", "Use the specified directory as "
+       "an executable cache path (\"\" disables caching)", "cache.path", group="Execution"),
+    _o("--mpi-global-args", "mpi_global_args", "args", "Global options to be passed to mpirun",
+       "mpi.global_args", group="MPI"),
+    _o("--mpi-local-args", "mpi_local_args", "args", "Local (per-instance) options to be passed to "
+       "mpirun", "mpi.local_args", group="MPI"),
+    _o("--instance-mpi-local-args", None, "instance_args", "Options for one instance: "
+       "INDEX:ARGS, e.g. 0:-x VAR=VALUE", group="MPI"),
+    _o("--numa-aware", "numa_aware", "bool", "Bind instances to NUMA nodes in a round-robin "
+       "fashion", "placement.numa_aware", default="on with several instances per host", group="Placement"),
+    _o("--process-placement", "process_placement", "choice", "Placement strategy: spreadnuma, "
+       "scattersocket, scatternuma, close or disabled", "placement.strategy", default="spreadnuma",
+       choices=PLACEMENTS, group="Placement"),
+    _o("--print-topology", "print_topology", "bool", "Print topology table", "output.print_topology",
+       default="no", group="Output"),
+    _o("--only-output-from-instance", "only_output_from_instance", "nonneg", "Suppress the output "
+       "from all other instances", "output.only_from_instance", group="Output"),
+    _o("--offline-mode", "offline_mode", "bool", "Run without requiring or attaching to any IPUs",
+       "offline.mode", default="no", group="Execution"),
+    _o("--offline-target", "offline_target", "str", "Set POPLAR_TARGET_OPTIONS for a target system "
+       "in offline mode (pod4, pod16, pod64, pod128, pod256)", "offline.target", group="Execution"),
+    _o("--autoreport-dir", "autoreport_dir", "path", "Write PopVision profiles of each instance "
+       "under this directory", "profile.autoreport_dir", group="Execution"),
+    _o("--host-subnet", "host_subnet", "subnet", "The subnet (CIDR) for host communication",
+       "network.host_subnet", group="MPI"),
+    _o("--distribute-ssh-key", "distribute_ssh_key", "bool", "Distribute an SSH key to all hosts "
+       "with ssh-copy-id", "ssh.distribute_key", default="no", group="SSH"),
+    _o("--distribute-ssh-key-path", "distribute_ssh_key_path", "path", "The folder of the key to "
+       "distribute", "ssh.key_path", default="$HOME/.ssh", group="SSH"),
+    _o("--distribute-ssh-key-type", "distribute_ssh_key_type", "choice", "Generate a key of this "
+       "type to distribute: dsa, ecdsa, ed25519 or rsa", "ssh.key_type", choices=SSH_KEY_TYPES, group="SSH"),
+    _o("--allow-run-as-root", "allow_run_as_root", "bool", "Allow running as root (passed to "
+       "mpirun)", "run.allow_run_as_root", default="no", group="Execution"),
+    _o("--backend", "backend", "choice", "The backend that runs the plan: local, offline, ssh, "
+       "mpirun or slurm", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution"),
+    _o("--export-config", None, "action", "Export the command line to a configuration file",
+       group="Configuration"),
+    _o("--import-config", None, "action", "Import a configuration file (command-line values "
+       "override it)", group="Configuration"),
+    _o("--overwrite-config", None, "action", "Overwrite an existing configuration file",
+       default="no", group="Configuration"),
+    _o("--explain", None, "flag", "Show every decision with its source and reason", group="poprun plan"),
+    _o("--format", None, "action", "Output format: text, json or toml", default="text",
+       choices=("text", "json", "toml"), group="poprun plan"),
+    _o("-o --output", None, "action", "Write the output to this file instead of standard output",
+       group="poprun plan"),
+)
+PLAN_ONLY = ("--explain", "--format", "--output")
+
+BY_FLAG: dict[str, Option] = {flag: option for option in OPTIONS for flag in option.flags}
+LONG_FLAGS: tuple[str, ...] = tuple(sorted(f for f in BY_FLAG if f.startswith("--")))
+# TOML layout: section -> key -> Spec field (program, env and instances are handled apart).
+TOML_KEYS: dict[str, dict[str, str]] = {}
+for _option in OPTIONS:
+    if _option.section and _option.field:
+        TOML_KEYS.setdefault(_option.section, {})[_option.key] = _option.field
+BY_FIELD: dict[str, Option] = {o.field: o for o in OPTIONS if o.field and o.section}

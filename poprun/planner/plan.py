@@ -1,0 +1,196 @@
+"""
+The LaunchPlan: everything a backend needs to run a launch, decided and explained.
+
+Layer: ``poprun.planner``; imports ``poprun.core`` and attrs.
+
+A plan is complete and immutable: backends execute it and never decide placement, indices
+or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the keys of
+``docs/plan-format.md`` are stable.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+FORMAT_VERSION = 1
+
+
+@attrs.frozen(kw_only=True)
+class Topology:
+    """The numbers of the launch. Invariant: the division rules of the solver all hold."""
+
+    num_replicas: int
+    num_instances: int
+    num_ilds: int
+    ipus_per_replica: int
+    hosts: tuple[str, ...]
+    num_ipus: int
+    replicas_per_instance: int
+    instances_per_host: int
+    instances_per_ild: int
+
+
+@attrs.frozen(kw_only=True)
+class Environment:
+    """
+    One instance's environment.
+
+    ``set`` holds values decided at plan time, sorted by name. ``forward`` names variables
+    taken from the launching shell when the plan is applied (never stored by value, so a
+    saved plan holds no secrets). ``unset`` names variables removed.
+    """
+
+    set: tuple[tuple[str, str], ...]
+    forward: tuple[str, ...]
+    unset: tuple[str, ...]
+
+    def get(self, name: str) -> str | None:
+        """Return the value set for ``name``, or None."""
+        return next((value for key, value in self.set if key == name), None)
+
+    def as_dict(self) -> dict[str, str]:
+        """Return the set values as a dict."""
+        return dict(self.set)
+
+
+@attrs.frozen(kw_only=True)
+class Placement:
+    """How an instance is placed on its host's CPUs and memory."""
+
+    numa_aware: bool
+    strategy: str
+
+
+@attrs.frozen(kw_only=True)
+class Instance:
+    """One process that will exist. Instance ``index`` controls replicas ``[offset, offset+n)``."""
+
+    index: int
+    host: str
+    local_index: int
+    ild: int
+    gcd: int
+    replica_offset: int
+    num_local_replicas: int
+    argv: tuple[str, ...]
+    cwd: str
+    env: Environment
+    placement: Placement
+    mpi_local_args: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Partition:
+    """
+    The V-IPU partition the launch uses, and what poprun may do to it.
+
+    ``name`` None means "the only partition of the allocation", found at apply time.
+    ``actions`` are decided at apply time from the partition found; here they are the
+    allowed ones with the rule that allows each.
+    """
+
+    name: str | None
+    allocation: str | None
+    server_host: str
+    server_port: int
+    timeout_s: int
+    num_ipus: int
+    num_gcds: int
+    num_ilds: int
+    sync_type: str | None
+    ipu_link_routing_type: str | None
+    gw_link_routing_type: str | None
+    update: bool
+    reset: bool | None
+    remove: bool
+    attempts: int
+    actions: tuple[str, ...]
+
+
+@attrs.frozen(kw_only=True)
+class Output:
+    """How instance output reaches the user."""
+
+    tag: bool
+    output_filename: str | None
+    only_from_instance: int | None
+    print_topology: bool
+    verbosity: int
+
+
+@attrs.frozen(kw_only=True)
+class Cache:
+    """
+    The executable cache: ``mode`` is ``disabled``, ``user`` (a fixed path the user owns) or
+    ``temporary`` (made at apply time, one per host, removed on every exit path).
+    """
+
+    mode: str
+    path: str | None
+    per_host: bool
+    remove_at_exit: bool
+
+
+@attrs.frozen(kw_only=True)
+class Mpi:
+    """What the mpirun backend passes through, and the network settings."""
+
+    global_args: tuple[str, ...]
+    host_subnet: str | None
+    allow_run_as_root: bool
+
+
+@attrs.frozen(kw_only=True)
+class SshKeyDistribution:
+    """``--distribute-ssh-key``: copy a key to every host before launching."""
+
+    enabled: bool
+    key_path: str | None
+    key_type: str | None
+
+
+@attrs.frozen(kw_only=True)
+class BackendChoice:
+    """The backend that runs the plan, and why it was chosen."""
+
+    name: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Decision:
+    """One explained value: what it is, where it came from and why."""
+
+    key: str
+    value: str | int | bool
+    source: str
+    reason: str
+
+
+@attrs.frozen(kw_only=True)
+class Note:
+    """A warning found while planning, kept in the plan so that saved plans carry it."""
+
+    code: str
+    summary: str
+    hint: str
+
+
+@attrs.frozen(kw_only=True)
+class LaunchPlan:
+    """A complete launch. Same input on the same Python gives an equal plan and the same JSON bytes."""
+
+    format_version: int = FORMAT_VERSION
+    poprun_version: str
+    topology: Topology
+    instances: tuple[Instance, ...]
+    partition: Partition | None
+    offline: bool
+    offline_target: str | None
+    output: Output
+    cache: Cache
+    mpi: Mpi
+    ssh_keys: SshKeyDistribution
+    backend: BackendChoice
+    explanation: tuple[Decision, ...]
+    warnings: tuple[Note, ...]

@@ -1,0 +1,100 @@
+"""
+The LaunchPlan as versioned, deterministic JSON, and back.
+
+Layer: ``poprun.planner``; imports attrs, cattrs and the plan model.
+
+Same plan, same bytes: keys are sorted, lists keep their order. An instance's ``env`` is
+the object of values set at plan time; ``env_forward`` and ``env_unset`` list names.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import attrs
+import cattrs
+
+from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.span import SourceSpan
+from poprun.planner import plan as p
+
+
+def _converter() -> cattrs.Converter:
+    conv = cattrs.Converter(forbid_extra_keys=True)
+
+    def unstructure_instance(instance: p.Instance) -> dict[str, Any]:
+        data: dict[str, Any] = {f.name: conv.unstructure(getattr(instance, f.name))
+                                for f in attrs.fields(p.Instance) if f.name != "env"}
+        data["env"] = dict(instance.env.set)
+        data["env_forward"] = list(instance.env.forward)
+        data["env_unset"] = list(instance.env.unset)
+        return data
+
+    def structure_instance(data: dict[str, Any], _: type) -> p.Instance:
+        data = dict(data)
+        env = {"set": sorted(dict(data.pop("env")).items()), "forward": data.pop("env_forward"),
+               "unset": data.pop("env_unset")}
+        return conv.structure_attrs_fromdict({**data, "env": env}, p.Instance)
+
+    def structure_scalar(value: object, _: object) -> str | int | bool:
+        if not isinstance(value, str | int | bool):
+            msg = f"expected a string, number or boolean, found {value!r}"
+            raise TypeError(msg)
+        return value
+
+    conv.register_structure_hook(str | int | bool, structure_scalar)
+    conv.register_unstructure_hook(p.Instance, unstructure_instance)
+    conv.register_structure_hook(p.Instance, structure_instance)
+    return conv
+
+
+_CONVERTER: cattrs.Converter | None = None
+
+
+def converter() -> cattrs.Converter:
+    """Return the shared converter, built on first use."""
+    global _CONVERTER  # noqa: PLW0603 - built lazily to keep start-up fast
+    if _CONVERTER is None:
+        _CONVERTER = _converter()
+    return _CONVERTER
+
+
+def to_dict(plan: p.LaunchPlan) -> dict[str, Any]:
+    """Return the plan as JSON-ready data."""
+    data: dict[str, Any] = converter().unstructure(plan)
+    return data
+
+
+def to_json(plan: p.LaunchPlan) -> str:
+    """Return the plan as deterministic JSON text (sorted keys, two-space indent, final newline)."""
+    return json.dumps(to_dict(plan), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
+    """
+    Return the plan in ``text``.
+
+    Diagnostics:
+        PR114 when the text is not a plan of this format version.
+    """
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
+    if not isinstance(data, dict):
+        raise _invalid(file, "$", "a plan is a JSON object")
+    version = data.get("format_version")
+    if version != p.FORMAT_VERSION:
+        raise _invalid(file, "$.format_version", f"format version {version!r}; this poprun reads {p.FORMAT_VERSION}")
+    try:
+        return converter().structure(data, p.LaunchPlan)
+    except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
+        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
+        raise _invalid(file, "$", detail) from exc
+
+
+def _invalid(file: str, path: str, detail: str, *, line: int | None = None, column: int | None = None) -> DiagnosticError:
+    span = SourceSpan(file=file, key_path=path, line=line, column=column)
+    return DiagnosticError([error("PR114", "invalid plan file", detail=detail, span=span,
+                                  hint="make the plan again with 'poprun plan --format json -o FILE'")])

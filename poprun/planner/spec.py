@@ -1,0 +1,115 @@
+"""
+The Spec: what the user asked for, from any front end, with where each value came from.
+
+Layer: ``poprun.planner``; imports ``poprun.core`` and attrs.
+
+Every field is ``None`` when the user did not say; the solver fills in defaults and
+derived values. ``origin`` spans never take part in equality, so the same spec written
+as flags, TOML or DSL compares equal.
+"""
+
+from __future__ import annotations
+
+from typing import Generic, TypeVar
+
+import attrs
+
+from poprun.core.span import SourceSpan
+
+T = TypeVar("T")
+
+
+@attrs.frozen
+class Sourced(Generic[T]):
+    """A value and the place the user wrote it."""
+
+    value: T
+    origin: SourceSpan = attrs.field(eq=False, repr=False)
+
+
+@attrs.frozen(kw_only=True)
+class EnvVarSpec:
+    """``-x NAME`` (``value`` None: forwarded from the launching shell) or ``-x NAME=VALUE``."""
+
+    name: str
+    value: str | None
+
+
+@attrs.frozen(kw_only=True)
+class InstanceArgsSpec:
+    """``--instance-mpi-local-args=N:ARGS``: variables and mpirun arguments for one instance."""
+
+    index: int
+    env: tuple[EnvVarSpec, ...] = ()
+    mpi_args: tuple[str, ...] = ()
+
+
+SI = Sourced[int]
+SB = Sourced[bool]
+SS = Sourced[str]
+STuple = Sourced[tuple[str, ...]]
+
+
+@attrs.frozen(kw_only=True)
+class Spec:
+    """
+    A launch as the user described it. Field names are the TOML keys of :mod:`option`.
+
+    Invariant: values are already type-checked by the front end (integers are integers,
+    booleans are booleans); ranges and cross-field rules are the solver's job.
+    """
+
+    hosts: STuple | None = None
+    host_file: SS | None = None
+    replicas: SI | None = None
+    ipus_per_replica: SI | None = None
+    instances: SI | None = None
+    ilds: SI | None = None
+    vipu_server_host: SS | None = None
+    vipu_server_port: SI | None = None
+    vipu_server_timeout: SI | None = None
+    partition: SS | None = None
+    allocation: SS | None = None
+    update_partition: SB | None = None
+    reset_partition: SB | None = None
+    remove_partition: SB | None = None
+    partition_attempts: SI | None = None
+    sync_type: SS | None = None
+    ipu_link_routing_type: SS | None = None
+    gw_link_routing_type: SS | None = None
+    executable_cache_path: SS | None = None
+    mpi_global_args: STuple | None = None
+    mpi_local_args: STuple | None = None
+    env: tuple[Sourced[EnvVarSpec], ...] = ()
+    instance_args: tuple[Sourced[InstanceArgsSpec], ...] = ()
+    numa_aware: SB | None = None
+    process_placement: SS | None = None
+    print_topology: SB | None = None
+    only_output_from_instance: SI | None = None
+    offline_mode: SB | None = None
+    offline_target: SS | None = None
+    autoreport_dir: SS | None = None
+    host_subnet: SS | None = None
+    distribute_ssh_key: SB | None = None
+    distribute_ssh_key_path: SS | None = None
+    distribute_ssh_key_type: SS | None = None
+    allow_run_as_root: SB | None = None
+    verbosity: SI | None = None
+    backend: SS | None = None
+    program: STuple | None = None
+    working_dir: SS | None = None
+
+
+def overlay(base: Spec, top: Spec) -> Spec:
+    """
+    Return ``base`` with every value that ``top`` sets replaced by ``top``'s.
+
+    This is ``--import-config`` (base, the file) under the command line (top). Lists are
+    replaced, not merged: the seed's "command line arguments override the stored values".
+    """
+    changes = {}
+    for field in attrs.fields(Spec):
+        value = getattr(top, field.name)
+        if value is not None and value != ():
+            changes[field.name] = value
+    return attrs.evolve(base, **changes)

@@ -1,0 +1,99 @@
+"""
+Conversions of written values (flag values, DSL words) into typed spec values.
+
+Layer: ``poprun.planner``; standard library only. Each converter returns the value or
+raises :class:`ValueProblem`, which the front end turns into a diagnostic at its span.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+import shlex
+
+TRUE_WORDS = ("yes", "1", "true", "on")
+FALSE_WORDS = ("no", "0", "false", "off")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+class ValueProblem(ValueError):
+    """A written value that does not convert; ``detail`` and ``hint`` go into the diagnostic."""
+
+    def __init__(self, detail: str, hint: str, *, code: str = "PR105") -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.hint = hint
+        self.code = code
+
+
+def to_bool(text: str) -> bool:
+    """Return the boolean of ``yes/no/1/0/true/false/on/off`` (any case)."""
+    word = text.strip().lower()
+    if word in TRUE_WORDS:
+        return True
+    if word in FALSE_WORDS:
+        return False
+    raise ValueProblem(f"'{text}' is not a yes/no value", "use yes or no (also 1/0, true/false, on/off)")
+
+
+def to_positive_int(text: str) -> int:
+    """Return a whole number of at least 1."""
+    number = to_int(text)
+    if number < 1:
+        raise ValueProblem(f"{number} is not a positive number", "use a whole number of at least 1",
+                           code="PR200")
+    return number
+
+
+def to_int(text: str) -> int:
+    """Return a whole number (negative allowed)."""
+    try:
+        return int(text.strip())
+    except ValueError:
+        raise ValueProblem(f"'{text}' is not a whole number", "use a whole number such as 4") from None
+
+
+def to_port(text: str) -> int:
+    """Return a TCP port number."""
+    port = to_int(text)
+    if not 1 <= port <= 65535:  # noqa: PLR2004 - the TCP port range
+        raise ValueProblem(f"{port} is not a port number", "use a port between 1 and 65535",
+                           code="PR212")
+    return port
+
+
+def to_subnet(text: str) -> str:
+    """Return a CIDR subnet such as ``10.5.0.0/16``."""
+    try:
+        return str(ipaddress.ip_network(text.strip(), strict=False))
+    except ValueError:
+        raise ValueProblem(f"'{text}' is not a subnet", "write it as an address and prefix, e.g. 10.5.0.0/16",
+                           code="PR213") from None
+
+
+def to_choice(text: str, choices: tuple[str, ...]) -> str:
+    """Return ``text`` when it is one of ``choices`` (case-insensitive), in its canonical case."""
+    for choice in choices:
+        if choice.lower() == text.strip().lower():
+            return choice
+    from poprun.core.hint import suggestion_hint  # noqa: PLC0415 - keeps start-up lean
+
+    raise ValueProblem(f"'{text}' is not one of the choices", suggestion_hint(text, choices, noun="value"))
+
+
+def to_args(text: str) -> tuple[str, ...]:
+    """Split a shell-quoted argument string (``--mpi-local-args="-x A -x B='c d'"``)."""
+    try:
+        return tuple(shlex.split(text))
+    except ValueError:
+        raise ValueProblem(f"unbalanced quotes in {text!r}", "close the quote, or quote the whole value once",
+                           code="PR107") from None
+
+
+def to_env_assignment(text: str) -> tuple[str, str | None]:
+    """Return ``(NAME, VALUE)`` for ``NAME=VALUE`` and ``(NAME, None)`` for a bare name."""
+    name, eq, value = text.partition("=")
+    if not _ENV_NAME.match(name):
+        raise ValueProblem(f"'{name}' is not an environment variable name",
+                           "use letters, digits and underscores, not starting with a digit")
+    return name, (value if eq else None)

@@ -1,0 +1,73 @@
+"""
+Diagnostics as text, packaging/Terraform style, with a caret under the span.
+
+Layer: ``poprun.render``; imports ``poprun.core``.
+
+    error[PR300]: replicas do not divide across instances
+      --> train.toml:3:12  ($.topology.replicas)
+       |
+     3 | replicas = 10
+       |            ^^ 10 replicas cannot be split evenly across 4 instances
+       |
+       = hint: use 8 or 12 replicas, or 2 or 5 instances
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from poprun.core.diagnostic import Diagnostic
+from poprun.core.span import COMMAND_LINE, SourceSpan
+
+
+def render_diagnostic(diag: Diagnostic) -> str:
+    """Return one diagnostic as text (ending with a newline)."""
+    lines = [f"{diag.severity.value}[{diag.code}]: {diag.summary}", f"  --> {_where(diag.span)}"]
+    source = diag.source_line if diag.source_line is not None else _read_line(diag.span)
+    if source is not None and diag.span.column is not None:
+        number = str(diag.span.line or 1) if diag.span.file != COMMAND_LINE else ""
+        gutter = " " * len(number)
+        start = diag.span.column - 1
+        end = diag.span.end_column - 1 if diag.span.end_column and diag.span.end_line in (None, diag.span.line) else start + 1
+        carets = "^" * max(end - start, 1)
+        lines += [f"{gutter} |", f"{number} | {source}", f"{gutter} | {' ' * start}{carets} {diag.detail}", f"{gutter} |"]
+    else:
+        lines.append(f"   = {diag.detail}")
+    lines.append(f"   = hint: {diag.hint}")
+    return "\n".join(lines) + "\n"
+
+
+def render_diagnostics(diags: Iterable[Diagnostic]) -> str:
+    """Return several diagnostics, errors first, separated by blank lines."""
+    ordered = sorted(diags, key=lambda d: not d.is_error)
+    return "\n".join(render_diagnostic(d) for d in ordered)
+
+
+def to_json(diags: Iterable[Diagnostic]) -> str:
+    """Return the diagnostics as a JSON array with the same fields as the text."""
+    items = [
+        {"code": d.code, "severity": d.severity.value, "summary": d.summary, "detail": d.detail, "hint": d.hint,
+         "span": {"file": d.span.file, "key_path": d.span.key_path, "line": d.span.line, "column": d.span.column}}
+        for d in diags
+    ]
+    return json.dumps(items, indent=2) + "\n"
+
+
+def _where(span: SourceSpan) -> str:
+    if span.file == COMMAND_LINE:
+        return f"command line: {span.key_path}"
+    if span.is_file:
+        return f"{span.describe()}  ({span.key_path})"
+    return span.describe()
+
+
+def _read_line(span: SourceSpan) -> str | None:
+    if not span.is_file or span.line is None:
+        return None
+    try:
+        lines = Path(span.file).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return lines[span.line - 1] if 0 < span.line <= len(lines) else None

@@ -1,0 +1,96 @@
+"""
+The plan as text: a summary, the per-instance table and, with ``--explain``, every decision.
+
+Layer: ``poprun.render``; imports ``poprun.planner`` (plan model) and ``poprun.core``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from poprun.planner.plan import Decision, Instance, LaunchPlan
+from poprun.planner.solve import is_secret
+
+KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def render_summary(plan: LaunchPlan) -> str:
+    """Return the one-paragraph summary of a plan."""
+    t = plan.topology
+    from poprun.core.hostlist import compress  # noqa: PLC0415
+
+    lines = [
+        f"{_plural(t.num_replicas, 'replica')} x {_plural(t.ipus_per_replica, 'IPU')} = {_plural(t.num_ipus, 'IPU')}, "
+        f"over {_plural(t.num_instances, 'instance')} on {_plural(len(t.hosts), 'host')} ({compress(t.hosts)}), "
+        f"{_plural(t.num_ilds, 'ILD')}",
+        f"backend: {plan.backend.name} ({plan.backend.reason})",
+    ]
+    if plan.partition is not None:
+        part = plan.partition
+        name = part.name or "(the only partition of the allocation)"
+        lines.append(f"partition: {name} on {part.server_host}:{part.server_port}, {part.num_ipus} IPUs, "
+                     f"{_plural(part.num_gcds, 'GCD')}, {_plural(part.num_ilds, 'ILD')}")
+    else:
+        lines.append("partition: none (offline mode)")
+    lines.append(f"executable cache: {plan.cache.mode}{' at ' + plan.cache.path if plan.cache.path else ''}")
+    return "\n".join(lines) + "\n"
+
+
+def _table(rows: Sequence[Sequence[str]]) -> list[str]:
+    widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
+    return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
+
+
+def render_instances(instances: Sequence[Instance]) -> str:
+    """Return the per-instance table: host, local index, ILD, GCD, replicas and key variables."""
+    rows: list[list[str]] = [["instance", "host", "local", "ILD", "GCD", "replicas", "numa"]]
+    for i in instances:
+        last = i.replica_offset + i.num_local_replicas - 1
+        replicas = str(i.replica_offset) if last == i.replica_offset else f"{i.replica_offset}-{last}"
+        rows.append([str(i.index), i.host, str(i.local_index), str(i.ild), str(i.gcd), replicas,
+                     i.placement.strategy if i.placement.numa_aware else "off"])
+    return "instances:\n" + "\n".join(_table(rows)) + "\n"
+
+
+def render_decisions(decisions: Sequence[Decision]) -> str:
+    """Return every decision with its value, source and reason."""
+    rows = [["key", "value", "source", "reason"]]
+    rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions]
+    return "decisions:\n" + "\n".join(_table(rows)) + "\n"
+
+
+def _short(value: str | int | bool, limit: int = 40) -> str:
+    text = ("yes" if value else "no") if isinstance(value, bool) else str(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def render_environment(instance: Instance) -> str:
+    """Return one instance's environment, secrets masked."""
+    lines = [f"environment of instance {instance.index} ({instance.host}):"]
+    for name, value in instance.env.set:
+        shown = "********" if is_secret(name) else value
+        lines.append(f"  {name}={shown}")
+    if instance.env.forward:
+        lines.append(f"  forwarded from the launching shell: {' '.join(instance.env.forward)}")
+    if instance.env.unset:
+        lines.append(f"  removed: {' '.join(instance.env.unset)}")
+    return "\n".join(lines) + "\n"
+
+
+def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
+    """Return the text view of a plan (``poprun plan``), with derivations when ``explain``."""
+    parts = [render_summary(plan), render_instances(plan.instances)]
+    if explain:
+        parts.append(render_decisions(plan.explanation))
+        if plan.partition is not None:
+            parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
+        parts.append(render_environment(plan.instances[0]))
+        argv = " ".join(plan.instances[0].argv) or "(no program)"
+        parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")
+    if plan.warnings:
+        parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
+    return "\n".join(parts)
