@@ -12,7 +12,7 @@ from pathlib import Path
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
-from poprun.core.span import SourceSpan
+from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
 from poprun.planner.load import is_spec_path, load_spec
@@ -21,19 +21,22 @@ from poprun.planner.solve import Solution, solve
 from poprun.planner.spec import Spec, overlay
 
 VERSION = "0.1.0"
+# The text behind spans that are not files (the command line), for carets in diagnostics.
+SOURCES: dict[str, str] = {}
 
 
 def _warn(diagnostics: tuple[Diagnostic, ...]) -> None:
     if diagnostics:
         from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
 
-        sys.stderr.write(render_diagnostics(diagnostics))
+        sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
 
 
 def _read(args: list[str], ctx: Context, *, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
     """Return the command line and the spec it describes (spec file and imported config under it)."""
     spec_path = args.pop(0) if allow_spec_file and args and is_spec_path(args[0]) else None
     command = parse_flags(args, environ=ctx.environ)
+    SOURCES[COMMAND_LINE] = command.text
     _warn(command.warnings)
     spec = command.spec
     if command.import_config is not None and command.export_config is not None:

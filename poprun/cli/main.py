@@ -14,9 +14,7 @@ from typing import TYPE_CHECKING
 from poprun.cli import exitcode
 
 if TYPE_CHECKING:
-    from poprun.planner.context import Context
-    from poprun.planner.flags import CommandLine
-    from poprun.planner.spec import Spec
+    from poprun.core.diagnostic import Diagnostic
 
 VERSION = "0.1.0"
 COMMANDS = ("plan", "validate", "apply", "render")
@@ -52,10 +50,11 @@ def _dispatch(args: list[str]) -> int:
     return commands.classic(args)
 
 
-def _report(diagnostics: Sequence[object]) -> None:
+def _report(diagnostics: Sequence[Diagnostic]) -> None:
+    from poprun.cli.commands import SOURCES  # noqa: PLC0415
     from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
 
-    sys.stderr.write(render_diagnostics(diagnostics))  # type: ignore[arg-type]
+    sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
 
 
 if __name__ == "__main__":

@@ -35,6 +35,11 @@ class Constraint:
     applies: Callable[[Values], bool] = lambda _: True
 
 
+def _n(count: int, noun: str) -> str:
+    """Return ``1 host`` / ``2 hosts``; ``noun`` is the plural."""
+    return f"{count} {noun[:-1] if count == 1 and noun.endswith('s') else noun}"
+
+
 def _ipus(v: Values) -> int:
     return v["replicas"] * v["ipus_per_replica"]
 
@@ -44,7 +49,7 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "replicas_over_instances", "PR300", "replicas do not divide across instances",
         ("replicas", "instances"),
         holds=lambda v: v["replicas"] % v["instances"] == 0,
-        explain=lambda v: f"{v['replicas']} replicas / {v['instances']} instances = "
+        explain=lambda v: f"{_n(v['replicas'], 'replicas')} / {_n(v['instances'], 'instances')} = "
         f"{v['replicas'] // v['instances']} per instance",
         detail=lambda v: f"{v['replicas']} replicas cannot be split evenly across {v['instances']} instances",
     ),
@@ -52,34 +57,35 @@ CONSTRAINTS: tuple[Constraint, ...] = (
         "instances_over_hosts", "PR301", "instances do not divide across hosts",
         ("instances", "hosts"),
         holds=lambda v: v["instances"] % v["hosts"] == 0,
-        explain=lambda v: f"{v['instances']} instances / {v['hosts']} hosts = "
+        explain=lambda v: f"{_n(v['instances'], 'instances')} / {_n(v['hosts'], 'hosts')} = "
         f"{v['instances'] // v['hosts']} per host",
         detail=lambda v: f"{v['instances']} instances cannot be split evenly across {v['hosts']} hosts",
-    ),
-    Constraint(
-        "instances_over_ilds", "PR302", "instances do not divide across IPU-Link domains",
-        ("instances", "ilds"),
-        holds=lambda v: v["instances"] % v["ilds"] == 0,
-        explain=lambda v: f"{v['instances']} instances / {v['ilds']} ILDs = {v['instances'] // v['ilds']} per ILD",
-        detail=lambda v: f"{v['instances']} instances cannot be split evenly across {v['ilds']} ILDs",
-    ),
-    Constraint(
-        "ild_capacity", "PR303", "IPU-Link domain over capacity",
-        ("replicas", "ipus_per_replica", "ilds"),
-        holds=lambda v: -(-_ipus(v) // v["ilds"]) <= v["ild_size"],
-        explain=lambda v: f"{_ipus(v)} IPUs over {v['ilds']} ILDs = {-(-_ipus(v) // v['ilds'])} per ILD, "
-        f"at most {v['ild_size']}",
-        detail=lambda v: f"{_ipus(v)} IPUs in {v['ilds']} ILDs need {-(-_ipus(v) // v['ilds'])} IPUs per ILD, "
-        f"but an ILD of the target has {v['ild_size']}",
     ),
     Constraint(
         "target_size", "PR305", "more IPUs than the target has",
         ("replicas", "ipus_per_replica"),
         holds=lambda v: _ipus(v) <= v["target_ipus"],
         explain=lambda v: f"{_ipus(v)} IPUs, at most {v['target_ipus']} on the offline target",
-        detail=lambda v: f"{v['replicas']} replicas x {v['ipus_per_replica']} IPUs = {_ipus(v)} IPUs, "
+        detail=lambda v: f"{_n(v['replicas'], 'replicas')} x {_n(v['ipus_per_replica'], 'IPUs')} = {_ipus(v)} IPUs, "
         f"but the offline target has {v['target_ipus']}",
         applies=lambda v: v["target_ipus"] > 0,
+    ),
+    Constraint(
+        "instances_over_ilds", "PR302", "instances do not divide across IPU-Link domains",
+        ("instances", "ilds"),
+        holds=lambda v: v["instances"] % v["ilds"] == 0,
+        explain=lambda v: f"{_n(v['instances'], 'instances')} / {_n(v['ilds'], 'ILDs')} = "
+        f"{v['instances'] // v['ilds']} per ILD",
+        detail=lambda v: f"{v['instances']} instances cannot be split evenly across {v['ilds']} ILDs",
+    ),
+    Constraint(
+        "ild_capacity", "PR303", "IPU-Link domain over capacity",
+        ("replicas", "ipus_per_replica", "ilds"),
+        holds=lambda v: -(-_ipus(v) // v["ilds"]) <= v["ild_size"],
+        explain=lambda v: f"{_n(_ipus(v), 'IPUs')} over {_n(v['ilds'], 'ILDs')} = {-(-_ipus(v) // v['ilds'])} per ILD, "
+        f"at most {v['ild_size']}",
+        detail=lambda v: f"{_n(_ipus(v), 'IPUs')} in {_n(v['ilds'], 'ILDs')} need {-(-_ipus(v) // v['ilds'])} IPUs per ILD, "
+        f"but an ILD of the target has {v['ild_size']}",
     ),
 )
 

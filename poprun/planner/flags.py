@@ -41,6 +41,7 @@ class CommandLine:
     format: str = "text"
     output: Sourced[str] | None = None
     plan_options: tuple[Sourced[str], ...] = ()
+    text: str = ""  # the command line as one string, for carets under flag spans
     warnings: tuple[Diagnostic, ...] = ()
 
 
@@ -347,5 +348,6 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         format=actions["--format"].value if "--format" in actions else "text",
         output=actions.get("--output"),
         plan_options=tuple(parser.plan_options),
+        text=parser.text.line,
         warnings=parser.diags.warnings,
     )

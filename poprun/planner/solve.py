@@ -52,8 +52,8 @@ class _Solver:
     # -- recording ---------------------------------------------------------------------
     def decide(self, key: str, value: T, origin: SourceSpan, reason: str) -> T:
         """Record a decision and return its value."""
-        shown = value if isinstance(value, str | int | bool) else ",".join(map(str, value)) \
-            if isinstance(value, tuple) else json.dumps(value)
+        shown = value if isinstance(value, str | int | bool) else (" " if key == "program" else ",").join(
+            map(str, value)) if isinstance(value, tuple) else json.dumps(value)
         self.decisions.append(p.Decision(key=key, value=shown, source=origin.describe(), reason=reason))
         return value
 
@@ -194,11 +194,14 @@ def _ilds(s: _Solver, values: dict[str, int], target: Target | None) -> int:
     where = f"an ILD of {target.name} has {target.ild_size} IPUs" if target else \
         f"an ILD of a Pod64 has {DEFAULT_ILD_SIZE} IPUs; the V-IPU partition decides at apply time"
     return s.decide("num_ilds", ilds, SourceSpan.derived("num_ilds"),
-                    f"not given: {ipus} IPUs need at least {least} ILD(s) ({where})")
+                    f"not given: {ipus} IPUs need at least {least} ILD{'s' if least > 1 else ''} ({where})")
 
 
 def _check(s: _Solver, values: dict[str, int]) -> bool:
     broken = constraint.violated(values)
+    if s.spec.ilds is None and any("ilds" not in rule.binds for rule in broken):
+        # The ILDs were derived from the other numbers: fix those first.
+        broken = tuple(rule for rule in broken if "ilds" not in rule.binds)
     for rule in constraint.CONSTRAINTS:
         if rule.applies(values) and rule not in broken:
             s.decisions.append(p.Decision(key=f"rule {rule.name}", value="holds", source="derived",
@@ -347,7 +350,8 @@ def _placement(s: _Solver, topo: p.Topology) -> p.Placement:
         aware = s.decide("numa_aware", s.spec.numa_aware.value, s.spec.numa_aware.origin, "as given")
     else:
         aware = s.decide("numa_aware", topo.instances_per_host > 1, SourceSpan.derived("numa_aware"),
-                         f"{topo.instances_per_host} instance(s) per host: NUMA awareness is on with more than one")
+                         f"{topo.instances_per_host} instance{'s' if topo.instances_per_host > 1 else ''} per host: "
+                         "NUMA awareness is on with more than one")
     return p.Placement(numa_aware=aware and strategy != "disabled", strategy=strategy)
 
 

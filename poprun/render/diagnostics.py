@@ -15,17 +15,22 @@ Layer: ``poprun.render``; imports ``poprun.core``.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.span import COMMAND_LINE, SourceSpan
 
 
-def render_diagnostic(diag: Diagnostic) -> str:
-    """Return one diagnostic as text (ending with a newline)."""
+def render_diagnostic(diag: Diagnostic, sources: Mapping[str, str] | None = None) -> str:
+    """
+    Return one diagnostic as text (ending with a newline).
+
+    ``sources`` maps a span's file (``<command line>`` included) to its text, for the caret
+    line; files not in it are read from disk.
+    """
     lines = [f"{diag.severity.value}[{diag.code}]: {diag.summary}", f"  --> {_where(diag.span)}"]
-    source = diag.source_line if diag.source_line is not None else _read_line(diag.span)
+    source = diag.source_line if diag.source_line is not None else _source_line(diag.span, sources or {})
     if source is not None and diag.span.column is not None:
         number = str(diag.span.line or 1) if diag.span.file != COMMAND_LINE else ""
         gutter = " " * len(number)
@@ -39,10 +44,10 @@ def render_diagnostic(diag: Diagnostic) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_diagnostics(diags: Iterable[Diagnostic]) -> str:
+def render_diagnostics(diags: Iterable[Diagnostic], sources: Mapping[str, str] | None = None) -> str:
     """Return several diagnostics, errors first, separated by blank lines."""
     ordered = sorted(diags, key=lambda d: not d.is_error)
-    return "\n".join(render_diagnostic(d) for d in ordered)
+    return "\n".join(render_diagnostic(d, sources) for d in ordered)
 
 
 def to_json(diags: Iterable[Diagnostic]) -> str:
@@ -63,11 +68,12 @@ def _where(span: SourceSpan) -> str:
     return span.describe()
 
 
-def _read_line(span: SourceSpan) -> str | None:
-    if not span.is_file or span.line is None:
+def _source_line(span: SourceSpan, sources: Mapping[str, str]) -> str | None:
+    if span.line is None or (span.file not in sources and not span.is_file):
         return None
     try:
-        lines = Path(span.file).read_text(encoding="utf-8").splitlines()
+        text = sources[span.file] if span.file in sources else Path(span.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
+    lines = text.splitlines()
     return lines[span.line - 1] if 0 < span.line <= len(lines) else None

@@ -81,6 +81,16 @@ def render_environment(instance: Instance) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _differences(instances: Sequence[Instance]) -> str:
+    """Return which variables vary between instances (the rest are the same everywhere)."""
+    if len(instances) < 2:  # noqa: PLR2004 - one instance has nothing to compare
+        return ""
+    first = instances[0].env.as_dict()
+    varying = sorted({name for i in instances[1:] for name, value in i.env.set if first.get(name) != value}
+                     | {name for i in instances[1:] for name in first if i.env.get(name) is None})
+    return f"  other instances differ only in: {' '.join(varying)}\n" if varying else ""
+
+
 def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
     """Return the text view of a plan (``poprun plan``), with derivations when ``explain``."""
     parts = [render_summary(plan), render_instances(plan.instances)]
@@ -88,7 +98,7 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
         parts.append(render_decisions(plan.explanation))
         if plan.partition is not None:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
-        parts.append(render_environment(plan.instances[0]))
+        parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
         argv = " ".join(plan.instances[0].argv) or "(no program)"
         parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")
     if plan.warnings:
