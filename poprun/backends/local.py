@@ -10,6 +10,7 @@ own process group, so teardown reaches what it started, and dies with poprun (Li
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import errno
 import os
@@ -20,8 +21,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
-from typing import ClassVar
+from typing import IO, ClassVar
 
 from poprun.backends.base import (
     NOT_EXECUTABLE,
@@ -30,11 +32,13 @@ from poprun.backends.base import (
     InstanceFailure,
     LaunchError,
     OutputSink,
+    Stream,
 )
-from poprun.backends.output import Output
 from poprun.planner.plan import Instance, LaunchPlan
 
 DEFAULT_GRACE_S = 5.0
+TAIL_LINES = 20  # lines of each instance's output kept for the failure report
+_CHUNK = 1 << 16
 _DRAIN_S = 1.0  # how long output may keep flowing after the last instance ended
 _PR_SET_PDEATHSIG = 1
 
@@ -50,7 +54,7 @@ def _die_with_parent() -> Callable[[], None] | None:
     def preexec() -> None:
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # poprun died before the request took effect
-            os._exit(NOT_FOUND)
+            os._exit(1)
 
     return preexec
 
@@ -100,6 +104,93 @@ def _start(instance: Instance, env: dict[str, str], preexec: Callable[[], None] 
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
         raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
                           status=status.get(exc.errno or 0, NOT_EXECUTABLE)) from exc
+
+
+class Output:
+    """
+    Forwards instance output in whole lines, never cut mid-line.
+
+    Every line goes to the instance's tail and, with ``output_filename``, to mpirun's file
+    layout ``<dir>/1/rank.<index>/{stdout,stderr}``; it reaches the sink (tagged
+    ``[1,<index>]<stdout>:`` with ``tag``) unless ``only_from_instance`` names another instance.
+    """
+
+    def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
+        self._sink, self._lock = sink, threading.Lock()
+        self._tag, self._only = plan.output.tag, plan.output.only_from_instance
+        self._tails = {i.index: collections.deque[str](maxlen=TAIL_LINES) for i in plan.instances}
+        self._files = _open_files(plan.output.output_filename, [i.index for i in plan.instances])
+        self._threads: list[threading.Thread] = []
+
+    def start(self, procs: list[subprocess.Popen[bytes]]) -> None:
+        """Start forwarding the stdout and stderr of each instance (``procs`` in index order)."""
+        for index, proc in enumerate(procs):
+            for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                thread = threading.Thread(target=self._pump, args=(index, stream, pipe), daemon=True)
+                thread.start()
+                self._threads.append(thread)
+
+    def _pump(self, index: int, stream: Stream, pipe: IO[bytes]) -> None:
+        buffer = bytearray()
+        while chunk := os.read(pipe.fileno(), _CHUNK):
+            cut = chunk.rfind(b"\n") + 1
+            buffer += chunk[:cut] if cut else chunk
+            if cut:
+                self._emit(index, stream, bytes(buffer))
+                buffer = bytearray(chunk[cut:])
+        if buffer:
+            self._emit(index, stream, bytes(buffer) + b"\n")
+        pipe.close()
+        file = self._files.pop((index, stream), None)
+        if file is not None:
+            file.close()
+
+    def _emit(self, index: int, stream: Stream, data: bytes) -> None:
+        lines = data.split(b"\n")[:-1]
+        self._tails[index].extend(line.decode(errors="replace") for line in lines[-TAIL_LINES:])
+        file = self._files.get((index, stream))
+        if file is not None:
+            file.write(data)
+        if self._only is not None and self._only != index:
+            return
+        if self._tag:
+            prefix = b"[1,%d]<%s>:" % (index, stream.encode())
+            data = b"".join(prefix + line + b"\n" for line in lines)
+        with self._lock:
+            self._sink.write(stream, data)
+
+    def join(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` in all for every stream to reach its end."""
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    def close(self) -> None:
+        """Close the output files not closed yet (a launch that failed to start)."""
+        for file in list(self._files.values()):
+            file.close()
+        self._files.clear()
+
+    def tail(self, index: int) -> tuple[str, ...]:
+        """Return the last lines of instance ``index``'s output."""
+        return tuple(self._tails[index])
+
+
+def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, Stream], IO[bytes]]:
+    files: dict[tuple[int, Stream], IO[bytes]] = {}
+    if directory is None:
+        return files
+    try:
+        for index in indices:
+            folder = os.path.join(directory, "1", f"rank.{index}")
+            os.makedirs(folder, exist_ok=True)
+            for stream in ("stdout", "stderr"):
+                files[index, stream] = open(os.path.join(folder, stream), "wb", buffering=0)  # noqa: SIM115
+    except OSError as exc:
+        for file in files.values():
+            file.close()
+        raise LaunchError(f"cannot write output files under '{directory}': {exc.strerror}") from exc
+    return files
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:

@@ -110,14 +110,14 @@ def _solve(s: _Solver, *, require_program: bool) -> p.LaunchPlan | None:
     )
     backend = _backend(s, topology)
     mpi = p.Mpi(global_args=_mpi_global(s), host_subnet=_value(s.spec.host_subnet),
-                allow_run_as_root=bool(_value(s.spec.allow_run_as_root)) or "--allow-run-as-root" in _mpi_global(s))
-    keys = p.SshKeyDistribution(enabled=bool(_value(s.spec.distribute_ssh_key)),
+                allow_run_as_root=_on(s.spec.allow_run_as_root) or "--allow-run-as-root" in _mpi_global(s))
+    keys = p.SshKeyDistribution(enabled=_on(s.spec.distribute_ssh_key),
                                 key_path=_value(s.spec.distribute_ssh_key_path),
                                 key_type=_value(s.spec.distribute_ssh_key_type))
     notes = tuple(p.Note(code=d.code, summary=d.summary, hint=d.hint) for d in s.diags.warnings)
     return p.LaunchPlan(
         poprun_version=VERSION, topology=topology, instances=instances, partition=partition,
-        offline=bool(_value(s.spec.offline_mode)), offline_target=target.name if target else None,
+        offline=_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes,
     )
@@ -125,6 +125,11 @@ def _solve(s: _Solver, *, require_program: bool) -> p.LaunchPlan | None:
 
 def _value(given: Sourced[T] | None) -> T | None:
     return given.value if given is not None else None
+
+
+def _on(given: Sourced[bool] | None) -> bool:
+    """Return whether a yes/no option is given as yes."""
+    return given is not None and given.value
 
 
 # -- topology ------------------------------------------------------------------------------
@@ -153,7 +158,7 @@ def _target(s: _Solver) -> Target | None:
         s.fail("PR206", f"unknown offline target '{given.value}'", detail=f"'{given.value}' is not a known target",
                span=given.origin, hint=suggestion_hint(given.value.lower(), TARGETS, noun="target"))
         return None
-    if not _value(s.spec.offline_mode):
+    if not _on(s.spec.offline_mode):
         s.warn("PR207", "offline target without offline mode", detail=f"--offline-target={target.name} is meant "
                "for compiling without IPUs", span=given.origin, hint="add --offline-mode=yes, or drop the target")
     return target
@@ -252,7 +257,7 @@ def _vipu(s: _Solver, key: str, given: Sourced[T] | None, env_name: str, hcl: st
 
 def _partition(s: _Solver, topo: p.Topology) -> p.Partition | None:
     spec = s.spec
-    if _value(spec.offline_mode):
+    if _on(spec.offline_mode):
         s.decide("partition", "none", spec.offline_mode.origin if spec.offline_mode else SourceSpan.default("x"),
                  "offline mode: no partition and no devices")
         return None
@@ -340,7 +345,7 @@ def _output(s: _Solver, topo: p.Topology) -> p.Output:
                f"{topo.num_instances} (0 to {topo.num_instances - 1})", span=only.origin,
                hint=f"use an index from 0 to {topo.num_instances - 1}")
     return p.Output(tag="--tag-output" in args, output_filename=filename, only_from_instance=_value(only),
-                    print_topology=bool(_value(s.spec.print_topology)), verbosity=_value(s.spec.verbosity) or 0)
+                    print_topology=_on(s.spec.print_topology), verbosity=_value(s.spec.verbosity) or 0)
 
 
 def _placement(s: _Solver, topo: p.Topology) -> p.Placement:
@@ -369,7 +374,7 @@ def _backend(s: _Solver, topo: p.Topology) -> p.BackendChoice:
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
-    if _value(s.spec.offline_mode):
+    if _on(s.spec.offline_mode):
         reason = "offline mode: every instance runs on this machine"
         name = "offline"
     elif all(h in s.ctx.local_names for h in topo.hosts):

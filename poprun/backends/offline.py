@@ -1,0 +1,23 @@
+"""
+The ``offline`` backend: every instance runs on this machine, whatever host it was planned for.
+
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.local` and ``poprun.planner.plan``.
+With no devices and no partition, a multi-host or multi-ILD plan can be tried on a laptop:
+the instances get exactly the plan's argv, cwd and environment, as with ``local``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from poprun.backends.local import LocalBackend
+from poprun.planner.plan import LaunchPlan
+
+
+class OfflineBackend(LocalBackend):
+    """The local backend without its host check: a host name in the plan is only a label here."""
+
+    name: ClassVar[str] = "offline"
+
+    def check_hosts(self, plan: LaunchPlan) -> None:
+        """Accept every host: offline, all instances run on this machine."""

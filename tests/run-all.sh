@@ -1,0 +1,20 @@
+#!/usr/bin/env bash
+# Install everything the tests need (Debian packages as root, Python packages in .venv),
+# run the linters and the whole test suite. CI runs exactly this, through .ci/run.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+DEBIAN_PACKAGES=(openmpi-bin)
+if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEBIAN_PACKAGES[@]}" >/dev/null
+fi
+
+python3 -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+.venv/bin/pip install -q -e '.[test]'
+
+.venv/bin/ruff check .
+.venv/bin/mypy
+.venv/bin/lint-imports
+POPRUN_CI=1 PATH="$PWD/.venv/bin:$PATH" .venv/bin/pytest -q
