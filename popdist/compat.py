@@ -63,7 +63,7 @@ def isUniformReplicasPerInstance() -> bool:
     return from_environ(os.environ).uniform_replicas_per_instance
 
 
-def getDeviceId(ipusPerReplica: int = 0) -> int:  # noqa: N803 - the historical signature
+def getDeviceId(ipusPerReplica: int = 0) -> int:
     """
     Return the id of the Poplar device this instance should attach to.
 

@@ -11,6 +11,7 @@ own process group, so teardown reaches what it started, and dies with poprun (Li
 from __future__ import annotations
 
 import collections
+import contextlib
 import ctypes
 import errno
 import os
@@ -23,6 +24,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import IO, ClassVar
 
 from poprun.backends.base import (
@@ -66,40 +68,41 @@ def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, 
     return env
 
 
-def executable(instance: Instance, path: str | None) -> str:
+def executable(instance: Instance, env: Mapping[str, str]) -> str:
     """
-    Return the absolute file that runs ``instance.argv[0]``.
+    Return the file that runs ``instance.argv[0]``, relative to the instance's cwd or absolute.
 
-    A bare name is looked up on ``path``, then in the instance's working directory (PopRun 2.1
-    runs programs there without a ``./`` prefix); a name with ``/`` is taken from the cwd.
+    A bare name is looked up on the PATH of ``env``, then run as ``./name`` from the instance's
+    working directory (PopRun 2.1 runs programs there without a ``./`` prefix); a name with
+    ``/`` is taken as it is, from the cwd.
 
     Raises:
-        LaunchError: status 127 when the program is not found, 126 when it is not executable.
+        LaunchError: status 127 when the program is not found, 126 when it is not executable,
+            125 when there is no program or no working directory.
     """
+    if not instance.argv or not Path(instance.cwd).is_dir():
+        what = "no program to run" if not instance.argv else f"no working directory ({instance.cwd} is missing)"
+        raise LaunchError(f"instance {instance.index} has {what}")
     name = instance.argv[0]
-    found = shutil.which(name, path=path) if "/" not in name else None
-    candidate = os.path.abspath(found or os.path.join(instance.cwd, name))
-    if not os.path.exists(candidate):
-        where = "on PATH or in " + instance.cwd if "/" not in name else candidate
+    found = shutil.which(name, path=env.get("PATH", os.defpath)) if "/" not in name else None
+    candidate = Path(found or Path(instance.cwd) / name).absolute()
+    if not candidate.exists():
+        where = "on PATH or in " + instance.cwd if "/" not in name else str(candidate)
         raise LaunchError(f"program '{name}' not found ({where})", status=NOT_FOUND)
-    if os.path.isdir(candidate) or not os.access(candidate, os.X_OK):
+    if candidate.is_dir() or not os.access(candidate, os.X_OK):
         raise LaunchError(f"program '{name}' is not executable ({candidate})", status=NOT_EXECUTABLE)
-    return candidate
+    return str(candidate) if found else name if "/" in name else "./" + name
 
 
-def _check(instance: Instance) -> None:
-    if not instance.argv:
-        raise LaunchError(f"instance {instance.index} has no program to run")
-    if not os.path.isdir(instance.cwd):
-        raise LaunchError(f"working directory '{instance.cwd}' of instance {instance.index} does not exist")
-
-
-def _start(instance: Instance, env: dict[str, str], preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
-    program = executable(instance, env.get("PATH", os.defpath))
+def _start(instance: Instance, env: dict[str, str], program: str,
+           preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
     try:
+        # preexec_fn's hazard with threads is running Python that takes locks in the child;
+        # ours only calls prctl(2) through a ctypes function loaded beforehand, and getppid.
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
             instance.argv, executable=program, cwd=instance.cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True, preexec_fn=preexec)
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+            preexec_fn=preexec)  # noqa: PLW1509
     except OSError as exc:
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
         raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
@@ -110,9 +113,9 @@ class Output:
     """
     Forwards instance output in whole lines, never cut mid-line.
 
-    Every line goes to the instance's tail and, with ``output_filename``, to mpirun's file
-    layout ``<dir>/1/rank.<index>/{stdout,stderr}``; it reaches the sink (tagged
-    ``[1,<index>]<stdout>:`` with ``tag``) unless ``only_from_instance`` names another instance.
+    Every line goes to its instance's tail, to mpirun's ``<dir>/1/rank.<index>/{stdout,stderr}`` with
+    ``output_filename``, and to the sink (tagged ``[1,<index>]<stdout>:`` with ``tag``) unless
+    ``only_from_instance`` names another instance. The sink is written by one thread at a time.
     """
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
@@ -124,11 +127,10 @@ class Output:
 
     def start(self, procs: list[subprocess.Popen[bytes]]) -> None:
         """Start forwarding the stdout and stderr of each instance (``procs`` in index order)."""
-        for index, proc in enumerate(procs):
-            for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                thread = threading.Thread(target=self._pump, args=(index, stream, pipe), daemon=True)
-                thread.start()
-                self._threads.append(thread)
+        self._threads = [threading.Thread(target=self._pump, args=(i, name, getattr(proc, name)), daemon=True)
+                         for i, proc in enumerate(procs) for name in ("stdout", "stderr")]
+        for thread in self._threads:
+            thread.start()
 
     def _pump(self, index: int, stream: Stream, pipe: IO[bytes]) -> None:
         buffer = bytearray()
@@ -141,9 +143,8 @@ class Output:
         if buffer:
             self._emit(index, stream, bytes(buffer) + b"\n")
         pipe.close()
-        file = self._files.pop((index, stream), None)
-        if file is not None:
-            file.close()
+        with contextlib.suppress(KeyError):
+            self._files.pop((index, stream)).close()
 
     def _emit(self, index: int, stream: Stream, data: bytes) -> None:
         lines = data.split(b"\n")[:-1]
@@ -166,10 +167,9 @@ class Output:
             thread.join(max(0.0, deadline - time.monotonic()))
 
     def close(self) -> None:
-        """Close the output files not closed yet (a launch that failed to start)."""
-        for file in list(self._files.values()):
+        """Close the output files of a launch that failed to start (forwarding closes its own)."""
+        for file in self._files.values():
             file.close()
-        self._files.clear()
 
     def tail(self, index: int) -> tuple[str, ...]:
         """Return the last lines of instance ``index``'s output."""
@@ -182,10 +182,10 @@ def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, St
         return files
     try:
         for index in indices:
-            folder = os.path.join(directory, "1", f"rank.{index}")
-            os.makedirs(folder, exist_ok=True)
+            folder = Path(directory) / "1" / f"rank.{index}"
+            folder.mkdir(parents=True, exist_ok=True)
             for stream in ("stdout", "stderr"):
-                files[index, stream] = open(os.path.join(folder, stream), "wb", buffering=0)  # noqa: SIM115
+                files[index, stream] = (folder / stream).open("wb", buffering=0)
     except OSError as exc:
         for file in files.values():
             file.close()
@@ -194,10 +194,8 @@ def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, St
 
 
 def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group has ended
         os.killpg(proc.pid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass  # the whole group has ended already
 
 
 class LocalLaunch:
@@ -209,9 +207,8 @@ class LocalLaunch:
         self._ended: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()
         self._stopping = threading.Event()
         self._timer: threading.Timer | None = None
-        self._threads = [threading.Thread(target=self._watch, args=(i, p), daemon=True) for i, p in enumerate(procs)]
-        for thread in self._threads:
-            thread.start()
+        for index, proc in enumerate(procs):
+            threading.Thread(target=self._watch, args=(index, proc), daemon=True).start()
 
     def _watch(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         code = proc.wait()
@@ -238,10 +235,7 @@ class LocalLaunch:
         """Return once every instance has ended; stop the others at the first failure."""
         ends: list[tuple[int, int, bool]] = []
         while len(ends) < len(self._procs):
-            try:
-                index, code, stopped = self._ended.get(timeout=0.5)
-            except queue.Empty:
-                continue
+            index, code, stopped = self._ended.get()  # signal handlers still run while blocked
             ends.append((index, code, stopped))
             if code != 0 and not stopped:
                 self.terminate(self._grace_s)
@@ -256,24 +250,15 @@ class LocalLaunch:
         for proc in self._procs:
             _signal_group(proc, signal.SIGKILL)
         self._output.join(_DRAIN_S)
-        self._output.close()
 
     def _result(self, ends: list[tuple[int, int, bool]]) -> ApplyResult:
-        statuses = [0] * len(self._procs)
-        failures = []
-        for index, code, stopped in ends:
-            statuses[index] = code if code >= 0 else 128 - code
-            if code != 0:
-                failures.append(InstanceFailure(
-                    index=index, host=self._plan.instances[index].host, exit_code=code if code > 0 else None,
-                    signal=-code if code < 0 else None, stopped=stopped, tail=self._output.tail(index)))
+        """Return the result of ``ends`` (index, Popen return code, stopped) in the order seen."""
+        failures = tuple(InstanceFailure(index=i, host=self._plan.instances[i].host, exit_code=max(code, 0) or None,
+                                         signal=-code if code < 0 else None, stopped=stopped, tail=self._output.tail(i))
+                         for i, code, stopped in ends if code != 0)
+        statuses = tuple(code if code >= 0 else 128 - code for _, code, _ in sorted(ends))
         cause = next((f.index for f in failures if not f.stopped), None)
-        return ApplyResult(statuses=tuple(statuses), failures=tuple(failures), root_cause=cause)
-
-
-def _local_names() -> frozenset[str]:
-    name = socket.gethostname()
-    return frozenset({"localhost", "127.0.0.1", "::1", name, name.split(".")[0]})
+        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
 
 
 class LocalBackend:
@@ -285,13 +270,9 @@ class LocalBackend:
         self.grace_s = grace_s
 
     def check_hosts(self, plan: LaunchPlan) -> None:
-        """
-        Refuse a plan with an instance on another host.
-
-        Raises:
-            LaunchError: status 125, naming the first such host.
-        """
-        local = _local_names()
+        """Raise :class:`LaunchError` (125) naming the first host of the plan that is not this machine."""
+        name = socket.gethostname()
+        local = {"localhost", "127.0.0.1", "::1", name, name.split(".")[0]}
         remote = next((i.host for i in plan.instances if i.host not in local), None)
         if remote is not None:
             raise LaunchError(f"host '{remote}' is not this machine: the local backend runs instances here only "
@@ -301,15 +282,13 @@ class LocalBackend:
         """Start every instance of ``plan``; raise :class:`LaunchError` when nothing can start."""
         self.check_hosts(plan)
         envs = [environment(i, env_source) for i in plan.instances]
-        for instance, env in zip(plan.instances, envs, strict=True):
-            _check(instance)
-            executable(instance, env.get("PATH", os.defpath))
+        programs = [executable(i, env) for i, env in zip(plan.instances, envs, strict=True)]
         output = Output(plan, sink)
         preexec = _die_with_parent()
         procs: list[subprocess.Popen[bytes]] = []
         try:
-            for instance, env in zip(plan.instances, envs, strict=True):
-                procs.append(_start(instance, env, preexec))
+            for instance, env, program in zip(plan.instances, envs, programs, strict=True):
+                procs.append(_start(instance, env, program, preexec))
         except LaunchError:
             for proc in procs:
                 _signal_group(proc, signal.SIGKILL)

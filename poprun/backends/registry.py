@@ -20,13 +20,13 @@ PLANNED = ("mpirun", "slurm", "ssh")
 
 
 def _local() -> Backend:
-    from poprun.backends.local import LocalBackend  # noqa: PLC0415
+    from poprun.backends.local import LocalBackend
 
     return LocalBackend()
 
 
 def _offline() -> Backend:
-    from poprun.backends.offline import OfflineBackend  # noqa: PLC0415
+    from poprun.backends.offline import OfflineBackend
 
     return OfflineBackend()
 

@@ -27,15 +27,17 @@ SOURCES: dict[str, str] = {}
 
 def _warn(diagnostics: tuple[Diagnostic, ...]) -> None:
     if diagnostics:
-        from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
+        from poprun.render.diagnostics import render_diagnostics
 
         sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
 
 
-def _read(args: list[str], ctx: Context, *, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
+def _read(args: list[str], ctx: Context, *, prog: str, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
     """Return the command line and the spec it describes (spec file and imported config under it)."""
     spec_path = args.pop(0) if allow_spec_file and args and is_spec_path(args[0]) else None
-    command = parse_flags(args, environ=ctx.environ)
+    if spec_path is not None:
+        prog = f"{prog} {spec_path}"
+    command = parse_flags(args, environ=ctx.environ, prog=prog)
     SOURCES[COMMAND_LINE] = command.text
     _warn(command.warnings)
     spec = command.spec
@@ -78,16 +80,16 @@ def _emit(text: str, command: CommandLine) -> None:
 def plan(args: list[str]) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``."""
     ctx = Context.from_process()
-    command, spec = _read(list(args), ctx, allow_spec_file=True)
+    command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
     if command.help:
         return _help()
     solution = _solve(spec, ctx, require_program=False)
     if command.format == "json":
-        from poprun.planner.serde import to_json  # noqa: PLC0415
+        from poprun.planner.serde import to_json
 
         _emit(to_json(solution.plan), command)
     elif command.format == "toml":
-        from poprun.planner.tomlspec import to_toml  # noqa: PLC0415
+        from poprun.planner.tomlspec import to_toml
 
         _emit(to_toml(spec), command)
     else:
@@ -96,7 +98,7 @@ def plan(args: list[str]) -> int:
 
 
 def _text(plan: LaunchPlan, *, explain: bool) -> str:
-    from poprun.render.explain import render_plan  # noqa: PLC0415
+    from poprun.render.explain import render_plan
 
     text = render_plan(plan, explain=explain)
     if plan.output.print_topology:
@@ -105,7 +107,7 @@ def _text(plan: LaunchPlan, *, explain: bool) -> str:
 
 
 def _topology(plan: LaunchPlan) -> str:
-    from poprun.render.topology import TopologyRow, render_topology  # noqa: PLC0415
+    from poprun.render.topology import TopologyRow, render_topology
 
     rows = [TopologyRow(index=i.index, host=i.host, ild=i.ild, replica_offset=i.replica_offset,
                         num_replicas=i.num_local_replicas) for i in plan.instances]
@@ -120,7 +122,8 @@ def validate(args: list[str]) -> int:
                                      span=SourceSpan.flag("SPEC"), hint="write 'poprun validate train.toml'")])
     path = args[0]
     spec = load_spec(path)
-    command = parse_flags(args[1:], environ=ctx.environ)
+    command = parse_flags(args[1:], environ=ctx.environ, prog=f"poprun validate {path}")
+    SOURCES[COMMAND_LINE] = command.text
     _solve(overlay(spec, command.spec), ctx, require_program=False)
     sys.stdout.write(f"{path}: ok\n")
     return exitcode.OK
@@ -130,18 +133,18 @@ def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process()
     if args and args[0].endswith(".json") and Path(args[0]).is_file():
-        from poprun.planner.load import read_text  # noqa: PLC0415
-        from poprun.planner.serde import from_json  # noqa: PLC0415
+        from poprun.planner.load import read_text
+        from poprun.planner.serde import from_json
 
         return _run(from_json(read_text(args[0]), file=args[0]))
-    command, spec = _read(list(args), ctx, allow_spec_file=True)
+    command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
     _reject_plan_options(command, "'poprun apply'")
     if command.help:
         return _help()
     return _run(_solve(spec, ctx, require_program=True).plan)
 
 
-def render(args: list[str]) -> int:
+def render(_args: list[str]) -> int:
     """``poprun render``: topology graphs are not part of this release."""
     raise DiagnosticError([error("PR101", "'poprun render' is not available yet",
                                  detail="topology graphs (DOT, SVG, PNG) are not implemented in this version",
@@ -152,7 +155,7 @@ def render(args: list[str]) -> int:
 def classic(args: list[str]) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
     ctx = Context.from_process()
-    command, spec = _read(list(args), ctx, allow_spec_file=False)
+    command, spec = _read(list(args), ctx, prog="poprun", allow_spec_file=False)
     _reject_plan_options(command, "the classic form")
     if command.help:
         return _help()
@@ -166,13 +169,13 @@ def classic(args: list[str]) -> int:
 
 
 def _run(plan: LaunchPlan) -> int:
-    from poprun.cli.run import run_plan  # noqa: PLC0415
+    from poprun.cli.run import run_plan
 
     return run_plan(plan)
 
 
 def _help() -> int:
-    from poprun.cli.helptext import render_help  # noqa: PLC0415
+    from poprun.cli.helptext import render_help
 
     sys.stdout.write(render_help())
     return exitcode.OK
@@ -182,8 +185,8 @@ def _version(fmt: str) -> int:
     if fmt == "text":
         sys.stdout.write(f"poprun {VERSION}\n")
         return exitcode.OK
-    import json  # noqa: PLC0415
-    import platform  # noqa: PLC0415
+    import json
+    import platform
 
     info = {"poprun": VERSION, "popdist": VERSION, "python": platform.python_version()}
     if fmt == "full-json":

@@ -15,10 +15,12 @@ from poprun.planner.spec import Sourced, Spec
 
 def export_config(spec: Spec, target: Sourced[str], *, overwrite: bool) -> tuple[Diagnostic, ...]:
     """
-    Write ``spec`` to ``target``; when the file exists and ``overwrite`` is false, append a
-    time stamp to the name instead (PopRun's rule). Return a PR214 warning in that case.
+    Write ``spec`` to ``target`` as a TOML spec.
+
+    When the file exists and ``overwrite`` is false, a time stamp is appended to the name
+    instead (PopRun's rule), and a PR214 warning is returned.
     """
-    from poprun.planner.tomlspec import to_toml  # noqa: PLC0415
+    from poprun.planner.tomlspec import to_toml
 
     path = Path(target.value)
     notes: tuple[Diagnostic, ...] = ()

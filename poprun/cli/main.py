@@ -26,7 +26,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in (["--version"], ["-V"]):
         sys.stdout.write(f"poprun {VERSION}\n")
         return exitcode.OK
-    from poprun.core.diagnostic import DiagnosticError  # noqa: PLC0415
+    from poprun.core.diagnostic import DiagnosticError
 
     try:
         return _dispatch(args)
@@ -40,19 +40,19 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: list[str]) -> int:
     if args and args[0] in COMMANDS:
         command, rest = args[0], args[1:]
-        from poprun.cli import commands  # noqa: PLC0415
+        from poprun.cli import commands
 
         handler = {"plan": commands.plan, "validate": commands.validate, "apply": commands.apply,
                    "render": commands.render}[command]
         return handler(rest)
-    from poprun.cli import commands  # noqa: PLC0415
+    from poprun.cli import commands
 
     return commands.classic(args)
 
 
 def _report(diagnostics: Sequence[Diagnostic]) -> None:
-    from poprun.cli.commands import SOURCES  # noqa: PLC0415
-    from poprun.render.diagnostics import render_diagnostics  # noqa: PLC0415
+    from poprun.cli.commands import SOURCES
+    from poprun.render.diagnostics import render_diagnostics
 
     sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
 

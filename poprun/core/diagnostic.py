@@ -55,7 +55,6 @@ CODES: dict[str, str] = {
     "PR303": "IPU-Link domain over capacity",
     "PR304": "one instance with one replica",
     "PR305": "more IPUs than the target has",
-    "PR306": "output of other instances hidden",
 }
 
 

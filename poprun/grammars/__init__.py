@@ -1,0 +1,1 @@
+"""The lark grammars of the DSL (package data)."""

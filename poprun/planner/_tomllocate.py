@@ -1,14 +1,15 @@
 """
-Where keys and values are in a TOML text: the key-path -> line/column map for diagnostics.
+The TOML text side of the TOML front end: where keys and values are, and how to name them.
 
-Layer: ``poprun.planner`` (private to the TOML front end); standard library, attrs and
-``poprun.core.span`` only.
+Layer: ``poprun.planner`` (private to :mod:`poprun.planner.tomlspec`); imports only
+``poprun.core`` and the value converters' word lists. It knows TOML, not the spec schema.
 
-tomllib gives positions only for syntax errors, so this small scanner walks a text that
+tomllib gives positions only for syntax errors, so :class:`Locations` scans a text that
 tomllib has already accepted and records, for every key path (``("topology", "replicas")``,
 ``("env", "forward", 1)``), where its key and its value are written. It tracks ``[table]``
 and ``[[array]]`` headers, dotted and quoted keys, inline tables and arrays. Positions are
-best-effort: a path that is not found gives a span with only ``key_path`` set.
+best-effort: a path that is not found gives a span with only ``key_path`` set. The rest of
+the module words messages: TOML type names, found values, how-to-write hints and syntax errors.
 """
 
 from __future__ import annotations
@@ -16,8 +17,14 @@ from __future__ import annotations
 import bisect
 import re
 import tomllib
+from typing import TYPE_CHECKING
 
+from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
+from poprun.planner.value import FALSE_WORDS, TRUE_WORDS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 Path = tuple[str | int, ...]
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -26,6 +33,18 @@ _SCALAR_END = frozenset(",]}#\n\r")
 # Deeper than this, arrays and inline tables are skipped rather than mapped: no key of the
 # schema is nested that deep, and skipping keeps the scanner off the recursion limit.
 _MAX_DEPTH = 8
+_INT = re.compile(r"[+-]?[0-9]+\Z")
+_AT = re.compile(r"\s*\(at (?:line (\d+), column (\d+)|end of document)\)\Z")
+_SYNTAX_HINTS = (
+    ("Invalid value", 'quote text: key = "text"; booleans are true and false, numbers have no quotes'),
+    ("Cannot", "give each key and each [table] once"),
+    ("Duplicate", "give each key once"),
+    ("Expected '='", "write key = value"),
+    ("Expected newline", "put each key = value on a line of its own"),
+    ("Unterminated string", "close the string with the quote that opened it"),
+    ("Unclosed", "close it with ']' or '}'; an inline table { ... } must fit on one line"),
+    ("Invalid statement", "write key = value, a [table] header or a # comment"),
+)
 
 
 def key_path(path: Path) -> str:
@@ -98,6 +117,10 @@ class Locations:
         """Return the 1-based (line, column) of a character offset."""
         index = bisect.bisect_right(self._line_starts, offset) - 1
         return index + 1, offset - self._line_starts[index] + 1
+
+    def offset(self, line: int, column: int) -> int:
+        """Return the character offset of a 1-based (line, column): the inverse of :meth:`position`."""
+        return self._line_starts[line - 1] + column - 1
 
 
 class _Scanner:
@@ -287,8 +310,75 @@ class _Scanner:
 
 
 def _decode_key(raw: str) -> str:
-    """Return the name of a quoted basic-string key such as ``"a\\tb"``."""
+    """Return the name of a quoted basic-string key such as ``"a b"``."""
     try:
         return next(iter(tomllib.loads(f"{raw} = 0")), raw)
     except tomllib.TOMLDecodeError:
         return raw
+
+
+TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
+    "int": lambda v: isinstance(v, int) and not isinstance(v, bool), "bool": lambda v: isinstance(v, bool),
+    "str": lambda v: isinstance(v, str), "list": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict),
+    "table": lambda v: isinstance(v, dict), "strs": lambda v: isinstance(v, (str, list))}
+TYPE_NAMES = {"int": "an integer", "bool": "a boolean", "str": "a string", "list": "an array", "dict": "a table",
+      "table": "a table", "strs": "a string or an array of strings"}
+
+
+def describe(value: object) -> str:
+    """Return ``a string '4'``, ``an integer 4``, ``an array``: a found value for a message."""
+    if isinstance(value, bool):
+        return f"a boolean {str(value).lower()}"
+    if isinstance(value, str):
+        return f"a string {value if len(value) <= 40 else value[:37] + '...'!r}"  # noqa: PLR2004
+    if isinstance(value, int):
+        return f"an integer {value}" if value.bit_length() < 128 else "a very large integer"  # noqa: PLR2004
+    if isinstance(value, float):
+        return f"a float {value!r}"
+    if isinstance(value, (list, dict)):
+        return "an array" if isinstance(value, list) else "a table"
+    return f"a {type(value).__name__.replace('datetime', 'date-time')} {value}"
+
+
+def type_hint(path: Path, value: object, expected: str, example: str) -> str:
+    """Return how to write ``value`` as the ``expected`` TOML type."""
+    name = str(path[-1]) if isinstance(path[-1], str) else f"item {path[-1]} of {path[-2]}"
+    if expected == "table":
+        return example
+    if expected == "int" and isinstance(value, str) and _INT.match(value.strip()):
+        return f"write {name} = {value.strip()} without quotes"
+    if expected == "int" and isinstance(value, float) and value.is_integer() and abs(value) < 1e15:  # noqa: PLR2004
+        return f"write {name} = {int(value)}"
+    word = value.strip().lower() if isinstance(value, str) else str(value) if value in (0, 1) else ""
+    if expected == "bool" and word in (*TRUE_WORDS, *FALSE_WORDS) and not isinstance(value, bool):
+        return f"write {name} = {'true' if word in TRUE_WORDS else 'false'} (true or false, without quotes)"
+    if expected == "str" and isinstance(value, (int, float)) and not isinstance(value, bool) and len(str(value)) < 40:  # noqa: PLR2004
+        return f'write it with quotes: "{value}"'
+    return f"write {name} = {example}" if isinstance(path[-1], str) else f"write each item as a string, e.g. {example}"
+
+
+def label(path: Path) -> str:
+    """Return ``[topology] replicas``, ``[env] forward[1]``, ``[instances.0] set.A`` for messages."""
+    head = 2 if path[0] == "instances" and len(path) > 1 else 1
+    rest = ""
+    for part in path[head:]:
+        rest += f"[{part}]" if isinstance(part, int) else f".{part}" if rest else part
+    section = ".".join(str(p) for p in path[:head])
+    return f"[{section}] {rest}" if rest else f"[{section}]"
+
+
+def syntax_error(text: str, file: str, message: str) -> Diagnostic:
+    match = _AT.search(message)
+    detail = message[: match.start()] if match else message
+    lines = text.split("\n")
+    if match and match.group(1):
+        line, column = int(match.group(1)), int(match.group(2))
+    elif match:
+        line, column = len(lines), len(lines[-1]) + 1
+    else:
+        return error("PR100", "TOML syntax error", detail=detail, span=SourceSpan(file=file, key_path="$"),
+                     hint="see docs/spec-toml.md for the syntax of spec files")
+    hint = next((h for prefix, h in _SYNTAX_HINTS if detail.startswith(prefix)), "see docs/spec-toml.md")
+    span = SourceSpan(file=file, key_path="$", line=line, column=column, end_line=line, end_column=column + 1)
+    source = lines[line - 1].removesuffix("\r") if line <= len(lines) else None
+    return error("PR100", "TOML syntax error", detail=detail, span=span, hint=hint, source_line=source)

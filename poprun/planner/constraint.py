@@ -100,20 +100,23 @@ def feasible(values: Values) -> bool:
     return not violated(values)
 
 
-def alternatives(values: Values, rule: Constraint, *, free: tuple[str, ...]) -> dict[str, tuple[int, ...]]:
+def alternatives(values: Values, rule: Constraint, *, free: tuple[str, ...],
+                 adjust: Callable[[dict[str, int]], dict[str, int]] = dict) -> dict[str, tuple[int, ...]]:
     """
     Return, for each value ``rule`` binds that the user may change, the nearest feasible ones.
 
     At most one value below and one above the current one, searching outward; every
-    suggestion satisfies all rules with the other values unchanged.
+    suggestion satisfies all rules with the other values unchanged, after ``adjust``
+    re-derives the values the user left open (the ILDs).
     """
     found: dict[str, tuple[int, ...]] = {}
     for name in rule.binds:
         if name not in free:
             continue
         current = values[name]
-        below = next((c for c in range(current - 1, 0, -1) if feasible({**values, name: c})), None)
-        above = next((c for c in range(current + 1, current * 4 + 65) if feasible({**values, name: c})), None)
+        below = next((c for c in range(current - 1, 0, -1) if feasible(adjust({**values, name: c}))), None)
+        above = next((c for c in range(current + 1, current * 4 + 65) if feasible(adjust({**values, name: c}))),
+                     None)
         picks = tuple(c for c in (below, above) if c is not None)
         if picks:
             found[name] = picks

@@ -36,7 +36,7 @@ class Context:
         """Return the context of this process."""
         names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
         config, where = _read_vipu_config()
-        return cls(environ=dict(os.environ), cwd=os.getcwd(), is_root=os.geteuid() == 0,
+        return cls(environ=dict(os.environ), cwd=str(Path.cwd()), is_root=os.geteuid() == 0,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
 
 

@@ -25,6 +25,10 @@ from poprun.planner import value as conv
 from poprun.planner.option import BY_FLAG, LONG_FLAGS, PLAN_ONLY, Option
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
+_SHORT = 2  # "-H"
+_VERY = 2  # -vv
+_MIN_PREFIX = 3  # "--n" is too short to stand for an option
+
 
 @attrs.frozen(kw_only=True)
 class CommandLine:
@@ -48,15 +52,15 @@ class CommandLine:
 class _Text:
     """The command line as one string, with each token's columns, for carets."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
-        words = ["poprun", *(shlex.quote(a) for a in argv)]
-        self.line = " ".join(words)
+    def __init__(self, argv: Sequence[str], prog: str) -> None:
+        words = [shlex.quote(a) for a in argv]
+        self.line = " ".join([prog, *words])
         self.starts: list[int] = []
-        column = len(words[0]) + 2
-        for word in words[1:]:
+        column = len(prog) + 2
+        for word in words:
             self.starts.append(column)
             column += len(word) + 1
-        self.widths = [len(w) for w in words[1:]]
+        self.widths = [len(w) for w in words]
 
     def span(self, key: str, index: int, *, offset: int = 0, length: int | None = None) -> SourceSpan:
         """Return the span of token ``index`` (or a part of it)."""
@@ -72,9 +76,9 @@ class _Text:
 class _Parser:
     """One pass over argv, collecting values and diagnostics."""
 
-    def __init__(self, argv: Sequence[str]) -> None:
+    def __init__(self, argv: Sequence[str], prog: str) -> None:
         self.argv = list(argv)
-        self.text = _Text(argv)
+        self.text = _Text(argv, prog)
         self.diags = Diagnostics()
         self.values: dict[str, Any] = {}
         self.env: list[Sourced[EnvVarSpec]] = []
@@ -92,14 +96,14 @@ class _Parser:
     def run(self) -> None:
         i = 0
         while i < len(self.argv):
-            token = self.argv[i]
-            if token == "--":
+            word = self.argv[i]
+            if word == "--":
                 self._program(i + 1)
                 return
-            if not token.startswith("-") or token == "-":
+            if not word.startswith("-") or word == "-":
                 self._program(i)
                 return
-            i = self._option(i, token) + 1
+            i = self._option(i, word) + 1
 
     def _program(self, start: int) -> None:
         words = tuple(self.argv[start:])
@@ -130,13 +134,13 @@ class _Parser:
             return i
         return self._take(option, self.argv[i + 1], i + 1, self.text.span(option.name, i + 1), offset=0)
 
-    def _short(self, token: str) -> tuple[str, str, str]:
-        if token.startswith("-v") and set(token[1:]) == {"v"}:
-            return token, "", ""
-        if len(token) > 2 and token[:2] in BY_FLAG:  # -Hpod1, -H=pod1
-            rest = token[2:]
-            return token[:2], "=" if rest.startswith("=") else "", rest.removeprefix("=")
-        return token, "", ""
+    def _short(self, word: str) -> tuple[str, str, str]:
+        if word.startswith("-v") and set(word[1:]) == {"v"}:
+            return word, "", ""
+        if len(word) > _SHORT and word[:_SHORT] in BY_FLAG:  # -Hpod1, -H=pod1
+            rest = word[_SHORT:]
+            return word[:_SHORT], "=" if rest.startswith("=") else "", rest.removeprefix("=")
+        return word, "", ""
 
     def _resolve(self, name: str, i: int, token: str) -> Option | None:
         if name in BY_FLAG:
@@ -144,7 +148,7 @@ class _Parser:
         if name.startswith("-v") and set(name[1:]) == {"v"}:
             return BY_FLAG["-v"]
         span = self.text.span(name, i, length=len(name))
-        matches = [f for f in LONG_FLAGS if name.startswith("--") and f.startswith(name)] if len(name) > 3 else []
+        matches = [f for f in LONG_FLAGS if name.startswith("--") and f.startswith(name)] if len(name) > _MIN_PREFIX else []
         options = {BY_FLAG[f].name for f in matches}
         if len(options) == 1:
             return BY_FLAG[matches[0]]
@@ -169,7 +173,7 @@ class _Parser:
 
     def _count(self, option: Option, name: str, span: SourceSpan) -> None:
         if option.field == "verbosity":
-            extra = 2 if name in ("-vv", "--vv") else max(name.count("v"), 1) if name.startswith("-v") else 1
+            extra = _VERY if name in ("-vv", "--vv") else max(name.count("v"), 1) if name.startswith("-v") else 1
             old = self.values.get("verbosity")
             self.values["verbosity"] = Sourced((old.value if old else 0) + extra, span)
         else:
@@ -219,7 +223,7 @@ class _Parser:
         self.actions[option.name] = Sourced(value, span)
 
     def _hosts(self, option: Option, raw: str, index: int, span: SourceSpan, offset: int) -> None:
-        from poprun.core.hostlist import HostlistError, expand  # noqa: PLC0415
+        from poprun.core.hostlist import HostlistError, expand
 
         following = self.argv[index + 1] if index + 1 < len(self.argv) else None
         if raw.rstrip().endswith(",") and following is not None and not following.startswith("-"):
@@ -291,7 +295,7 @@ def _nonneg(text: str) -> int:
 
 def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
     """Fill options not given on the command line from ``POPRUN_<FLAG>`` variables."""
-    from poprun.planner.option import OPTIONS  # noqa: PLC0415
+    from poprun.planner.option import OPTIONS
 
     for option in OPTIONS:
         if not option.field or option.kind in ("count", "args") or option.field in parser.values:
@@ -311,7 +315,7 @@ def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
 
 def expand_hosts(text: str) -> tuple[str, ...]:
     """Expand a host list, turning its error into a :class:`ValueProblem`."""
-    from poprun.core.hostlist import HostlistError, expand  # noqa: PLC0415
+    from poprun.core.hostlist import HostlistError, expand
 
     try:
         return expand(text)
@@ -319,7 +323,7 @@ def expand_hosts(text: str) -> tuple[str, ...]:
         raise conv.ValueProblem(f"{exc.message} in '{text}'", exc.hint, code="PR103") from None
 
 
-def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None) -> CommandLine:
+def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None, prog: str = "poprun") -> CommandLine:
     """
     Return the command line ``poprun ARGV`` as a :class:`CommandLine`.
 
@@ -327,7 +331,7 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         PR101-PR107, PR111, PR112 for malformed options; PR105/PR200/PR212/PR213 for values;
         PR204 for ``--instance-mpi-local-args``; PR210 (warning) for ``--vipu-cluster``.
     """
-    parser = _Parser(argv)
+    parser = _Parser(argv, prog)
     parser.run()
     if environ:
         _env_fallbacks(parser, environ)

@@ -46,9 +46,9 @@ def load_spec(path: str) -> Spec:
     """
     text = read_text(path)
     if path.endswith(DSL_SUFFIXES):
-        from poprun.planner.dsl import parse_dsl  # noqa: PLC0415
+        from poprun.planner.dsl import parse_dsl
 
         return parse_dsl(text, file=path)
-    from poprun.planner.tomlspec import parse_toml  # noqa: PLC0415
+    from poprun.planner.tomlspec import parse_toml
 
     return parse_toml(text, file=path)

@@ -102,7 +102,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--gw-link-routing-type", "gw_link_routing_type", "choice", "GW-Link routing type of the "
        "partition", "partition.gw_link_routing_type", choices=ROUTING_TYPES, group="V-IPU"),
     _o("--executable-cache-path", "executable_cache_path", "path", "Use the specified directory as "
-       "an executable cache path (\"\" disables caching)", "cache.path", group="Execution"),
+       'an executable cache path ("" disables caching)', "cache.path", group="Execution"),
     _o("--mpi-global-args", "mpi_global_args", "args", "Global options to be passed to mpirun",
        "mpi.global_args", group="MPI"),
     _o("--mpi-local-args", "mpi_local_args", "args", "Local (per-instance) options to be passed to "

@@ -121,8 +121,11 @@ class Output:
 @attrs.frozen(kw_only=True)
 class Cache:
     """
-    The executable cache: ``mode`` is ``disabled``, ``user`` (a fixed path the user owns) or
-    ``temporary`` (made at apply time, one per host, removed on every exit path).
+    The executable cache.
+
+    ``mode`` is ``disabled``, ``user`` (a fixed path the user owns) or ``temporary`` (made at
+    apply time, one per host, removed on every exit path; its path is added to the instances'
+    environment then, as POPDIST_EXECUTABLE_CACHE_PATH).
     """
 
     mode: str

@@ -11,7 +11,7 @@ The solver fills in every value the user left open, checks the rules of
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import TypeVar
 
 import attrs
@@ -29,6 +29,7 @@ from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 T = TypeVar("T")
 VERSION = "0.1.0"
 DEFAULT_MASTER_PORT = "29500"
+_SHOWN_HOSTS = 3
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
 
 
@@ -57,11 +58,10 @@ class _Solver:
         self.decisions.append(p.Decision(key=key, value=shown, source=origin.describe(), reason=reason))
         return value
 
-    def pick(self, key: str, given: Sourced[T] | None, default: T, reason: str,
-             given_reason: str = "as given") -> T:
+    def pick(self, key: str, given: Sourced[T] | None, default: T, reason: str) -> T:
         """Decide ``key`` from the spec, else from ``default``."""
         if given is not None:
-            return self.decide(key, given.value, given.origin, given_reason)
+            return self.decide(key, given.value, given.origin, "as given")
         return self.decide(key, default, SourceSpan.default(key), reason)
 
     def fail(self, code: str, summary: str, *, detail: str, span: SourceSpan, hint: str) -> None:
@@ -189,13 +189,18 @@ def _topology(s: _Solver, target: Target | None) -> p.Topology | None:
                       instances_per_ild=instances // values["ilds"])
 
 
+def _least_ilds(values: Mapping[str, int]) -> tuple[int, int]:
+    """Return the fewest ILDs that hold the IPUs and divide the instances, and the fewest that hold them."""
+    least = max(-(-values["replicas"] * values["ipus_per_replica"] // values["ild_size"]), 1)
+    fits = [d for d in range(least, values["instances"] + 1) if values["instances"] % d == 0]
+    return (fits[0] if fits else least), least
+
+
 def _ilds(s: _Solver, values: dict[str, int], target: Target | None) -> int:
     if s.spec.ilds is not None:
         return s.decide("num_ilds", s.spec.ilds.value, s.spec.ilds.origin, "as given")
     ipus = values["replicas"] * values["ipus_per_replica"]
-    least = max(-(-ipus // values["ild_size"]), 1)
-    fits = [d for d in range(least, values["instances"] + 1) if values["instances"] % d == 0]
-    ilds = fits[0] if fits else least
+    ilds, least = _least_ilds(values)
     where = f"an ILD of {target.name} has {target.ild_size} IPUs" if target else \
         f"an ILD of a Pod64 has {DEFAULT_ILD_SIZE} IPUs; the V-IPU partition decides at apply time"
     return s.decide("num_ilds", ilds, SourceSpan.derived("num_ilds"),
@@ -217,12 +222,17 @@ def _check(s: _Solver, values: dict[str, int]) -> bool:
         spans = [s.origin(n) for n in rule.binds if s.origin(n).file != "<default>"]
         span = spans[-1] if spans else s.origin(rule.binds[0])
         s.fail(rule.code, rule.summary, detail=rule.detail(values), span=span,
-               hint=_alternatives_hint(values, rule, free))
+               hint=_alternatives_hint(values, rule, free, derived_ilds=s.spec.ilds is None))
     return not broken
 
 
-def _alternatives_hint(values: dict[str, int], rule: constraint.Constraint, free: tuple[str, ...]) -> str:
-    found = constraint.alternatives(values, rule, free=free)
+def _rederive_ilds(values: dict[str, int]) -> dict[str, int]:
+    return {**values, "ilds": _least_ilds(values)[0]}
+
+
+def _alternatives_hint(values: dict[str, int], rule: constraint.Constraint, free: tuple[str, ...], *,
+                       derived_ilds: bool) -> str:
+    found = constraint.alternatives(values, rule, free=free, adjust=_rederive_ilds if derived_ilds else dict)
     parts = [f"{join_or(found[n])} {constraint.NOUNS[n]}" for n in rule.binds if n in found]
     if not parts:
         return "change the numbers so that each divides evenly"
@@ -238,7 +248,7 @@ def _one_and_one(s: _Solver, replicas: int, instances: int) -> None:
 
 
 # -- partition, cache, output, placement ------------------------------------------------
-def _vipu(s: _Solver, key: str, given: Sourced[T] | None, env_name: str, hcl: str, default: T,
+def _vipu(s: _Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: str, default: T,
           convert: Callable[[str], T]) -> T:
     if given is not None:
         return s.decide(key, given.value, given.origin, "as given")
@@ -261,17 +271,22 @@ def _partition(s: _Solver, topo: p.Topology) -> p.Partition | None:
         s.decide("partition", "none", spec.offline_mode.origin if spec.offline_mode else SourceSpan.default("x"),
                  "offline mode: no partition and no devices")
         return None
-    host = _vipu(s, "vipu_server_host", spec.vipu_server_host, names.VIPU_API_HOST, "api-host", "localhost", str)
-    port = _vipu(s, "vipu_server_port", spec.vipu_server_port, names.VIPU_API_PORT, "api-port", 8090, int)
-    name: str | None = _vipu(s, "partition", spec.partition, names.VIPU_API_PARTITION_ID, "partition", "", str)
+    host = _vipu(s, "vipu_server_host", spec.vipu_server_host, env_name=names.VIPU_API_HOST, hcl="api-host",
+                 default="localhost", convert=str)
+    port = _vipu(s, "vipu_server_port", spec.vipu_server_port, env_name=names.VIPU_API_PORT, hcl="api-port",
+                 default=8090, convert=int)
+    name: str | None = _vipu(s, "partition", spec.partition, env_name=names.VIPU_API_PARTITION_ID,
+                             hcl="partition", default="", convert=str)
     name = name or None
     if name is None:
         s.decisions[-1] = attrs.evolve(s.decisions[-1], value="(the only one)",
                                        reason="not given: the only partition of the allocation, found at apply time")
     timeout = s.pick("vipu_server_timeout", spec.vipu_server_timeout, 120, "default")
-    update = s.pick("update_partition", spec.update_partition, False, "default: an unsuitable partition is an error")
-    remove = s.pick("remove_partition", spec.remove_partition, True, "default: a partition poprun creates is removed at exit")
-    gcds = topo.num_instances if topo.num_instances > 1 else 1
+    update = s.pick("update_partition", spec.update_partition, default=False,
+                    reason="default: an unsuitable partition is an error")
+    remove = s.pick("remove_partition", spec.remove_partition, default=True,
+                    reason="default: a partition poprun creates is removed at exit")
+    gcds = max(1, topo.num_instances)
     return p.Partition(
         name=name, allocation=_value(spec.allocation), server_host=host, server_port=port, timeout_s=timeout,
         num_ipus=topo.num_ipus, num_gcds=gcds, num_ilds=topo.num_ilds, sync_type=_value(spec.sync_type),
@@ -382,7 +397,8 @@ def _backend(s: _Solver, topo: p.Topology) -> p.BackendChoice:
         name = "local"
     else:
         remote = [h for h in topo.hosts if h not in s.ctx.local_names]
-        reason = f"remote hosts ({', '.join(remote[:3])}{', ...' if len(remote) > 3 else ''}) are reached with ssh"
+        shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
+        reason = f"remote hosts ({shown}) are reached with ssh"
         name = "ssh"
     s.decide("backend", name, SourceSpan.derived("backend"), reason)
     return p.BackendChoice(name=name, reason=reason)

@@ -76,7 +76,7 @@ def to_choice(text: str, choices: tuple[str, ...]) -> str:
     for choice in choices:
         if choice.lower() == text.strip().lower():
             return choice
-    from poprun.core.hint import suggestion_hint  # noqa: PLC0415 - keeps start-up lean
+    from poprun.core.hint import suggestion_hint
 
     raise ValueProblem(f"'{text}' is not one of the choices", suggestion_hint(text, choices, noun="value"))
 

@@ -21,12 +21,12 @@ def _plural(n: int, word: str) -> str:
 def render_summary(plan: LaunchPlan) -> str:
     """Return the one-paragraph summary of a plan."""
     t = plan.topology
-    from poprun.core.hostlist import compress  # noqa: PLC0415
+    from poprun.core.hostlist import compress
 
     lines = [
-        f"{_plural(t.num_replicas, 'replica')} x {_plural(t.ipus_per_replica, 'IPU')} = {_plural(t.num_ipus, 'IPU')}, "
-        f"over {_plural(t.num_instances, 'instance')} on {_plural(len(t.hosts), 'host')} ({compress(t.hosts)}), "
-        f"{_plural(t.num_ilds, 'ILD')}",
+        (f"{_plural(t.num_replicas, 'replica')} x {_plural(t.ipus_per_replica, 'IPU')} = {_plural(t.num_ipus, 'IPU')}, "
+         f"over {_plural(t.num_instances, 'instance')} on {_plural(len(t.hosts), 'host')} ({compress(t.hosts)}), "
+         f"{_plural(t.num_ilds, 'ILD')}"),
         f"backend: {plan.backend.name} ({plan.backend.reason})",
     ]
     if plan.partition is not None:

@@ -49,7 +49,7 @@ class _Span:
 
 
 def render_topology(rows: Sequence[TopologyRow]) -> str:
-    """
+    r"""
     Render the topology table for ``rows``, sorted by instance index.
 
     A host whose name does not fit in its cell with one space each side is
@@ -75,14 +75,14 @@ def render_topology(rows: Sequence[TopologyRow]) -> str:
         str(row.replica_offset + j) for row in rows for j in range(row.num_replicas)
     ]
     width = _replica_width(replicas, [*tags, *ilds, *instances])
-    shown = [host if _fits(host, width) else tag for host, tag in zip(hosts, tags)]
+    shown = [host if _fits(host, width) else tag for host, tag in zip(hosts, tags, strict=True)]
     body = [
         _span_row("hosts", shown, width),
         _span_row("ILDs", ilds, width),
         _span_row("instances", instances, width),
         _row("replicas", [" " + label.ljust(width - 1) for label in replicas]),
     ]
-    hidden = [(tag, host) for host, tag in zip(hosts, tags) if not _fits(host, width)]
+    hidden = [(tag, host) for host, tag in zip(hosts, tags, strict=True) if not _fits(host, width)]
     legend = [f"{tag.label}: {host.label}" for tag, host in hidden]
     table = _frame(body, _span_width(len(replicas), width))
     return "".join(line + "\n" for line in [*table, *legend])

@@ -178,8 +178,8 @@ def test_poptorch_cache_dir_with_a_cache_path_is_pr202():
 
 @pytest.mark.parametrize(("argv", "environ"), [
     ((), {"POPLAR_ENGINE_OPTIONS": '{"autoReport.directory":"/tmp/p"}'}),
-    (("--mpi-local-args=-x POPLAR_ENGINE_OPTIONS={\"autoReport.directory\":\"/tmp/p\"}",), {}),
-    (("--instance-mpi-local-args=0:-x POPLAR_ENGINE_OPTIONS={\"autoReport.directory\":\"/tmp/p/0\"}",), {}),
+    (('--mpi-local-args=-x POPLAR_ENGINE_OPTIONS={"autoReport.directory":"/tmp/p"}',), {}),
+    (('--instance-mpi-local-args=0:-x POPLAR_ENGINE_OPTIONS={"autoReport.directory":"/tmp/p/0"}',), {}),
 ])
 def test_autoreport_dir_conflicts_with_engine_options(argv, environ):
     """Seed 2.7.3: autoReport.directory in POPLAR_ENGINE_OPTIONS, from anywhere, is PR203 with PopRun's message."""
