@@ -13,13 +13,17 @@ import re
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
+import attrs
 import pytest
 
+from poprun.cli import commands
 from poprun.cli.main import main
+from poprun.planner.context import Context
 from poprun.core.diagnostic import CODES
 
 CASES = Path(__file__).parent / "diagnostics"
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "case.json").is_file())
+FROM_PROCESS = Context.from_process
 UPDATE = os.environ.get("POPRUN_UPDATE_GOLDEN") == "1"
 
 
@@ -31,6 +35,9 @@ def run_case(case: Path, monkeypatch: pytest.MonkeyPatch) -> str:
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
+    fixed = attrs.evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
+                         local_names=("127.0.0.1", "::1", "localhost"))
+    monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
     before = set(case.iterdir())
     out, err = io.StringIO(), io.StringIO()
     try:
