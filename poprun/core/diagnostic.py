@@ -96,16 +96,18 @@ class Diagnostic:
         return self.severity is Severity.ERROR
 
 
-def error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str, **kw: object) -> Diagnostic:
+def error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
+          related: tuple[SourceSpan, ...] = (), source_line: str | None = None) -> Diagnostic:
     """Return an error diagnostic."""
-    return Diagnostic(code=code, severity=Severity.ERROR, summary=summary, detail=detail,
-                      span=span, hint=hint, **kw)  # type: ignore[arg-type]
+    return Diagnostic(code=code, severity=Severity.ERROR, summary=summary, detail=detail, span=span, hint=hint,
+                      related=related, source_line=source_line)
 
 
-def warning(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str, **kw: object) -> Diagnostic:
+def warning(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
+            related: tuple[SourceSpan, ...] = (), source_line: str | None = None) -> Diagnostic:
     """Return a warning diagnostic."""
-    return Diagnostic(code=code, severity=Severity.WARNING, summary=summary, detail=detail,
-                      span=span, hint=hint, **kw)  # type: ignore[arg-type]
+    return Diagnostic(code=code, severity=Severity.WARNING, summary=summary, detail=detail, span=span, hint=hint,
+                      related=related, source_line=source_line)
 
 
 class DiagnosticError(Exception):

@@ -166,7 +166,6 @@ class _Parser:
         _, _, rest = token.partition("=")
         joined = f"{name}-{rest}".split(" ")[0] if rest else ""
         guess = did_you_mean(joined, options) if joined else None
-        hint = f"did you mean '{guess} {rest[len(guess) - len(name) - 1:]}'?".replace("  ", " ") if guess else ""
         hint = f"did you mean '{guess}'?" if guess else f"write one of {join_or(options)} in full"
         self.fail("PR102", f"ambiguous option '{name}'",
                   detail=f"'{name}' could be {join_or(options)}", span=span, hint=hint)
@@ -248,7 +247,8 @@ class _Parser:
         self.env.extend(Sourced(e, span) for e in env)
         old = self.values.get(option.field)
         merged = (old.value if old else ()) + rest
-        self.values[option.field] = Sourced(merged, old.origin if old else span)
+        if merged:  # only -x variables: nothing is left for mpirun
+            self.values[option.field] = Sourced(merged, old.origin if old else span)
 
     def _instance_args(self, raw: str, span: SourceSpan) -> None:
         index, colon, args = raw.partition(":")
