@@ -25,7 +25,7 @@ __all__ = ["DUMMY_SPAN", "env_vars", "host_names", "instance_args", "sourced", "
 DUMMY_SPAN = SourceSpan(file="<strategy>", key_path="$")
 
 # Text as users write it: spaces, quotes, backslashes, '=' and '#', unicode; no lone surrogates.
-texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=12) | st.sampled_from(
+texts = st.text(st.characters(exclude_categories=["Cs"]), max_size=12) | st.sampled_from(
     ["", " ", "a b", "it's", 'say "hi"', "back\\slash", "x=1", "#hash", "naïve", "日本語", "--epochs"])
 host_names = st.sampled_from([f"pod{n}" for n in range(1, 10)] + ["pod10", "login", "pod01"])
 env_names = st.from_regex(r"[A-Z_][A-Z0-9_]{0,6}", fullmatch=True) | st.sampled_from(

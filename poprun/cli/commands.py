@@ -9,6 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from poprun import __version__ as VERSION
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
@@ -20,7 +21,6 @@ from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
 from poprun.planner.spec import Spec, overlay
 
-VERSION = "0.1.0"
 # The text behind spans that are not files (the command line), for carets in diagnostics.
 SOURCES: dict[str, str] = {}
 

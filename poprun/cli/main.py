@@ -11,12 +11,12 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
+from poprun import __version__ as VERSION
 from poprun.cli import exitcode
 
 if TYPE_CHECKING:
     from poprun.core.diagnostic import Diagnostic
 
-VERSION = "0.1.0"
 COMMANDS = ("plan", "validate", "apply", "render")
 
 

@@ -17,14 +17,11 @@ from __future__ import annotations
 import bisect
 import re
 import tomllib
-from typing import TYPE_CHECKING
+from collections.abc import Callable
 
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
 from poprun.planner.value import FALSE_WORDS, TRUE_WORDS
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
 
 Path = tuple[str | int, ...]
 _BARE_KEY = re.compile(r"[A-Za-z0-9_-]+")
@@ -317,12 +314,13 @@ def _decode_key(raw: str) -> str:
         return raw
 
 
+# The TOML types a key may expect. "table" is a whole [section]: its hint is the example itself.
 TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool), "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str), "list": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict),
     "table": lambda v: isinstance(v, dict), "strs": lambda v: isinstance(v, (str, list))}
 TYPE_NAMES = {"int": "an integer", "bool": "a boolean", "str": "a string", "list": "an array", "dict": "a table",
-      "table": "a table", "strs": "a string or an array of strings"}
+              "table": "a table", "strs": "a string or an array of strings"}
 
 
 def describe(value: object) -> str:
@@ -349,12 +347,20 @@ def type_hint(path: Path, value: object, expected: str, example: str) -> str:
         return f"write {name} = {value.strip()} without quotes"
     if expected == "int" and isinstance(value, float) and value.is_integer() and abs(value) < 1e15:  # noqa: PLR2004
         return f"write {name} = {int(value)}"
-    word = value.strip().lower() if isinstance(value, str) else str(value) if value in (0, 1) else ""
-    if expected == "bool" and word in (*TRUE_WORDS, *FALSE_WORDS) and not isinstance(value, bool):
+    number = _number_text(value)
+    word = value.strip().lower() if isinstance(value, str) else number if number in ("0", "1") else ""
+    if expected == "bool" and word in (*TRUE_WORDS, *FALSE_WORDS):
         return f"write {name} = {'true' if word in TRUE_WORDS else 'false'} (true or false, without quotes)"
-    if expected == "str" and isinstance(value, (int, float)) and not isinstance(value, bool) and len(str(value)) < 40:  # noqa: PLR2004
-        return f'write it with quotes: "{value}"'
+    if expected == "str" and number is not None:
+        return f'write it with quotes: "{number}"'
     return f"write {name} = {example}" if isinstance(path[-1], str) else f"write each item as a string, e.g. {example}"
+
+
+def _number_text(value: object) -> str | None:
+    """Return how a TOML integer or float was written (near enough), or None for other values."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return repr(value) if isinstance(value, float) or value.bit_length() < 128 else None  # noqa: PLR2004
 
 
 def label(path: Path) -> str:
@@ -368,6 +374,7 @@ def label(path: Path) -> str:
 
 
 def syntax_error(text: str, file: str, message: str) -> Diagnostic:
+    """Return the PR100 diagnostic of a tomllib message ``... (at line 3, column 12)``."""
     match = _AT.search(message)
     detail = message[: match.start()] if match else message
     lines = text.split("\n")
@@ -380,5 +387,5 @@ def syntax_error(text: str, file: str, message: str) -> Diagnostic:
                      hint="see docs/spec-toml.md for the syntax of spec files")
     hint = next((h for prefix, h in _SYNTAX_HINTS if detail.startswith(prefix)), "see docs/spec-toml.md")
     span = SourceSpan(file=file, key_path="$", line=line, column=column, end_line=line, end_column=column + 1)
-    source = lines[line - 1].removesuffix("\r") if line <= len(lines) else None
+    source = lines[line - 1].removesuffix("\r")
     return error("PR100", "TOML syntax error", detail=detail, span=span, hint=hint, source_line=source)

@@ -20,11 +20,15 @@ VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
 _HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
 
 
+def _sorted(mapping: Mapping[str, str]) -> dict[str, str]:
+    return dict(sorted(mapping.items()))
+
+
 @attrs.frozen(kw_only=True)
 class Context:
     """The facts planning depends on. ``environ`` is the launching shell's environment."""
 
-    environ: Mapping[str, str] = attrs.field(factory=dict, converter=lambda m: dict(sorted(m.items())))
+    environ: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted)
     cwd: str = "/"
     is_root: bool = False
     local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")

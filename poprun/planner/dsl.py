@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
 import attrs
@@ -32,9 +33,7 @@ from poprun.planner.flags import split_env_args
 from poprun.planner.option import BACKENDS, BY_FIELD, PLACEMENTS, ROUTING_TYPES, SSH_KEY_TYPES, SYNC_TYPES
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
-if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
-
+if TYPE_CHECKING:  # lark is imported on first use, not with poprun
     from lark import Lark, Token, Tree
     from lark.exceptions import UnexpectedInput
 
@@ -44,6 +43,8 @@ _PARSER: Lark | None = None
 _BLANK = re.compile(r"[ \t]*(?:#.*)?")
 _WORD = re.compile(r"[^\s'\"#,()][^\s,()]*")
 _PATH = re.compile(r"[^\s'\"#]\S*")
+# A `set` value written without quotes by to_dsl: shell-safe characters only.
+_BARE = re.compile(r"[\w.:/@%+=,-]+")
 _DOCS = "see docs/spec-dsl.md for the statements of the DSL"
 _UNITS = ("replicas", "replica", "instances", "ilds", "ild", "ipus", "ipu")
 # The order in which messages list the words a statement may start with (as in the docs).
@@ -53,16 +54,16 @@ _START = ("hosts", "partition", "forward", "set", "mpi", "instance", "placement"
 # Spec fields whose repeats add up (like repeated --mpi-*-args) instead of conflicting.
 _MERGED = ("mpi_global_args", "mpi_local_args")
 _KEYS = {field: f"{option.section}.{option.key}" for field, option in BY_FIELD.items()}
-_KEYS |= {"program": "program.argv", "working_dir": "program.working_dir"}
+_KEYS |= {"program": "program.argv", "working_dir": "program.cwd"}
 
 
 def dsl_parser() -> Lark:
     """Return the LALR parser of ``spec.lark`` (start symbols ``file`` and ``statement``), built once."""
     global _PARSER  # noqa: PLW0603 - a lazily built, immutable cache
     if _PARSER is None:
-        from importlib.resources import files  # noqa: PLC0415 - keeps start-up lean
+        from importlib.resources import files
 
-        from lark import Lark  # noqa: PLC0415
+        from lark import Lark
 
         grammar = files("poprun.grammars").joinpath("spec.lark").read_text(encoding="utf-8")
         _PARSER = Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
@@ -92,7 +93,7 @@ def load_dsl(path: str) -> Spec:
     Diagnostics:
         PR113 when the file cannot be read, and those of :func:`parse_dsl`.
     """
-    from poprun.planner.load import read_text  # noqa: PLC0415 - load imports this module
+    from poprun.planner.load import read_text  # load imports this module lazily; keep it one-way
 
     return parse_dsl(read_text(path), file=path)
 
@@ -108,7 +109,7 @@ class _Setting:
     value: Sourced[Any]
 
 
-class _Problem(Exception):  # noqa: N818 - internal control flow, never escapes this module
+class _StatementError(Exception):
     """A statement that cannot be read; carries its diagnostic."""
 
     def __init__(self, diagnostic: Diagnostic) -> None:
@@ -130,16 +131,17 @@ class _Reader:
         """Read one line: nothing for blanks and comments, else one statement."""
         if _BLANK.fullmatch(line):
             return
-        from lark.exceptions import UnexpectedInput  # noqa: PLC0415
+        from lark.exceptions import UnexpectedInput
 
         try:
             tree = dsl_parser().parse(line, start="statement")
             settings = _Statement(self.file, number, line).read(tree)
         except UnexpectedInput as exc:
-            self.diags.add(_syntax_error(exc, line, span=SourceSpan(file=self.file, key_path="statement",
-                                                                       line=number)))
+            first = (line.split() or [""])[0]
+            key = "topology" if first.isdigit() else first if first in _START else "statement"
+            self.diags.add(_syntax_error(exc, line, span=SourceSpan(file=self.file, key_path=key, line=number)))
             return
-        except _Problem as problem:
+        except _StatementError as problem:
             self.diags.add(problem.diagnostic)
             return
         for setting in settings:
@@ -197,11 +199,12 @@ _VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
     "key_path": ("distribute_ssh_key_path", str), "key_type": ("distribute_ssh_key_type", _choice(SSH_KEY_TYPES)),
     "backend": ("backend", _choice(BACKENDS)), "cd": ("working_dir", str),
 }
-_COUNTS = {"replicas": "replicas", "instances": "instances", "ilds": "ilds", "ipus_per_replica": "ipus_per_replica"}
+# Counts of the topology line: the rule names are the Spec fields.
+_COUNTS = ("replicas", "instances", "ilds", "ipus_per_replica")
 
 
 class _Statement:
-    """Reads the tree of one line into settings; a bad value raises :class:`_Problem`."""
+    """Reads the tree of one line into settings; a bad value raises :class:`_StatementError`."""
 
     def __init__(self, file: str, number: int, line: str) -> None:
         self.file = file
@@ -232,7 +235,7 @@ class _Statement:
 
     def _hosts(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``hosts``: a host list, expanded."""
-        from poprun.core.hostlist import HostlistError, expand  # noqa: PLC0415
+        from poprun.core.hostlist import HostlistError, expand
 
         token = _tokens(tree)[0]
         text, quote = self._text(token), int(token.type == "STRING")
@@ -256,14 +259,14 @@ class _Statement:
             return [self._set("vipu_server_host", self._text(token), self._span("vipu_server_host", token))]
         try:
             host, port, offset = _split_server(str(token))
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             raise self._value_problem(problem, "vipu_server_host", self._span("vipu_server_host", token)) from None
         settings = [] if host is None else [self._set("vipu_server_host", host, self._span("vipu_server_host", token))]
         if port is not None:
             span = self._span("vipu_server_port", token, offset=offset)
             try:
                 settings.append(self._set("vipu_server_port", conv.to_port(port), span))
-            except conv.ValueProblem as problem:
+            except conv.InvalidValueError as problem:
                 raise self._value_problem(problem, "vipu_server_port", span) from None
         return settings
 
@@ -341,7 +344,7 @@ class _Statement:
         key = "env.forward" if value is None else "env.set"
         try:
             conv.to_env_assignment(str(name))
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             raise self._problem(problem.code, "invalid environment variable name", detail=problem.detail,
                                 hint=problem.hint, span=self._span(key, name)) from None
         return EnvVarSpec(name=str(name), value=value)
@@ -366,15 +369,15 @@ class _Statement:
         span = self._span(_KEYS.get(field, field), token)
         try:
             return convert(self._text(token) if text is None else text)
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             raise self._value_problem(problem, field, span) from None
 
-    def _value_problem(self, problem: conv.ValueProblem, field: str, span: SourceSpan) -> _Problem:
+    def _value_problem(self, problem: conv.InvalidValueError, field: str, span: SourceSpan) -> _StatementError:
         return self._problem(problem.code, f"invalid value for {_KEYS.get(field, field)}", detail=problem.detail,
                              hint=problem.hint, span=span)
 
-    def _problem(self, code: str, summary: str, *, detail: str, hint: str, span: SourceSpan) -> _Problem:
-        return _Problem(error(code, summary, detail=detail, span=span, hint=hint, source_line=self.line))
+    def _problem(self, code: str, summary: str, *, detail: str, hint: str, span: SourceSpan) -> _StatementError:
+        return _StatementError(error(code, summary, detail=detail, span=span, hint=hint, source_line=self.line))
 
     def _span(self, key: str, token: Token, *, offset: int = 0, length: int | None = None) -> SourceSpan:
         column = (token.column or 1) + offset
@@ -400,10 +403,10 @@ def _split_server(text: str) -> tuple[str | None, str | None, int]:
     hint = "write the server as HOST, HOST:PORT or [IPV6]:PORT"
     if text.startswith("["):
         close = text.find("]")
-        rest = text[close + 1:] if close > 0 else ":"
-        if close < 0 or (rest and not rest.startswith(":")):
-            raise conv.ValueProblem(f"'{text}' is not a server address", hint)
-        return text[1:close], rest[1:] if rest else None, close + 2
+        rest = text[close + 1:]
+        if close < 0 or rest[:1] not in ("", ":"):
+            raise conv.InvalidValueError(f"'{text}' is not a server address", hint)
+        return text[1:close], (rest[1:] if rest else None), close + 2
     if text.count(":") == 1:
         host, port = text.split(":")
         return host or None, port, len(host) + 1
@@ -445,12 +448,13 @@ def _syntax_error(exc: UnexpectedInput, line: str, *, span: SourceSpan) -> Diagn
     expected = _expected(exc)
     found = re.match(r"[^\s(),=]{1,40}|\S", line[column - 1:])
     word = found.group() if found and not at_end else line[column - 1:column]
+    width = 1 if at_end else len(word)
+    word = word if word.isprintable() else repr(word)[1:-1]  # a control character, shown escaped
     before = re.findall(r"[^\s(),=]+|[(),=]", line[:column - 1])
     where = f"after '{before[-1]}'" if before else "at the start of a statement"
     words = _describe(expected, start=not before)
     detail = f"expected {join_or(words)} {where}, found " + ("the end of the line" if at_end else f"'{word}'")
     summary, hint = _label(expected, word, at_end=at_end, start=not before, line=line)
-    width = 1 if at_end else len(word)
     span = attrs.evolve(span, column=column, end_line=span.line, end_column=column + max(width, 1))
     return error("PR108", summary, detail=detail, span=span, hint=hint, source_line=line)
 
@@ -471,7 +475,7 @@ def _expected(exc: UnexpectedInput) -> frozenset[str]:
 
 def _keywords(names: frozenset[str]) -> dict[str, str]:
     """Return {terminal name: keyword} for the keyword terminals among ``names``."""
-    from lark.lexer import PatternStr  # noqa: PLC0415
+    from lark.lexer import PatternStr
 
     parser = dsl_parser()
     words = {}
@@ -512,7 +516,7 @@ def _label(expected: frozenset[str], word: str, *, at_end: bool, start: bool, li
 def _examples() -> dict[tuple[frozenset[str], bool], tuple[str, str]]:
     """Return the labels of :data:`_EXAMPLES`, keyed by what their errors expected (built once)."""
     if not _LABELS:
-        from lark.exceptions import UnexpectedInput  # noqa: PLC0415
+        from lark.exceptions import UnexpectedInput
 
         for summary, hint, examples in _EXAMPLES:
             for example in examples:
@@ -541,7 +545,7 @@ def _hosts_lines(spec: Spec) -> Iterator[str]:
 
 
 def _host_text(hosts: tuple[str, ...]) -> str:
-    from poprun.core.hostlist import HostlistError, compress, expand  # noqa: PLC0415
+    from poprun.core.hostlist import HostlistError, compress, expand
 
     if not hosts:
         return "''"
@@ -569,7 +573,7 @@ def _topology_lines(spec: Spec) -> Iterator[str]:
 
 
 def _partition_lines(spec: Spec) -> Iterator[str]:
-    words = [] if spec.partition is None else [_word(spec.partition.value)]
+    words = [] if spec.partition is None else [_word(spec.partition.value, keywords=("at",))]
     host = None if spec.vipu_server_host is None else spec.vipu_server_host.value
     port = None if spec.vipu_server_port is None else spec.vipu_server_port.value
     server = _server_text(host, port)
@@ -591,10 +595,10 @@ def _server_text(host: str | None, port: int | None) -> str | None:
     text = (f"[{host}]" if ":" in host else host) + ("" if port is None else f":{port}")
     try:
         back, back_port, _ = _split_server(text)
-    except conv.ValueProblem:
+    except conv.InvalidValueError:
         return None
     same = back == host and (back_port is None if port is None else back_port == str(port))
-    return text if same and _WORD.fullmatch(text) and text not in _all_keywords() else None
+    return text if same and _WORD.fullmatch(text) else None
 
 
 def _partition_options(spec: Spec, *, port: int | None) -> Iterator[str]:
@@ -622,7 +626,8 @@ def _env_lines(env: tuple[Sourced[EnvVarSpec], ...]) -> Iterator[str]:
         if forwards:
             yield f"forward {', '.join(forwards)}"
             forwards = []
-        yield f"set {item.value.name} = {_string(item.value.value)}"
+        value = item.value.value
+        yield f"set {item.value.name} = {value if _BARE.fullmatch(value) else _string(value)}"
     if forwards:
         yield f"forward {', '.join(forwards)}"
 
@@ -648,12 +653,12 @@ def _instance_lines(spec: Spec) -> Iterator[str]:
 
 
 def _simple_lines(spec: Spec) -> Iterator[str]:
-    yield from _flag(spec.numa_aware, "numa aware", "numa unaware")
     if spec.process_placement is not None:
         yield f"placement {_word(spec.process_placement.value)}"
+    yield from _flag(spec.numa_aware, "numa aware", "numa unaware")
     if spec.executable_cache_path is not None:
         path = spec.executable_cache_path.value
-        yield f"cache {_path(path)}" if path else "cache off"
+        yield f"cache {_path(path, keywords=('off',))}" if path else "cache off"
     yield from _offline_lines(spec)
     for field, words in (("autoreport_dir", "autoreport to"), ("working_dir", "cd")):
         value = getattr(spec, field)
@@ -715,20 +720,16 @@ def _run_lines(spec: Spec) -> Iterator[str]:
             yield f"run {json.dumps(list(words), ensure_ascii=False)}"
 
 
-def _all_keywords() -> frozenset[str]:
-    from lark.lexer import PatternStr  # noqa: PLC0415
-
-    return frozenset(t.pattern.value for t in dsl_parser().terminals if isinstance(t.pattern, PatternStr))
-
-
-def _word(text: str) -> str:
+# Keywords that may stand where a value may (`partition at ...`, `cache off`) are passed as
+# ``keywords``; a test writes every keyword into every value to keep these lists complete.
+def _word(text: str, *, keywords: tuple[str, ...] = ()) -> str:
     """Return ``text`` as a bare word when it reads back as one, else quoted."""
-    return text if _WORD.fullmatch(text) and text not in _all_keywords() else _string(text)
+    return text if _WORD.fullmatch(text) and text not in keywords else _string(text)
 
 
-def _path(text: str) -> str:
+def _path(text: str, *, keywords: tuple[str, ...] = ()) -> str:
     """Return ``text`` as a bare path when it reads back as one, else quoted."""
-    return text if _PATH.fullmatch(text) and text not in _all_keywords() else _string(text)
+    return text if _PATH.fullmatch(text) and text not in keywords else _string(text)
 
 
 def _string(text: str) -> str:

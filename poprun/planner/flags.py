@@ -181,7 +181,7 @@ class _Parser:
     def _take(self, option: Option, raw: str, index: int, span: SourceSpan, *, offset: int) -> int:
         try:
             self._store(option, raw, index, span, offset)
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             hint = problem.hint
             if raw.startswith("-") and option.kind not in ("args", "instance_args") and not raw[1:].isdigit():
                 hint = f"'{raw}' looks like an option: did {option.name} lose its value?"
@@ -253,7 +253,7 @@ class _Parser:
     def _instance_args(self, raw: str, span: SourceSpan) -> None:
         index, colon, args = raw.partition(":")
         if not colon or not index.strip().isdigit():
-            raise conv.ValueProblem(f"'{raw}' is not INDEX:ARGS", "write e.g. 0:-x VAR=VALUE", code="PR204")
+            raise conv.InvalidValueError(f"'{raw}' is not INDEX:ARGS", "write e.g. 0:-x VAR=VALUE", code="PR204")
         env, rest = split_env_args(conv.to_args(args))
         spec = InstanceArgsSpec(index=int(index), env=env, mpi_args=rest)
         self.instance_args.append(Sourced(spec, span))
@@ -289,7 +289,7 @@ def _convert(option: Option, raw: str) -> object:
 def _nonneg(text: str) -> int:
     number = conv.to_int(text)
     if number < 0:
-        raise conv.ValueProblem(f"{number} is negative", "use an instance index, 0 or more")
+        raise conv.InvalidValueError(f"{number} is negative", "use a whole number, 0 or more")
     return number
 
 
@@ -306,7 +306,7 @@ def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
             try:
                 value: object = (expand_hosts(environ[name]) if option.kind == "hosts"
                                  else _convert(option, environ[name]))
-            except conv.ValueProblem as problem:
+            except conv.InvalidValueError as problem:
                 parser.diags.add(error(problem.code, f"invalid value in {name}", detail=problem.detail,
                                        span=span, hint=problem.hint))
                 continue
@@ -314,13 +314,13 @@ def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
 
 
 def expand_hosts(text: str) -> tuple[str, ...]:
-    """Expand a host list, turning its error into a :class:`ValueProblem`."""
+    """Expand a host list, turning its error into a :class:`InvalidValueError`."""
     from poprun.core.hostlist import HostlistError, expand
 
     try:
         return expand(text)
     except HostlistError as exc:
-        raise conv.ValueProblem(f"{exc.message} in '{text}'", exc.hint, code="PR103") from None
+        raise conv.InvalidValueError(f"{exc.message} in '{text}'", exc.hint, code="PR103") from None
 
 
 def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None, prog: str = "poprun") -> CommandLine:

@@ -17,6 +17,7 @@ from typing import TypeVar
 import attrs
 
 from popdist import env as names
+from poprun import __version__ as VERSION
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, Diagnostics, error, warning
 from poprun.core.hint import join_or, suggestion_hint
 from poprun.core.span import SourceSpan
@@ -27,7 +28,6 @@ from poprun.planner.spec import EnvVarSpec, Sourced, Spec
 from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 
 T = TypeVar("T")
-VERSION = "0.1.0"
 DEFAULT_MASTER_PORT = "29500"
 _SHOWN_HOSTS = 3
 _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import re
 import tomllib
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from typing import Any
 
 import tomli_w
 
 from poprun.core.diagnostic import DiagnosticError, Diagnostics, error
 from poprun.core.hint import did_you_mean, list_choices
 from poprun.core.hostlist import MAX_HOSTS, HostlistError, compress, expand
+from poprun.core.span import SourceSpan
 from poprun.planner import _tomllocate as loc
 from poprun.planner import value as conv
 from poprun.planner._tomllocate import Locations, Path
@@ -28,11 +30,6 @@ from poprun.planner.flags import split_env_args
 from poprun.planner.load import read_text
 from poprun.planner.option import BY_FIELD, TOML_KEYS, Option
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
-
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from poprun.core.span import SourceSpan
 
 __all__ = ["SECTIONS", "load_toml", "parse_toml", "section_keys", "to_toml"]
 
@@ -69,6 +66,8 @@ def parse_toml(text: str, *, file: str) -> Spec:
         wrong TOML types; PR200 non-positive integers; PR211 ``server`` with
         ``server_host``/``server_port``; PR212 ports; PR213 subnets.
     """
+    if text.startswith("\ufeff"):  # a byte-order mark, as some Windows editors save: a space keeps columns
+        text = " " + text[1:]
     try:
         doc = tomllib.loads(text)
     except ValueError as exc:  # TOMLDecodeError, or an integer longer than int() allows
@@ -106,11 +105,12 @@ class _Reader:
         env = tuple(entry for entries in self.env.values() for entry in entries)
         return Spec(**self.values, env=env, instance_args=tuple(self.instances))
 
-    def fail(self, code: str, summary: str, *, detail: str, span: SourceSpan, hint: str, **kw: object) -> None:
-        self.diags.add(error(code, summary, detail=detail, span=span, hint=hint,
-                             source_line=self.where.line_text(span.line), **kw))
+    def fail(self, code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
+             related: tuple[SourceSpan, ...] = ()) -> None:
+        self.diags.add(error(code, summary, detail=detail, span=span, hint=hint, related=related,
+                             source_line=self.where.line_text(span.line)))
 
-    def invalid(self, path: Path, problem: conv.ValueProblem | None, span: SourceSpan | None = None) -> None:
+    def invalid(self, path: Path, problem: conv.InvalidValueError | None, span: SourceSpan | None = None) -> None:
         if problem is None:  # a problem already reported
             return
         self.fail(problem.code, f"invalid value for {loc.label(path)}", detail=problem.detail,
@@ -120,7 +120,7 @@ class _Reader:
         for name, table in doc.items():
             if name not in SECTIONS:
                 self._unknown_top(name, table)
-            elif self.check((name,), table, "table", f"write [{name}] on a line of its own, its keys below it"):
+            elif self.check((name,), table, "table", _misplaced(name)):
                 self._section(name, table)
 
     def check(self, path: Path, value: object, expected: str, example: str) -> bool:
@@ -173,7 +173,7 @@ class _Reader:
             "choice": lambda t: conv.to_choice(t, option.choices), "subnet": conv.to_subnet}.get(option.kind, str)
         try:
             return convert(text)
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             self.invalid(path, problem)
             return None
 
@@ -213,7 +213,7 @@ class _Reader:
             return None if items is None else tuple(items)
         try:
             return conv.to_args(value)
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
             self.invalid(path, problem)
             return None
 
@@ -259,7 +259,7 @@ class _Reader:
             path: Path = ("instances", key)
             if not _INDEX.match(key):
                 self._unknown_index(key)
-            elif self.check(path, value, "dict", f"write [instances.{key}] on a line of its own, its keys below it"):
+            elif self.check(path, value, "table", f"write [instances.{key}] on a line of its own, its keys below it"):
                 for inner in value:
                     if inner not in _INSTANCE_KEYS:
                         self._unknown_key((*path, inner), _INSTANCE_KEYS)
@@ -290,11 +290,13 @@ class _Reader:
                       hint='keep one: server = "host:port", or server_host and server_port',
                       related=(self.where.value(("partition", key)),))
         if not host:
-            self.invalid(path, conv.ValueProblem(f"'{table['server']}' names no host", 'write server = "host:port"'))
+            self.invalid(path, conv.InvalidValueError(f"'{table['server']}' names no host", 'write server = "host:port"'))
             return
         try:
             number = None if port is None else conv.to_port(port)
-        except conv.ValueProblem as problem:
+        except conv.InvalidValueError as problem:
+            if problem.code == "PR105":  # not a number: show the whole form
+                problem.hint = 'write server = "host:port", e.g. "vipu.my_domain:8090"'
             self.invalid(path, problem)
             return
         if not clashes:
@@ -305,7 +307,8 @@ class _Reader:
     def _unknown_top(self, name: str, value: object) -> None:
         if isinstance(value, dict):
             guess = did_you_mean(name, SECTIONS)
-            hint = f"did you mean [{guess}]?" if guess else f"valid sections are {list_choices(SECTIONS)}"
+            hint = (f"did you mean [{guess}]?" if guess else _elsewhere(name, ())
+                    or f"valid sections are {list_choices(SECTIONS)}")
             self.fail("PR109", f"unknown section [{name}]", detail=f"the spec has no section [{name}]",
                       span=self.where.key((name,)), hint=hint)
             return
@@ -340,26 +343,34 @@ def _elsewhere(key: str, valid: tuple[str, ...]) -> str | None:
     return "did you mean " + " or ".join(f"[{s}] {k}" for s, k in owners.items()) + "?"
 
 
-def _integer_problem(number: int, kind: str) -> conv.ValueProblem | None:
+def _misplaced(name: str) -> str:
+    """Return the hint for a section written as a plain key, such as ``instances = 4`` at the top."""
+    owners = [f"[{s}] {name}" for s in SECTIONS if name in section_keys(s)]
+    if owners:
+        return f"did you mean {' or '.join(owners)}?"
+    return f"write [{name}] on a line of its own, its keys below it"
+
+
+def _integer_problem(number: int, kind: str) -> conv.InvalidValueError | None:
     """Return the problem with a TOML integer for an option of ``kind``, or None."""
     shown = str(number) if number.bit_length() < 128 else "the number"  # noqa: PLR2004
     if kind == "port" and not 1 <= number <= 65535:  # noqa: PLR2004 - the TCP port range
-        return conv.ValueProblem(f"{shown} is not a port number", "use a port between 1 and 65535", code="PR212")
+        return conv.InvalidValueError(f"{shown} is not a port number", "use a port between 1 and 65535", code="PR212")
     if kind == "int" and number < 1:
-        return conv.ValueProblem(f"{shown} is not a positive number", "use a whole number of at least 1", code="PR200")
+        return conv.InvalidValueError(f"{shown} is not a positive number", "use a whole number of at least 1", code="PR200")
     if number < 0:
-        return conv.ValueProblem(f"{shown} is negative", "use a whole number, 0 or more")
+        return conv.InvalidValueError(f"{shown} is negative", "use a whole number, 0 or more")
     return None
 
 
-def _env_problem(text: str, *, bare: str | None) -> conv.ValueProblem | None:
+def _env_problem(text: str, *, bare: str | None) -> conv.InvalidValueError | None:
     """Return the problem with ``NAME[=VALUE]``; with a ``bare`` hint, ``=VALUE`` is one too."""
     try:
         _, value = conv.to_env_assignment(text)
-    except conv.ValueProblem as problem:
+    except conv.InvalidValueError as problem:
         return problem
     if bare is not None and value is not None:
-        return conv.ValueProblem(f"'{text}' is not an environment variable name", bare)
+        return conv.InvalidValueError(f"'{text}' is not an environment variable name", bare)
     return None
 
 

@@ -2,7 +2,7 @@
 Conversions of written values (flag values, DSL words) into typed spec values.
 
 Layer: ``poprun.planner``; standard library only. Each converter returns the value or
-raises :class:`ValueProblem`, which the front end turns into a diagnostic at its span.
+raises :class:`InvalidValueError`, which the front end turns into a diagnostic at its span.
 """
 
 from __future__ import annotations
@@ -14,9 +14,10 @@ import shlex
 TRUE_WORDS = ("yes", "1", "true", "on")
 FALSE_WORDS = ("no", "0", "false", "off")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_INTEGER = re.compile(r"[+-]?[0-9]{1,18}\Z")  # ASCII digits only: no 1_000, no other scripts' digits
 
 
-class ValueProblem(ValueError):
+class InvalidValueError(ValueError):
     """A written value that does not convert; ``detail`` and ``hint`` go into the diagnostic."""
 
     def __init__(self, detail: str, hint: str, *, code: str = "PR105") -> None:
@@ -33,31 +34,30 @@ def to_bool(text: str) -> bool:
         return True
     if word in FALSE_WORDS:
         return False
-    raise ValueProblem(f"'{text}' is not a yes/no value", "use yes or no (also 1/0, true/false, on/off)")
+    raise InvalidValueError(f"'{text}' is not a yes/no value", "use yes or no (also 1/0, true/false, on/off)")
 
 
 def to_positive_int(text: str) -> int:
     """Return a whole number of at least 1."""
     number = to_int(text)
     if number < 1:
-        raise ValueProblem(f"{number} is not a positive number", "use a whole number of at least 1",
+        raise InvalidValueError(f"{number} is not a positive number", "use a whole number of at least 1",
                            code="PR200")
     return number
 
 
 def to_int(text: str) -> int:
     """Return a whole number (negative allowed)."""
-    try:
-        return int(text.strip())
-    except ValueError:
-        raise ValueProblem(f"'{text}' is not a whole number", "use a whole number such as 4") from None
+    if not _INTEGER.match(text.strip()):
+        raise InvalidValueError(f"'{text}' is not a whole number", "use a whole number such as 4")
+    return int(text.strip())
 
 
 def to_port(text: str) -> int:
     """Return a TCP port number."""
     port = to_int(text)
     if not 1 <= port <= 65535:  # noqa: PLR2004 - the TCP port range
-        raise ValueProblem(f"{port} is not a port number", "use a port between 1 and 65535",
+        raise InvalidValueError(f"{port} is not a port number", "use a port between 1 and 65535",
                            code="PR212")
     return port
 
@@ -67,7 +67,7 @@ def to_subnet(text: str) -> str:
     try:
         return str(ipaddress.ip_network(text.strip(), strict=False))
     except ValueError:
-        raise ValueProblem(f"'{text}' is not a subnet", "write it as an address and prefix, e.g. 10.5.0.0/16",
+        raise InvalidValueError(f"'{text}' is not a subnet", "write it as an address and prefix, e.g. 10.5.0.0/16",
                            code="PR213") from None
 
 
@@ -78,7 +78,7 @@ def to_choice(text: str, choices: tuple[str, ...]) -> str:
             return choice
     from poprun.core.hint import suggestion_hint
 
-    raise ValueProblem(f"'{text}' is not one of the choices", suggestion_hint(text, choices, noun="value"))
+    raise InvalidValueError(f"'{text}' is not one of the choices", suggestion_hint(text, choices, noun="value"))
 
 
 def to_args(text: str) -> tuple[str, ...]:
@@ -86,7 +86,7 @@ def to_args(text: str) -> tuple[str, ...]:
     try:
         return tuple(shlex.split(text))
     except ValueError:
-        raise ValueProblem(f"unbalanced quotes in {text!r}", "close the quote, or quote the whole value once",
+        raise InvalidValueError(f"unbalanced quotes in {text!r}", "close the quote, or quote the whole value once",
                            code="PR107") from None
 
 
@@ -94,6 +94,6 @@ def to_env_assignment(text: str) -> tuple[str, str | None]:
     """Return ``(NAME, VALUE)`` for ``NAME=VALUE`` and ``(NAME, None)`` for a bare name."""
     name, eq, value = text.partition("=")
     if not _ENV_NAME.match(name):
-        raise ValueProblem(f"'{name}' is not an environment variable name",
+        raise InvalidValueError(f"'{name}' is not an environment variable name",
                            "use letters, digits and underscores, not starting with a digit")
     return name, (value if eq else None)

@@ -75,5 +75,5 @@ def _source_line(span: SourceSpan, sources: Mapping[str, str]) -> str | None:
         text = sources[span.file] if span.file in sources else Path(span.file).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError):
         return None
-    lines = text.splitlines()
+    lines = text.split("\n")
     return lines[span.line - 1] if 0 < span.line <= len(lines) else None

@@ -18,8 +18,8 @@ import pytest
 
 from poprun.cli import commands
 from poprun.cli.main import main
-from poprun.planner.context import Context
 from poprun.core.diagnostic import CODES
+from poprun.planner.context import Context
 
 CASES = Path(__file__).parent / "diagnostics"
 CASE_DIRS = sorted(p for p in CASES.iterdir() if (p / "case.json").is_file())

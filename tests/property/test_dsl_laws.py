@@ -4,9 +4,6 @@ Laws of the DSL front end: round trips, and no crash (only diagnostics) on any i
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from hypothesis.extra.lark import from_lark
@@ -15,8 +12,6 @@ from lark.lexer import PatternStr
 from poprun.core.diagnostic import DiagnosticError
 from poprun.planner.dsl import dsl_parser, parse_dsl, to_dsl
 from poprun.planner.spec import Spec
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root, for tests.strategies
 from tests.strategies import specs
 
 # Keywords followed by a space, so that generated statements lex as words; other terminals

@@ -3,7 +3,6 @@
 import shlex
 
 import attrs
-
 from hypothesis import given
 from hypothesis import strategies as st
 

@@ -4,15 +4,17 @@ Tests of the DSL front end: each statement, the design example, and every diagno
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
 import attrs
 import pytest
+from lark.lexer import PatternStr
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.span import SourceSpan
-from poprun.planner.dsl import load_dsl, parse_dsl, to_dsl
+from poprun.planner.dsl import dsl_parser, load_dsl, parse_dsl, to_dsl
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
 DESIGN_DSL = """\
@@ -99,6 +101,16 @@ def test_design_example_equals_its_toml_twin() -> None:
 def test_design_example_is_written_back_as_it_was_written() -> None:
     """to_dsl of the design example's spec gives the example's text."""
     assert DESIGN_DSL == to_dsl(parse_dsl(DESIGN_DSL, file="train.pop"))
+
+
+def test_every_grammar_rule_has_an_example_comment() -> None:
+    """Each rule and terminal of spec.lark is preceded by a comment (its example line)."""
+    grammar = (Path(__file__).resolve().parents[2] / "poprun" / "grammars" / "spec.lark").read_text(encoding="utf-8")
+    lines = grammar.splitlines()
+    bare = [line.split(":")[0] for i, line in enumerate(lines)
+            if re.match(r"[?_A-Za-z][\w]*:", line) and not lines[i - 1].startswith("//")]
+
+    assert [] == bare
 
 
 # ---- each statement --------------------------------------------------------------------
@@ -264,6 +276,35 @@ def test_to_dsl_quotes_keywords_and_text_that_is_not_a_word() -> None:
     ) == to_dsl(spec)
 
 
+@pytest.mark.parametrize("field", ["host_file", "vipu_server_host", "partition", "allocation", "executable_cache_path",
+                                   "offline_target", "autoreport_dir", "distribute_ssh_key_path", "working_dir"])
+def test_every_keyword_reads_back_as_a_value(field: str) -> None:
+    """A value spelt like any keyword of the language is written so that it reads back unchanged."""
+    span = SourceSpan(file="<test>", key_path="$")
+    keywords = [t.pattern.value for t in dsl_parser().terminals if isinstance(t.pattern, PatternStr)]
+    specs = [Spec(**{field: Sourced(keyword, span)}) for keyword in [*keywords, "from file", "from"]]
+
+    assert specs == [parse_dsl(to_dsl(spec), file="job.pop") for spec in specs]
+
+
+def test_to_dsl_writes_simple_values_bare() -> None:
+    """Values of shell-safe characters are written without quotes."""
+    span = SourceSpan(file="<test>", key_path="$")
+    spec = Spec(env=(Sourced(EnvVarSpec(name="N", value="8"), span),), backend=Sourced("ssh", span))
+
+    assert "set N = 8\nbackend ssh\n" == to_dsl(spec)
+
+
+def test_full_example_of_the_docs_reads_back_unchanged() -> None:
+    """The full example of docs/spec-dsl.md sets all but three fields, and its spec survives to_dsl."""
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "spec-dsl.md").read_text(encoding="utf-8")
+    example = doc.split("## A full example")[1].split("```")[1]
+    spec = parse_dsl(example, file="full.pop")
+
+    assert {"host_file", "offline_mode", "offline_target"} == set(attrs.fields_dict(Spec)) - set(values(spec))
+    assert spec == parse_dsl(to_dsl(spec), file="full.pop")
+
+
 def test_to_dsl_keeps_the_order_of_hosts() -> None:
     """Hosts not in natural order are listed as written rather than compressed."""
     span = SourceSpan(file="<test>", key_path="$")
@@ -286,6 +327,7 @@ ERRORS = [
     ("run", "PR108", "no program after 'run'", 1, 4, 5),
     ("hosts", "PR108", "no hosts after 'hosts'", 1, 6, 7),
     ("8 replicas#x", "PR108", "DSL syntax error", 1, 11, 13),
+    ("\x0b", "PR108", "unknown statement '\\x0b'", 1, 1, 2),
     ('set A = "a\\qb"', "PR108", "invalid escape in quoted string", 1, 11, 13),
     ("\n  hosts pod[1-4", "PR103", "unclosed host range", 2, 12, 13),
     ("hosts 'pod[4-1]'", "PR103", "reversed host range '4-1'", 1, 12, 15),

@@ -4,17 +4,16 @@ Unit tests for ``poprun.planner.tomlspec``: the TOML front end, its diagnostics 
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+import re
+from pathlib import Path
+from typing import Any
 
 import pytest
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.span import SourceSpan
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
-from poprun.planner.tomlspec import load_toml, parse_toml, to_toml
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from poprun.planner.tomlspec import SECTIONS, load_toml, parse_toml, section_keys, to_toml
 
 DESIGN_EXAMPLE = """\
 # train.toml
@@ -119,13 +118,20 @@ def test_design_example_parses_to_the_expected_spec() -> None:
     expected = Spec(
         hosts=_s(("pod1", "pod2")), replicas=_s(32), instances=_s(2), ilds=_s(2),
         partition=_s("my_partition"), vipu_server_host=_s("vipu.my_domain"), vipu_server_port=_s(34521),
-        update_partition=_s(True), remove_partition=_s(False),
+        update_partition=_s(value=True), remove_partition=_s(value=False),
         env=(_s(EnvVarSpec(name="PYTHONPATH", value=None)),
              _s(EnvVarSpec(name="POPLAR_ENGINE_OPTIONS", value='{"autoReport.all":"true"}'))),
         program=_s(("python3", "train.py", "--epochs", "3")),
     )
 
     assert expected == parse_toml(DESIGN_EXAMPLE, file="train.toml")
+
+
+def test_byte_order_mark_is_ignored() -> None:
+    """A file saved with a byte-order mark reads as without it, at the same columns."""
+    origin = parse_toml("\ufeff[topology]\nreplicas = 2\n", file="job.toml").replicas.origin  # type: ignore[union-attr]
+
+    assert (2, 12) == (origin.line, origin.column)
 
 
 def test_empty_file_is_an_empty_spec() -> None:
@@ -270,6 +276,8 @@ DIAGNOSTICS = [
      "expected an array, found a string 'PYTHONPATH'", 'write forward = ["PYTHONPATH"]', 2, 11),
     ("topology = 4\n", "PR110", "wrong type for [topology]", "expected a table, found an integer 4",
      "write [topology] on a line of its own, its keys below it", 1, 12),
+    ("instances = 4\n", "PR110", "wrong type for [instances]", "expected a table, found an integer 4",
+     "did you mean [topology] instances?", 1, 13),
     ("[topology]\nreplicas = 0\n", "PR200", "invalid value for [topology] replicas", "0 is not a positive number",
      "use a whole number of at least 1", 2, 12),
     ('[partition]\nserver = "v:1"\nserver_host = "w"\n', "PR211", "[partition] server and server_host both set",
@@ -284,18 +292,17 @@ DIAGNOSTICS = [
 ]
 
 
-@pytest.mark.parametrize(("text", "code", "summary", "detail", "hint", "line", "column"), DIAGNOSTICS,
-                         ids=[f"{d[1]}:{d[2]}" for d in DIAGNOSTICS])
-def test_each_problem_gets_its_diagnostic_at_its_place(  # noqa: PLR0913, PLR0917 - a column per table field
-        text: str, code: str, summary: str, detail: str, hint: str, line: int, column: int) -> None:
+@pytest.mark.parametrize("case", DIAGNOSTICS, ids=[f"{d[1]}:{d[2]}" for d in DIAGNOSTICS])
+def test_each_problem_gets_its_diagnostic_at_its_place(case: tuple[str, str, str, str, str, int, int]) -> None:
     """Each kind of problem gives one diagnostic with its code, exact words, line and column."""
+    text, *expected = case
+
     diagnostic = _only(text)
 
-    assert (code, summary, detail, hint, line, column) == (
-        diagnostic.code, diagnostic.summary, diagnostic.detail, diagnostic.hint, diagnostic.span.line,
-        diagnostic.span.column)
+    assert expected == [diagnostic.code, diagnostic.summary, diagnostic.detail, diagnostic.hint,
+                        diagnostic.span.line, diagnostic.span.column]
     assert "job.toml" == diagnostic.span.file
-    assert text.split("\n")[line - 1] == diagnostic.source_line
+    assert text.split("\n")[diagnostic.span.line - 1] == diagnostic.source_line  # type: ignore[operator]
 
 
 def test_diagnostic_about_a_value_spans_the_value_and_about_a_key_the_key() -> None:
@@ -438,3 +445,34 @@ def test_to_toml_merges_repeated_instance_indices() -> None:
 
     assert (InstanceArgsSpec(index=1, env=(EnvVarSpec(name="X", value="2"),), mpi_args=("--a", "--b")),) == tuple(
         entry.value for entry in back.instance_args)
+
+
+def _reference() -> str:
+    return (Path(__file__).resolve().parents[2] / "docs" / "spec-toml.md").read_text(encoding="utf-8")
+
+
+def test_every_toml_example_in_the_reference_parses() -> None:
+    """Each ```toml block of docs/spec-toml.md is a valid spec."""
+    blocks = re.findall(r"```toml\n(.*?)```", _reference(), flags=re.DOTALL)
+
+    assert 3 == len(blocks)
+    for block in blocks:
+        parse_toml(block, file="spec-toml.md")
+
+
+def test_the_reference_documents_every_section_and_key() -> None:
+    """docs/spec-toml.md has a heading for every section and a row for every key."""
+    text = _reference()
+
+    assert [] == [s for s in SECTIONS if f"## `[{s}" not in text]
+    assert [] == [f"{s}.{k}" for s in SECTIONS for k in section_keys(s) if f"| `{k}` |" not in text
+                  and f"`{k}`," not in text]
+
+
+def test_server_conflict_names_both_places() -> None:
+    """PR211 points at server and lists server_port, where the other value was written, as related."""
+    diagnostic = _only('[partition]\nserver_port = 1\nserver = "v:2"\n')
+
+    assert ("[partition] server and server_port both set", 3, ("$.partition.server_port", 2, 15)) == (
+        diagnostic.summary, diagnostic.span.line,
+        (diagnostic.related[0].key_path, diagnostic.related[0].line, diagnostic.related[0].column))
