@@ -9,7 +9,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from poprun import __version__ as VERSION
+from poprun import __version__
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
@@ -183,12 +183,12 @@ def _help() -> int:
 
 def _version(fmt: str) -> int:
     if fmt == "text":
-        sys.stdout.write(f"poprun {VERSION}\n")
+        sys.stdout.write(f"poprun {__version__}\n")
         return exitcode.OK
     import json
     import platform
 
-    info = {"poprun": VERSION, "popdist": VERSION, "python": platform.python_version()}
+    info = {"poprun": __version__, "popdist": __version__, "python": platform.python_version()}
     if fmt == "full-json":
         sys.stdout.write(json.dumps(info, indent=2) + "\n")
     else:

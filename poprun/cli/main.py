@@ -11,7 +11,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from poprun import __version__ as VERSION
+from poprun import __version__
 from poprun.cli import exitcode
 
 if TYPE_CHECKING:
@@ -24,7 +24,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run poprun with ``argv`` (default: ``sys.argv[1:]``); return the exit status."""
     args = list(sys.argv[1:] if argv is None else argv)
     if args in (["--version"], ["-V"]):
-        sys.stdout.write(f"poprun {VERSION}\n")
+        sys.stdout.write(f"poprun {__version__}\n")
         return exitcode.OK
     from poprun.core.diagnostic import DiagnosticError
 

@@ -17,7 +17,7 @@ from typing import TypeVar
 import attrs
 
 from popdist import env as names
-from poprun import __version__ as VERSION
+from poprun import __version__
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, Diagnostics, error, warning
 from poprun.core.hint import join_or, suggestion_hint
 from poprun.core.span import SourceSpan
@@ -116,7 +116,7 @@ def _solve(s: _Solver, *, require_program: bool) -> p.LaunchPlan | None:
                                 key_type=_value(s.spec.distribute_ssh_key_type))
     notes = tuple(p.Note(code=d.code, summary=d.summary, hint=d.hint) for d in s.diags.warnings)
     return p.LaunchPlan(
-        poprun_version=VERSION, topology=topology, instances=instances, partition=partition,
+        poprun_version=__version__, topology=topology, instances=instances, partition=partition,
         offline=_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes,
