@@ -292,3 +292,13 @@ def test_backend_of_a_later_version_is_a_launch_error(capsys: pytest.CaptureFixt
     status = run_plan(attrs.evolve(plan, backend=BackendChoice(name="ssh", reason="test")))
 
     assert (125, "poprun: backend 'ssh' is not available in this version\n") == (status, capsys.readouterr().err)
+
+
+@pytest.mark.parametrize("spec", ["hello.toml", "hello.pop"])
+def test_example_specs_apply(spec):
+    """``poprun apply examples/hello.toml`` (and the DSL twin) print the hello world once per instance."""
+    examples = Path(__file__).parents[2] / "examples"
+    result = subprocess.run([sys.executable, "-m", "poprun.cli.main", "apply", str(examples / spec)],
+                            capture_output=True, text=True, timeout=30, check=False)
+
+    assert (0, "Hello world!\nHello world!\n") == (result.returncode, result.stdout)

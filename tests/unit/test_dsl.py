@@ -17,35 +17,10 @@ from poprun.core.span import SourceSpan
 from poprun.planner.dsl import dsl_parser, load_dsl, parse_dsl, to_dsl
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
-DESIGN_DSL = """\
-hosts pod[1-2]
-32 replicas over 2 instances in 2 ilds
-partition my_partition at vipu.my_domain:34521 (update, keep)
-forward PYTHONPATH
-set POPLAR_ENGINE_OPTIONS = '{"autoReport.all":"true"}'
-run python3 train.py --epochs 3
-"""
+EXAMPLES = Path(__file__).parents[2] / "examples"  # design.md section 4, as files
+DESIGN_DSL = (EXAMPLES / "train.pop").read_text(encoding="utf-8")
 
-DESIGN_TOML = """\
-[topology]
-replicas = 32
-instances = 2
-ilds = 2
-hosts = "pod[1-2]"
-
-[partition]
-name = "my_partition"
-server = "vipu.my_domain:34521"
-update = true
-remove = false
-
-[env]
-forward = ["PYTHONPATH"]
-set = { POPLAR_ENGINE_OPTIONS = '{"autoReport.all":"true"}' }
-
-[program]
-argv = ["python3", "train.py", "--epochs", "3"]
-"""
+DESIGN_TOML = (EXAMPLES / "train.toml").read_text(encoding="utf-8")
 
 
 def values(spec: Spec) -> dict[str, Any]:

@@ -15,27 +15,7 @@ from poprun.core.span import SourceSpan
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 from poprun.planner.tomlspec import SECTIONS, load_toml, parse_toml, section_keys, to_toml
 
-DESIGN_EXAMPLE = """\
-# train.toml
-[topology]
-replicas = 32
-instances = 2
-ilds = 2
-hosts = "pod[1-2]"
-
-[partition]
-name = "my_partition"
-server = "vipu.my_domain:34521"
-update = true
-remove = false
-
-[env]
-forward = ["PYTHONPATH"]
-set = { POPLAR_ENGINE_OPTIONS = '{"autoReport.all":"true"}' }
-
-[program]
-argv = ["python3", "train.py", "--epochs", "3"]
-"""
+DESIGN_EXAMPLE = (Path(__file__).parents[2] / "examples" / "train.toml").read_text(encoding="utf-8")
 
 SPAN = SourceSpan(file="<test>", key_path="$")
 
