@@ -16,7 +16,7 @@ from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
-from poprun.planner.load import is_spec_path, load_spec
+from poprun.planner.load import SPEC_SUFFIXES, is_spec_path, load_spec
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
 from poprun.planner.spec import Spec, overlay
@@ -71,10 +71,15 @@ def _solve(spec: Spec, ctx: Context, *, require_program: bool) -> Solution:
 
 
 def _emit(text: str, command: CommandLine) -> None:
-    if command.output is not None:
-        Path(command.output.value).write_text(text, encoding="utf-8")
-    else:
+    if command.output is None:
         sys.stdout.write(text)
+        return
+    try:
+        Path(command.output.value).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise DiagnosticError([error("PR113", f"cannot write '{command.output.value}'",
+                                     detail=exc.strerror or str(exc), span=command.output.origin,
+                                     hint="check the directory exists and is writable")]) from exc
 
 
 def plan(args: list[str]) -> int:
@@ -132,11 +137,13 @@ def validate(args: list[str]) -> int:
 def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process()
-    if args and args[0].endswith(".json") and Path(args[0]).is_file():
+    if args and args[0].endswith(".json"):
         from poprun.planner.load import read_text
         from poprun.planner.serde import from_json
 
-        return _run(from_json(read_text(args[0]), file=args[0]))
+        return _run(from_json(read_text(args[0], key="PLAN"), file=args[0]))
+    if args and args[0].endswith(SPEC_SUFFIXES) and not Path(args[0]).is_file():
+        load_spec(args[0])  # PR113, naming the file
     command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
     _reject_plan_options(command, "'poprun apply'")
     if command.help:

@@ -23,6 +23,9 @@ def export_config(spec: Spec, target: Sourced[str], *, overwrite: bool) -> tuple
     from poprun.planner.tomlspec import to_toml
 
     path = Path(target.value)
+    if not target.value.strip() or path.is_dir():
+        raise DiagnosticError([error("PR113", f"cannot write '{target.value}'", detail="not a file name",
+                                     span=target.origin, hint="name a file, e.g. --export-config=training.conf")])
     notes: tuple[Diagnostic, ...] = ()
     if path.exists() and not overwrite:
         stamped = path.with_name(f"{path.name}.{time.strftime('%Y%m%d-%H%M%S')}")

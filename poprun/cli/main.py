@@ -7,6 +7,7 @@ A subcommand is recognised only as the first argument; anything else is the clas
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -35,6 +36,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exitcode.USAGE
     except KeyboardInterrupt:
         return 130
+    except Exception as exc:  # a bug: one line, and the traceback only when asked for
+        if os.environ.get("POPRUN_DEBUG"):
+            raise
+        sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc} "
+                         "(please report it; POPRUN_DEBUG=1 shows the traceback)\n")
+        return exitcode.LAUNCH
 
 
 def _dispatch(args: list[str]) -> int:

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from poprun.planner.environment import is_secret
 from poprun.planner.plan import Decision, Instance, LaunchPlan
-from poprun.planner.solve import is_secret
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
 
@@ -32,7 +32,7 @@ def render_summary(plan: LaunchPlan) -> str:
     if plan.partition is not None:
         part = plan.partition
         name = part.name or "(the only partition of the allocation)"
-        lines.append(f"partition: {name} on {part.server_host}:{part.server_port}, {part.num_ipus} IPUs, "
+        lines.append(f"partition: {name} on {part.server_host}:{part.server_port}, {_plural(part.num_ipus, 'IPU')}, "
                      f"{_plural(part.num_gcds, 'GCD')}, {_plural(part.num_ilds, 'ILD')}")
     else:
         lines.append("partition: none (offline mode)")

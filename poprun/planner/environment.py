@@ -1,0 +1,125 @@
+"""
+Each instance's environment: the variables real poprun set, popdist's and torchrun's, and the user's ``-x``.
+
+Layer: ``poprun.planner``; the names come from :mod:`popdist.env`, the one place they live.
+"""
+
+from __future__ import annotations
+
+from popdist import env as names
+from poprun.core.diagnostic import Diagnostic, error
+from poprun.planner import plan as p
+from poprun.planner.spec import EnvVarSpec, Spec
+from poprun.planner.state import Solver
+from poprun.planner.target import Target
+
+DEFAULT_MASTER_PORT = "29500"
+_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "KEY")
+
+def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cache,
+              target: Target | None) -> dict[str, str]:
+    """Return the variables every instance shares, as real poprun set them."""
+    env = {
+        names.NUM_TOTAL_REPLICAS: str(topo.num_replicas),
+        names.NUM_IPUS_PER_REPLICA: str(topo.ipus_per_replica),
+        names.NUM_LOCAL_REPLICAS: str(topo.replicas_per_instance),
+        names.UNIFORM_REPLICAS_PER_INSTANCE: "1",
+        names.NUM_INSTANCES: str(topo.num_instances),
+        names.OMPI_SIZE: str(topo.num_instances),
+        names.OMPI_LOCAL_SIZE: str(topo.instances_per_host),
+        names.TORCH_WORLD_SIZE: str(topo.num_instances),
+        names.TORCH_LOCAL_WORLD_SIZE: str(topo.instances_per_host),
+        names.TORCH_MASTER_ADDR: topo.hosts[0],
+        names.TORCH_MASTER_PORT: s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT),
+        names.IPUOF_LOG_LEVEL: "WARN",
+    }
+    if cache.mode == "user" and cache.path:
+        env[names.EXECUTABLE_CACHE_PATH] = cache.path
+    autoreport(s, env)
+    if part is not None:
+        env.update({names.VIPU_API_HOST: part.server_host, names.VIPU_API_PORT: str(part.server_port),
+                    names.VIPU_API_TIMEOUT: str(part.timeout_s)})
+        if part.name:
+            env[names.VIPU_API_PARTITION_ID] = part.name
+    if target is not None:
+        instance_size = topo.num_ipus // topo.num_instances
+        env[names.POPLAR_TARGET_OPTIONS] = target.target_options(instance_size=instance_size)
+    return env
+
+
+def autoreport(s: Solver, env: dict[str, str]) -> None:
+    """Set POPDIST_AUTOREPORT_DIRECTORY, or PR203 when POPLAR_ENGINE_OPTIONS already names a directory."""
+    given = s.spec.autoreport_dir
+    if given is None:
+        return
+    sources = [s.ctx.environ.get(names.POPLAR_ENGINE_OPTIONS, "")]
+    sources += [e.value.value or "" for e in s.spec.env if e.value.name == names.POPLAR_ENGINE_OPTIONS]
+    sources += [v.value or "" for a in s.spec.instance_args for v in a.value.env
+                if v.name == names.POPLAR_ENGINE_OPTIONS]
+    if any("autoReport.directory" in text for text in sources):
+        s.fail("PR203", "two autoreport directories", detail="autoreport-dir command line argument cannot be "
+               "specified when POPLAR_ENGINE_OPTIONS contains autoReport.directory setting", span=given.origin,
+               hint="remove autoReport.directory from POPLAR_ENGINE_OPTIONS (poprun gives each instance its "
+               "own directory), or drop --autoreport-dir")
+    env[names.AUTOREPORT_DIRECTORY] = s.decide("autoreport_dir", given.value, given.origin,
+                                               "each instance writes its profile under <dir>/<instance>")
+
+
+def instance(s: Solver, topo: p.Topology, i: int, *, argv: tuple[str, ...], cwd: str, base: dict[str, str],
+              placement: p.Placement, partition: p.Partition | None) -> p.Instance:
+    """Return instance ``i``: its host, indices, replicas, and its whole environment."""
+    per_host = topo.instances_per_host
+    local = i % per_host
+    offset = i * topo.replicas_per_instance
+    gcd = i if topo.num_instances > 1 else 0
+    env = dict(base)
+    env.update({
+        names.REPLICA_INDEX_OFFSET: str(offset), names.LOCAL_INSTANCE_INDEX: str(local),
+        names.INSTANCE_INDEX: str(i), names.OMPI_RANK: str(i), names.OMPI_LOCAL_RANK: str(local),
+        names.TORCH_RANK: str(i), names.TORCH_LOCAL_RANK: str(local),
+    })
+    if partition is not None:
+        env[names.VIPU_API_GCD_ID] = str(gcd)
+    forward = list(names.ALWAYS_FORWARDED)
+    if names.POPLAR_ENGINE_OPTIONS in s.ctx.environ:
+        forward.append(names.POPLAR_ENGINE_OPTIONS)
+    mpi_args = list(s.spec.mpi_local_args.value if s.spec.mpi_local_args else ())
+    user: list[EnvVarSpec] = [e.value for e in s.spec.env]
+    for extra in s.spec.instance_args:
+        if extra.value.index == i:
+            user.extend(extra.value.env)
+            mpi_args.extend(extra.value.mpi_args)
+    apply_user_env(env, forward, user)
+    environment = p.Environment(set=tuple(sorted(env.items())), forward=tuple(dict.fromkeys(forward)),
+                                unset=(names.IPUOF_CONFIG_PATH,))
+    return p.Instance(index=i, host=topo.hosts[i // per_host], local_index=local, ild=i // topo.instances_per_ild,
+                      gcd=gcd, replica_offset=offset, num_local_replicas=topo.replicas_per_instance, argv=argv,
+                      cwd=cwd, env=environment, placement=placement, mpi_local_args=tuple(mpi_args))
+
+
+def apply_user_env(env: dict[str, str], forward: list[str], user: list[EnvVarSpec]) -> None:
+    """Apply ``-x`` variables in order: later ones win, as with mpirun."""
+    for var in user:
+        if var.value is None:
+            env.pop(var.name, None)
+            forward.append(var.name)
+        else:
+            env[var.name] = var.value
+            if var.name in forward:
+                forward.remove(var.name)
+
+
+def validate_instance_args(spec: Spec, num_instances: int) -> tuple[Diagnostic, ...]:
+    """Return PR205 for ``--instance-mpi-local-args`` naming an instance that does not exist."""
+    return tuple(
+        error("PR205", "instance index out of range",
+              detail=f"--instance-mpi-local-args names instance {a.value.index}, but there are {num_instances}",
+              span=a.origin, hint=f"use an index from 0 to {num_instances - 1}")
+        for a in spec.instance_args if a.value.index >= num_instances
+    )
+
+
+def is_secret(name: str) -> bool:
+    """Return whether a variable's value must be masked in text output."""
+    upper = name.upper()
+    return any(word in upper for word in _SECRET_WORDS)

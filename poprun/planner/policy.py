@@ -1,0 +1,188 @@
+"""
+The solver's policies: V-IPU partition, executable cache, output, placement, program and backend.
+
+Layer: ``poprun.planner``; each function records its decisions on the :class:`Solver`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+import attrs
+
+from popdist import env as names
+from poprun.core.span import SourceSpan
+from poprun.planner import plan as p
+from poprun.planner.spec import Sourced, Spec
+from poprun.planner.state import Solver, is_on, value_of
+
+T = TypeVar("T")
+_SHOWN_HOSTS = 3
+
+def vipu(s: Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: str, default: T,
+          convert: Callable[[str], T]) -> T:
+    """Decide a V-IPU setting: the flag, then the environment, then the vipu configuration, then the default."""
+    if given is not None:
+        return s.decide(key, given.value, given.origin, "as given")
+    for source, raw, why in (
+        (SourceSpan.env(env_name), s.ctx.environ.get(env_name), f"taken from {env_name}"),
+        (SourceSpan(file=s.ctx.vipu_config_file or "<vipu config>", key_path=hcl),
+         s.ctx.vipu_config.get(hcl), "picked up from the local vipu configuration"),
+    ):
+        if raw:
+            try:
+                return s.decide(key, convert(raw), source, why)
+            except ValueError:
+                continue
+    return s.decide(key, default, SourceSpan.default(key), "default")
+
+
+def partition(s: Solver, topo: p.Topology) -> p.Partition | None:
+    """Return the partition the launch uses (None in offline mode), seed section 2.8."""
+    spec = s.spec
+    if is_on(spec.offline_mode):
+        s.decide("partition", "none", spec.offline_mode.origin if spec.offline_mode else SourceSpan.default("x"),
+                 "offline mode: no partition and no devices")
+        return None
+    host = vipu(s, "vipu_server_host", spec.vipu_server_host, env_name=names.VIPU_API_HOST, hcl="api-host",
+                 default="localhost", convert=str)
+    port = vipu(s, "vipu_server_port", spec.vipu_server_port, env_name=names.VIPU_API_PORT, hcl="api-port",
+                 default=8090, convert=int)
+    name: str | None = vipu(s, "partition", spec.partition, env_name=names.VIPU_API_PARTITION_ID,
+                             hcl="partition", default="", convert=str)
+    name = name or None
+    if name is None:
+        s.decisions[-1] = attrs.evolve(s.decisions[-1], value="(the only one)",
+                                       reason="not given: the only partition of the allocation, found at apply time")
+    timeout = s.pick("vipu_server_timeout", spec.vipu_server_timeout, 120, "default")
+    update = s.pick("update_partition", spec.update_partition, default=False,
+                    reason="default: an unsuitable partition is an error")
+    remove = s.pick("remove_partition", spec.remove_partition, default=True,
+                    reason="default: a partition poprun creates is removed at exit")
+    gcds = max(1, topo.num_instances)
+    return p.Partition(
+        name=name, allocation=value_of(spec.allocation), server_host=host, server_port=port, timeout_s=timeout,
+        num_ipus=topo.num_ipus, num_gcds=gcds, num_ilds=topo.num_ilds, sync_type=value_of(spec.sync_type),
+        ipu_link_routing_type=value_of(spec.ipu_link_routing_type),
+        gw_link_routing_type=value_of(spec.gw_link_routing_type), update=update,
+        reset=value_of(spec.reset_partition), remove=remove,
+        attempts=value_of(spec.partition_attempts) or 1, actions=partition_actions(name, update, remove, spec),
+    )
+
+
+def partition_actions(name: str | None, update: bool, remove: bool, spec: Spec) -> tuple[str, ...]:
+    """Return what apply may do to the partition, each with the rule that allows it."""
+    if name is None:
+        return ("use the only partition of the allocation (decided at apply time)",)
+    actions = [f"use partition '{name}' if it exists and matches the topology"]
+    if update:
+        actions.append("otherwise create it, or remove and create it again (--update-partition=yes)")
+    else:
+        actions.append("otherwise stop with an error (--update-partition=no)")
+    reset = value_of(spec.reset_partition)
+    actions.append("reset it before running" if reset else "do not reset it" if reset is False
+                   else "reset it if non-reconfigurable (default)")
+    if update:
+        actions.append("remove it at exit if poprun created it" if remove else "keep it at exit (--remove-partition=no)")
+    return tuple(actions)
+
+
+def cache(s: Solver, topo: p.Topology) -> p.Cache:
+    """Return the executable cache policy of the launch mode (seed sections 2.3-2.4)."""
+    given = s.spec.executable_cache_path
+    framework = s.ctx.environ.get("POPTORCH_CACHE_DIR") or env_set_value(s.spec, "POPTORCH_CACHE_DIR")
+    if given is not None and given.value and framework is not None:
+        s.fail("PR202", "two executable caches", detail="POPTORCH_CACHE_DIR is set and --executable-cache-path "
+               "is given; they conflict", span=given.origin,
+               hint="unset POPTORCH_CACHE_DIR, or drop --executable-cache-path")
+    if given is not None and not given.value:
+        s.decide("executable_cache", "disabled", given.origin, "an empty path disables caching")
+        return p.Cache(mode="disabled", path=None, per_host=False, remove_at_exit=False)
+    if given is not None:
+        s.decide("executable_cache", given.value, given.origin, "a fixed path: kept after exit, yours to remove")
+        return p.Cache(mode="user", path=given.value, per_host=False, remove_at_exit=False)
+    if topo.num_instances == 1:
+        s.decide("executable_cache", "disabled", SourceSpan.default("executable_cache"),
+                 "single instance: caching is off unless --executable-cache-path is given")
+        return p.Cache(mode="disabled", path=None, per_host=False, remove_at_exit=False)
+    per_host = len(topo.hosts) > 1
+    s.decide("executable_cache", "temporary", SourceSpan.derived("executable_cache"),
+             "several instances: a temporary cache " + ("on each host" if per_host else "shared by the instances")
+             + ", removed when poprun exits")
+    return p.Cache(mode="temporary", path=None, per_host=per_host, remove_at_exit=True)
+
+
+def env_set_value(spec: Spec, name: str) -> str | None:
+    """Return the last value the spec sets for ``name``, or None."""
+    values = [e.value.value for e in spec.env if e.value.name == name and e.value.value is not None]
+    return values[-1] if values else None
+
+
+def mpi_global(s: Solver) -> tuple[str, ...]:
+    """Return the words of --mpi-global-args."""
+    return s.spec.mpi_global_args.value if s.spec.mpi_global_args else ()
+
+
+def output(s: Solver, topo: p.Topology) -> p.Output:
+    """Return how instance output reaches the user."""
+    args = mpi_global(s)
+    filename = None
+    for i, word in enumerate(args):
+        if word.startswith("--output-filename="):
+            filename = word.partition("=")[2]
+        elif word == "--output-filename" and i + 1 < len(args):
+            filename = args[i + 1]
+    only = s.spec.only_output_from_instance
+    if only is not None and only.value >= topo.num_instances:
+        s.fail("PR205", "instance index out of range", detail=f"instance {only.value} does not exist: there are "
+               f"{topo.num_instances} (0 to {topo.num_instances - 1})", span=only.origin,
+               hint=f"use an index from 0 to {topo.num_instances - 1}")
+    return p.Output(tag="--tag-output" in args, output_filename=filename, only_from_instance=value_of(only),
+                    print_topology=is_on(s.spec.print_topology), verbosity=value_of(s.spec.verbosity) or 0)
+
+
+def placement(s: Solver, topo: p.Topology) -> p.Placement:
+    """Return the placement strategy and whether NUMA awareness is on."""
+    strategy = s.pick("process_placement", s.spec.process_placement, "spreadnuma", "default: NUMA nodes are "
+                      "divided among the instances of each host")
+    if s.spec.numa_aware is not None:
+        aware = s.decide("numa_aware", s.spec.numa_aware.value, s.spec.numa_aware.origin, "as given")
+    else:
+        aware = s.decide("numa_aware", topo.instances_per_host > 1, SourceSpan.derived("numa_aware"),
+                         f"{topo.instances_per_host} instance{'s' if topo.instances_per_host > 1 else ''} per host: "
+                         "NUMA awareness is on with more than one")
+    return p.Placement(numa_aware=aware and strategy != "disabled", strategy=strategy)
+
+
+def program(s: Solver, *, require_program: bool) -> tuple[str, ...]:
+    """Return the program and its arguments (PR209 when there is none)."""
+    if s.spec.program is not None and s.spec.program.value:
+        return s.decide("program", s.spec.program.value, s.spec.program.origin, "as given")
+    span = SourceSpan.flag("PROGRAM")
+    make = s.fail if require_program else s.warn
+    make("PR209", "no program", detail="no program to launch was given", span=span,
+         hint="add the program and its arguments after poprun's options, e.g. poprun --num-instances 2 python3 train.py")
+    return ()
+
+
+def backend(s: Solver, topo: p.Topology) -> p.BackendChoice:
+    """Return the backend that runs the plan, and why."""
+    if s.spec.backend is not None:
+        name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
+        return p.BackendChoice(name=name, reason="as given")
+    if is_on(s.spec.offline_mode):
+        reason = "offline mode: every instance runs on this machine"
+        name = "offline"
+    elif all(h in s.ctx.local_names for h in topo.hosts):
+        reason = "every host is this machine"
+        name = "local"
+    else:
+        remote = [h for h in topo.hosts if h not in s.ctx.local_names]
+        shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
+        reason = f"remote hosts ({shown}) are reached with ssh"
+        name = "ssh"
+    s.decide("backend", name, SourceSpan.derived("backend"), reason)
+    return p.BackendChoice(name=name, reason=reason)
+
+
