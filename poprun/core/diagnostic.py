@@ -49,6 +49,7 @@ CODES: dict[str, str] = {
     "PR213": "invalid subnet",
     "PR214": "configuration file exists",
     "PR215": "empty host list",
+    "PR216": "number too large",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",

@@ -14,6 +14,9 @@ from dataclasses import dataclass
 NOUNS = {"replicas": "replicas", "instances": "instances", "hosts": "hosts", "ilds": "ILDs",
          "ipus_per_replica": "IPUs per replica"}
 Values = Mapping[str, int]
+# Far beyond any Pod system (a Pod1024 has 1024 IPUs); larger numbers only make planning slow.
+LIMITS = {"replicas": 1_000_000, "instances": 100_000, "ilds": 100_000, "ipus_per_replica": 1024}
+_SEARCH = 10_000  # how far the nearest feasible values are searched for, each way
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +117,9 @@ def alternatives(values: Values, rule: Constraint, *, free: tuple[str, ...],
         if name not in free:
             continue
         current = values[name]
-        below = next((c for c in range(current - 1, 0, -1) if feasible(adjust({**values, name: c}))), None)
-        above = next((c for c in range(current + 1, current * 4 + 65) if feasible(adjust({**values, name: c}))),
+        below = next((c for c in range(current - 1, max(current - _SEARCH, 0), -1)
+                      if feasible(adjust({**values, name: c}))), None)
+        above = next((c for c in range(current + 1, current + _SEARCH) if feasible(adjust({**values, name: c}))),
                      None)
         picks = tuple(c for c in (below, above) if c is not None)
         if picks:

@@ -128,6 +128,8 @@ def _topology(s: Solver, target: Target | None) -> p.Topology | None:
     ild_size = target.ild_size if target else DEFAULT_ILD_SIZE
     values = {"replicas": replicas, "ipus_per_replica": ipus, "instances": instances, "hosts": len(hosts),
               "ild_size": ild_size, "target_ipus": target.num_ipus if target else 0, "ilds": 1}
+    if not _within_limits(s, values):
+        return None
     values["ilds"] = _ilds(s, values, target)
     if not _check(s, values):
         return None
@@ -136,6 +138,18 @@ def _topology(s: Solver, target: Target | None) -> p.Topology | None:
                       ipus_per_replica=ipus, hosts=hosts, num_ipus=replicas * ipus,
                       replicas_per_instance=replicas // instances, instances_per_host=instances // len(hosts),
                       instances_per_ild=instances // values["ilds"])
+
+
+def _within_limits(s: Solver, values: dict[str, int]) -> bool:
+    """PR216 for numbers no Pod system reaches: they would only make planning slow."""
+    fine = True
+    for name, limit in constraint.LIMITS.items():
+        given = getattr(s.spec, name, None)
+        if given is not None and given.value > limit:
+            fine = False
+            s.fail("PR216", "number too large", detail=f"{given.value} {constraint.NOUNS[name]} is more than "
+                   f"poprun plans for (at most {limit})", span=given.origin, hint=f"use at most {limit}")
+    return fine and values["instances"] <= constraint.LIMITS["instances"]
 
 
 def _least_ilds(values: Mapping[str, int]) -> tuple[int, int]:
