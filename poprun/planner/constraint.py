@@ -117,9 +117,10 @@ def alternatives(values: Values, rule: Constraint, *, free: tuple[str, ...],
         if name not in free:
             continue
         current = values[name]
-        below = next((c for c in range(current - 1, max(current - _SEARCH, 0), -1)
+        reach = min(_SEARCH, current * 4 + 64)
+        below = next((c for c in range(current - 1, max(current - reach, 0), -1)
                       if feasible(adjust({**values, name: c}))), None)
-        above = next((c for c in range(current + 1, current + _SEARCH) if feasible(adjust({**values, name: c}))),
+        above = next((c for c in range(current + 1, current + reach) if feasible(adjust({**values, name: c}))),
                      None)
         picks = tuple(c for c in (below, above) if c is not None)
         if picks:

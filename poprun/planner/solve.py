@@ -10,6 +10,7 @@ The solver fills in every value the user left open, checks the rules of
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import attrs
@@ -155,7 +156,9 @@ def _within_limits(s: Solver, values: dict[str, int]) -> bool:
 def _least_ilds(values: Mapping[str, int]) -> tuple[int, int]:
     """Return the fewest ILDs that hold the IPUs and divide the instances, and the fewest that hold them."""
     least = max(-(-values["replicas"] * values["ipus_per_replica"] // values["ild_size"]), 1)
-    fits = [d for d in range(least, values["instances"] + 1) if values["instances"] % d == 0]
+    instances = values["instances"]
+    small = [d for d in range(1, math.isqrt(instances) + 1) if instances % d == 0]
+    fits = sorted(d for d in {*small, *(instances // d for d in small)} if d >= least)
     return (fits[0] if fits else least), least
 
 
