@@ -12,17 +12,18 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from pathlib import Path
 
 import attrs
 
 from poprun import __version__
-from poprun.core.diagnostic import Diagnostic, DiagnosticError
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.hint import join_or, suggestion_hint
 from poprun.core.span import SourceSpan
 from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
 from poprun.planner.context import Context
-from poprun.planner.spec import Spec
+from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
 from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 
@@ -95,8 +96,43 @@ def _hosts(s: Solver) -> tuple[tuple[str, ...], bool]:
                    hint="name at least one host, e.g. --host pod1,pod2")
             return ("localhost",), False
         return s.decide("hosts", spec.hosts.value, spec.hosts.origin, "as given"), True
+    if spec.host_file is not None:
+        hosts = _read_host_file(s, spec.host_file)
+        if hosts:
+            return s.decide("hosts", hosts, spec.host_file.origin, f"read from {spec.host_file.value}"), True
+        return ("localhost",), False
     s.decide("hosts", ("localhost",), SourceSpan.default("hosts"), "no hosts given: every instance runs on this host")
     return ("localhost",), False
+
+
+def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:
+    """Return the hosts of a host file: one host or host range per line; blank lines and # comments skipped."""
+    from poprun.core.hostlist import HostlistError, expand
+
+    path = Path(s.ctx.cwd) / given.value
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        s.fail("PR113", f"cannot read '{given.value}'", detail=getattr(exc, "strerror", None) or str(exc),
+               span=given.origin, hint="check the host file's path and permissions")
+        return ()
+    hosts: list[str] = []
+    for number, line in enumerate(text.split("\n"), start=1):
+        entry = line.split("#", 1)[0].strip()
+        if not entry:
+            continue
+        try:
+            hosts.extend(h for h in expand(entry) if h not in hosts)
+        except HostlistError as exc:
+            column = line.index(entry) + exc.position + 1
+            s.diags.add(error("PR103", exc.message, detail=f"in host file '{given.value}'", hint=exc.hint,
+                              span=SourceSpan(file=str(path), key_path=f"line {number}", line=number, column=column,
+                                              end_line=number, end_column=column + exc.length),
+                              source_line=line))
+    if not hosts and not s.diags.has_errors:
+        s.fail("PR215", "empty host list", detail=f"the host file '{given.value}' names no host", span=given.origin,
+               hint="write one host (or host range such as pod[1-4]) per line")
+    return tuple(hosts)
 
 
 def _target(s: Solver) -> Target | None:

@@ -301,3 +301,26 @@ def test_every_value_has_a_source_and_a_reason():
     assert all(d.source and d.reason for d in plan.explanation)
     assert {"num_replicas", "num_instances", "num_ilds", "hosts", "backend", "executable_cache"} <= {
         d.key for d in plan.explanation}
+
+
+def test_host_file_gives_the_hosts(tmp_path):
+    """A host file lists one host or range per line; comments and blank lines are skipped."""
+    (tmp_path / "hosts.txt").write_text("# the pod\npod[1-2]\n\npod3  # spare\npod1\n", encoding="utf-8")
+    plan = plan_of("--host-file=hosts.txt", "--num-replicas=3", ctx=Context(cwd=str(tmp_path))).plan
+
+    assert ("pod1", "pod2", "pod3") == plan.topology.hosts
+    assert 3 == plan.topology.num_instances
+
+
+@pytest.mark.parametrize(("text", "code", "line"), [("pod1\npod[1-\n", "PR103", 2), ("# nothing\n", "PR215", None)])
+def test_host_file_problems(tmp_path, text, code, line):
+    """A bad line in a host file points at that line; an empty host file is PR215."""
+    (tmp_path / "hosts.txt").write_text(text, encoding="utf-8")
+    diag = failure("--host-file=hosts.txt", ctx=Context(cwd=str(tmp_path)))
+
+    assert (code, line) == (diag.code, diag.span.line if code == "PR103" else None)
+
+
+def test_missing_host_file_is_pr113(tmp_path):
+    """A host file that cannot be read is PR113."""
+    assert "PR113" == failure("--host-file=nope.txt", ctx=Context(cwd=str(tmp_path))).code
