@@ -1,0 +1,61 @@
+"""
+The golden tests' harness: run the real CLI on a case folder in a fixed context, compare or update.
+
+A case folder holds ``case.json`` (``{"argv": [...], "env": {...}}``), any files the argv names,
+and ``expected.txt``. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
+"""
+
+import io
+import json
+import os
+from contextlib import redirect_stderr, redirect_stdout
+from pathlib import Path
+
+import attrs
+import pytest
+
+from poprun.cli import commands
+from poprun.cli.main import main
+from poprun.planner.context import Context
+
+FROM_PROCESS = Context.from_process
+UPDATE = os.environ.get("POPRUN_UPDATE_GOLDEN") == "1"
+OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_")
+
+
+def case_dirs(folder: Path) -> list[Path]:
+    """Return the case folders under ``folder``, sorted."""
+    return sorted(p for p in folder.iterdir() if (p / "case.json").is_file())
+
+
+def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
+    """Run the case's argv in its folder, with a fixed context (working directory /home/user/app, not root)."""
+    spec = json.loads((case / "case.json").read_text(encoding="utf-8"))
+    for name in [n for n in os.environ if n.startswith(OWN_PREFIXES)]:
+        monkeypatch.delenv(name)
+    for name, value in spec.get("env", {}).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
+    monkeypatch.chdir(case)
+    fixed = attrs.evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
+                         local_names=("127.0.0.1", "::1", "localhost"))
+    monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
+    before = set(case.iterdir())
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with redirect_stdout(out), redirect_stderr(err):
+            status = main(spec["argv"])
+    finally:
+        for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
+            made.unlink()
+    return status, out.getvalue(), err.getvalue()
+
+
+def assert_golden(case: Path, actual: str) -> None:
+    """Compare ``actual`` with the case's expected text, or rewrite it under POPRUN_UPDATE_GOLDEN=1."""
+    expected_file = case / "expected.txt"
+    if UPDATE:
+        expected_file.write_text(actual, encoding="utf-8")
+    expected = expected_file.read_text(encoding="utf-8") if expected_file.exists() else "(missing)"
+
+    assert expected == actual, f"golden text differs; set POPRUN_UPDATE_GOLDEN=1 to update {expected_file}"
