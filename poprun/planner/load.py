@@ -30,7 +30,7 @@ def read_text(path: str, *, key: str = "SPEC") -> str:
     """
     try:
         return Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+    except (OSError, ValueError) as exc:  # ValueError: undecodable text, or a NUL in the name
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DiagnosticError([error("PR113", f"cannot read '{path}'", detail=reason,
                                      span=SourceSpan(file=path, key_path=key),
