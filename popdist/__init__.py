@@ -1,17 +1,33 @@
 """
 PopDist: what a program launched by poprun reads about its place in the launch.
 
-Standalone: standard library only; never imports ``poprun``. ``popdist.current()`` returns
-a :class:`PopdistConfig`; the historical camelCase functions (``getInstanceIndex`` ...) are
-kept for drop-in compatibility with existing applications.
+Standalone: standard library only; never imports ``poprun``, nor PopTorch, TensorFlow or
+PopART (``popdist.poptorch``, ``popdist.tensorflow`` and ``popdist.popart`` import them on use).
+Cheap to import: sockets come with :func:`init`, ``dataclasses`` with :func:`current`.
+
+- Pythonic: ``current()`` returns a frozen :class:`PopdistConfig`; ``shard_range`` and
+  ``replica_indices`` share items out; ``device_id``; the backend ``init``, ``barrier``,
+  ``execute_on_instances``, ``finalize``.
+- Drop-in: the historical camelCase functions (``getInstanceIndex`` ...) of :mod:`popdist.compat`,
+  also as ``popdist.popdist_core.<name>``. ``docs/popdist.md`` lists every function.
 """
 
-from __future__ import annotations
-
-import os
-
+from popdist import popdist_core  # noqa: F401 - so that `import popdist` gives popdist.popdist_core.<name>
+from popdist._backend import (
+    BackendError,
+    PopdistWarning,
+    backend_name,
+    barrier,
+    execute_on_instances,
+    finalize,
+    init,
+    is_initialized,
+)
+from popdist._device import device_id
+from popdist._shard import replica_indices, shard_range
 from popdist.compat import (
     checkNumIpusPerReplica,
+    finalizeBackend,
     getDeviceId,
     getInstanceIndex,
     getLocalInstanceIndex,
@@ -20,15 +36,32 @@ from popdist.compat import (
     getNumLocalReplicas,
     getNumTotalReplicas,
     getReplicaIndexOffset,
+    initializeBackend,
+    isBackendInitialized,
     isPopdistEnvSet,
     isUniformReplicasPerInstance,
 )
-from popdist.env import PopdistConfig, from_environ
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from popdist.config import PopdistConfig, current, from_environ
+del TYPE_CHECKING
+
+# Names from popdist.config, imported on first use (it needs dataclasses).
+_FROM_CONFIG = frozenset({"PopdistConfig", "current", "from_environ"})
 
 __all__ = [
+    "BackendError",
     "PopdistConfig",
+    "PopdistWarning",
+    "backend_name",
+    "barrier",
     "checkNumIpusPerReplica",
     "current",
+    "device_id",
+    "execute_on_instances",
+    "finalize",
+    "finalizeBackend",
     "from_environ",
     "getDeviceId",
     "getInstanceIndex",
@@ -38,11 +71,28 @@ __all__ = [
     "getNumLocalReplicas",
     "getNumTotalReplicas",
     "getReplicaIndexOffset",
+    "init",
+    "initializeBackend",
+    "isBackendInitialized",
     "isPopdistEnvSet",
     "isUniformReplicasPerInstance",
+    "is_initialized",
+    "replica_indices",
+    "shard_range",
 ]
 
 
-def current() -> PopdistConfig:
-    """Return this process's configuration, read from its environment now."""
-    return from_environ(os.environ)
+def __getattr__(name: str) -> object:
+    """Return ``PopdistConfig``, ``current`` or ``from_environ``, importing :mod:`popdist.config` once."""
+    if name not in _FROM_CONFIG:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from popdist import config
+
+    value = getattr(config, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    """Return the module's names, the lazily imported ones included."""
+    return sorted(set(globals()) | _FROM_CONFIG)

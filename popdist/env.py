@@ -2,13 +2,21 @@
 The environment contract between the launcher (which writes it) and applications (which read it).
 
 Standalone: standard library only; never imports ``poprun``. The launcher imports the
-names from here, so they live in one place.
+names from here, so they live in one place; the readers below are how popdist reads them,
+each with the documented default of the PopDist API when its variable is unset. This
+module is imported by ``import popdist``, so it stays light: no ``dataclasses``, no
+``typing`` at run time (:class:`popdist.config.PopdistConfig` is built from these readers).
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Mapping
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    # Re-exported for type checkers: at run time, __getattr__ below imports them on use.
+    from popdist.config import PopdistConfig as PopdistConfig  # noqa: PLC0414
+    from popdist.config import from_environ as from_environ  # noqa: PLC0414
 
 # Set by real poprun for every instance (names and formats as it wrote them).
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
@@ -48,8 +56,17 @@ TORCH_MASTER_PORT = "MASTER_PORT"
 # Variables that real poprun always forwarded from the launching shell.
 ALWAYS_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
 
+# Set by a real MPI launcher (OpenMPI's PMIx, MPICH's PMI), never by poprun's own backends, which
+# set the OMPI_COMM_WORLD_* variables for compatibility without starting an MPI runtime.
+MPI_RUNTIME_MARKERS = ("PMIX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_NODE_RANK")
 
-def _int(env: Mapping[str, str], name: str, default: int) -> int:
+# The defaults when nothing is set: torchrun's, for a launch on one machine.
+DEFAULT_MASTER_ADDR = "localhost"
+DEFAULT_MASTER_PORT = 29500
+
+
+def integer(env: Mapping[str, str], name: str, default: int) -> int:
+    """Return variable ``name`` as an integer, or ``default`` when it is unset or not a number."""
     raw = env.get(name, "").strip()
     try:
         return int(raw)
@@ -57,56 +74,73 @@ def _int(env: Mapping[str, str], name: str, default: int) -> int:
         return default
 
 
-@dataclasses.dataclass(frozen=True, kw_only=True)
-class PopdistConfig:
+def is_set(env: Mapping[str, str]) -> bool:
+    """Return whether the process was launched by poprun (its total replica count is set)."""
+    return NUM_TOTAL_REPLICAS in env
+
+
+def num_total_replicas(env: Mapping[str, str]) -> int:
+    """Return the total number of replicas (1 when unset)."""
+    return max(integer(env, NUM_TOTAL_REPLICAS, 1), 1)
+
+
+def num_local_replicas(env: Mapping[str, str]) -> int:
+    """Return the number of replicas this instance controls (1 when unset)."""
+    return max(integer(env, NUM_LOCAL_REPLICAS, 1), 1)
+
+
+def num_ipus_per_replica(env: Mapping[str, str]) -> int:
+    """Return the number of IPUs per replica (1 when unset)."""
+    return max(integer(env, NUM_IPUS_PER_REPLICA, 1), 1)
+
+
+def replica_index_offset(env: Mapping[str, str]) -> int:
+    """Return the global index of this instance's first replica (0 when unset)."""
+    return max(integer(env, REPLICA_INDEX_OFFSET, 0), 0)
+
+
+def local_instance_index(env: Mapping[str, str]) -> int:
+    """Return this instance's index among the instances of its host (0 when unset)."""
+    return max(integer(env, LOCAL_INSTANCE_INDEX, 0), 0)
+
+
+def instance_index(env: Mapping[str, str]) -> int:
     """
-    One instance's view of the launch, as read from its environment.
+    Return this instance's index (0 when unset).
 
-    Every field has the documented default of the PopDist API when its variable is unset,
-    so a program started without the launcher reads a single-instance, single-replica run.
+    ``POPDIST_INSTANCE_INDEX`` first, then MPI's rank (real poprun left the index to MPI),
+    then the replica arithmetic third-party readers used: offset // local replicas.
     """
-
-    is_set: bool
-    num_total_replicas: int
-    num_ipus_per_replica: int
-    num_local_replicas: int
-    uniform_replicas_per_instance: bool
-    replica_index_offset: int
-    local_instance_index: int
-    instance_index: int
-    num_instances: int
-    executable_cache_path: str | None
-    autoreport_directory: str | None
-    vipu_partition: str | None
-    vipu_server: str | None
-    gcd_id: int | None
+    derived = replica_index_offset(env) // num_local_replicas(env)
+    return integer(env, INSTANCE_INDEX, integer(env, OMPI_RANK, derived))
 
 
-def from_environ(env: Mapping[str, str]) -> PopdistConfig:
-    """Return the configuration the launcher gave to a process with environment ``env``."""
-    total = max(_int(env, NUM_TOTAL_REPLICAS, 1), 1)
-    local = max(_int(env, NUM_LOCAL_REPLICAS, 1), 1)
-    offset = _int(env, REPLICA_INDEX_OFFSET, 0)
-    # Fall back on MPI's rank and on the replica arithmetic third-party readers used.
-    index = _int(env, INSTANCE_INDEX, _int(env, OMPI_RANK, offset // local))
-    count = _int(env, NUM_INSTANCES, _int(env, OMPI_SIZE, max(total // local, 1)))
-    server = env.get(VIPU_API_HOST)
-    if server and env.get(VIPU_API_PORT):
-        server = f"{server}:{env[VIPU_API_PORT]}"
-    gcd = env.get(VIPU_API_GCD_ID)
-    return PopdistConfig(
-        is_set=NUM_TOTAL_REPLICAS in env,
-        num_total_replicas=total,
-        num_ipus_per_replica=max(_int(env, NUM_IPUS_PER_REPLICA, 1), 1),
-        num_local_replicas=local,
-        uniform_replicas_per_instance=env.get(UNIFORM_REPLICAS_PER_INSTANCE, "1") != "0",
-        replica_index_offset=offset,
-        local_instance_index=_int(env, LOCAL_INSTANCE_INDEX, 0),
-        instance_index=index,
-        num_instances=count,
-        executable_cache_path=env.get(EXECUTABLE_CACHE_PATH) or None,
-        autoreport_directory=env.get(AUTOREPORT_DIRECTORY) or None,
-        vipu_partition=env.get(VIPU_API_PARTITION_ID) or None,
-        vipu_server=server or None,
-        gcd_id=int(gcd) if gcd and gcd.strip().isdigit() else None,
-    )
+def num_instances(env: Mapping[str, str]) -> int:
+    """Return the number of instances (1 when unset), found as :func:`instance_index` is."""
+    derived = max(num_total_replicas(env) // num_local_replicas(env), 1)
+    return max(integer(env, NUM_INSTANCES, integer(env, OMPI_SIZE, derived)), 1)
+
+
+def uniform_replicas_per_instance(env: Mapping[str, str]) -> bool:
+    """Return whether every instance controls the same number of replicas (True when unset)."""
+    return env.get(UNIFORM_REPLICAS_PER_INSTANCE, "1").strip() != "0"
+
+
+def master_address(env: Mapping[str, str]) -> tuple[str, int]:
+    """Return ``(MASTER_ADDR, MASTER_PORT)``: where instance 0 can be reached (torchrun's defaults)."""
+    host = env.get(TORCH_MASTER_ADDR, "").strip() or DEFAULT_MASTER_ADDR
+    return host, integer(env, TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
+
+
+def launched_by_mpi(env: Mapping[str, str]) -> bool:
+    """Return whether a real MPI launcher (mpirun, mpiexec) started this process."""
+    return any(name in env for name in MPI_RUNTIME_MARKERS)
+
+
+def __getattr__(name: str) -> object:
+    """Return ``PopdistConfig`` or ``from_environ``, which moved to :mod:`popdist.config` (imported on use)."""
+    if name in {"PopdistConfig", "from_environ"}:
+        from popdist import config
+
+        return getattr(config, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

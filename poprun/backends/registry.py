@@ -1,22 +1,43 @@
 """
 The backend registry: a backend name to a factory that imports its module lazily.
 
-Layer: ``poprun.backends``; imports ``poprun.core`` and :mod:`poprun.backends.base`. A
-registry is an object passed in (:func:`default_registry` builds the built-in one), never a
-global cache, so tests can make their own.
+Layer: ``poprun.backends``; imports ``poprun.core`` and :mod:`poprun.backends.base`, never a
+backend module at import time (a built-in factory imports its module when called) and never
+the spec or the solver. A registry is an object passed in; :func:`default_registry` builds a
+new one on every call, never a global cache, so tests can make their own.
+
+Built-ins are listed here. Third parties add backends through the entry-point group
+``poprun.backends`` (``mybackend = "pkg.mod:MyBackend"``, a class or function that returns a
+backend when called with no argument), as submitit does. A plugin that fails to import becomes
+a PR401 warning and the rest works; a name declared twice is refused with PR402 when it is
+asked for; ``POPRUN_NO_PLUGINS=1`` skips discovery, like ``HYPOTHESIS_NO_PLUGINS``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, cast
+
+import attrs
 
 from poprun.backends.base import Backend
-from poprun.core.hint import suggestion_hint
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
+from poprun.core.hint import did_you_mean
+from poprun.core.span import SourceSpan
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 Factory = Callable[[], Backend]
 
-# Names that belong to backends of the design that this version does not ship yet.
+GROUP = "poprun.backends"
+NO_PLUGINS = "POPRUN_NO_PLUGINS"
+BUILT_IN = "built in to poprun"
+# Names that belong to backends of the design that this version does not ship yet. A plugin
+# may provide one of them; without a plugin, asking for one is PR404.
 PLANNED = ("mpirun", "slurm", "ssh")
+_NO = ("", "0", "no", "false", "off")
 
 
 def _local() -> Backend:
@@ -31,48 +52,206 @@ def _offline() -> Backend:
     return OfflineBackend()
 
 
+@attrs.frozen(kw_only=True)
+class _Source:
+    """Where a name comes from: its factory, and words for messages (``built in to poprun``)."""
+
+    factory: Factory | None  # None for a plugin that failed to load
+    origin: str
+    distribution: str | None = None
+
+
+class UnknownBackendError(DiagnosticError, KeyError):
+    """
+    The registry cannot give the backend asked for (PR400, PR402 or PR404).
+
+    A :class:`DiagnosticError` holding one diagnostic, and a :class:`KeyError` (for callers
+    that catch that) whose one argument, like ``str()``, is a one-line message.
+    """
+
+    def __init__(self, diagnostic: Diagnostic, message: str) -> None:
+        super().__init__([diagnostic])
+        self.message = message
+        self.args = (message,)
+
+    def __str__(self) -> str:
+        return self.message
+
+
 class BackendRegistry:
     """Backends by name. A name registered twice must be registered with the same factory."""
 
     def __init__(self, factories: Mapping[str, Factory] | None = None) -> None:
-        self._factories: dict[str, Factory] = dict(factories or {})
+        self._sources: dict[str, _Source] = {}
+        self._clashes: dict[str, Diagnostic] = {}
+        self._broken: list[Diagnostic] = []
+        for name, factory in (factories or {}).items():
+            self.register(name, factory)
 
-    def register(self, name: str, factory: Factory) -> None:
+    def register(self, name: str, factory: Factory, *, origin: str = "registered in code") -> None:
         """
         Register ``factory`` under ``name``.
 
         Raises:
-            ValueError: when a different factory already has that name.
+            ValueError: when a different factory already has that name (a programmer error).
         """
-        known = self._factories.get(name)
-        if known is not None and known is not factory:
-            msg = f"backend '{name}' is already registered with another factory"
+        known = self._sources.get(name)
+        if known is not None and known.factory is not factory:
+            msg = f"backend '{name}' is already registered with another factory ({known.origin})"
             raise ValueError(msg)
-        self._factories[name] = factory
+        self._sources[name] = _Source(factory=factory, origin=origin)
+
+    def add_plugin(self, entry_point: EntryPoint) -> None:
+        """
+        Add the backend that ``entry_point`` declares, importing its module now.
+
+        Diagnostics:
+            PR401 (kept in :attr:`warnings`) when it fails to load; PR402 (raised by :meth:`get`
+            for that name) when the name is already taken.
+        """
+        source = _plugin_source(entry_point)
+        known = self._sources.get(entry_point.name)
+        if known is not None:
+            self._clashes.setdefault(entry_point.name, _clash(entry_point.name, known, source))
+            return
+        try:
+            loaded = entry_point.load()
+            if not callable(loaded):
+                msg = f"{entry_point.value} is a {type(loaded).__name__}, not a class or function"
+                raise TypeError(msg)  # noqa: TRY301 - reported like an import error
+        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop poprun
+            self._broken.append(_broken(entry_point, source, exc))
+            self._sources[entry_point.name] = source
+            return
+        self._sources[entry_point.name] = attrs.evolve(source, factory=cast("Factory", loaded))
+
+    @property
+    def warnings(self) -> tuple[Diagnostic, ...]:
+        """The PR401 warnings of plugins that failed to load, in the order they were found."""
+        return tuple(self._broken)
 
     def names(self) -> tuple[str, ...]:
-        """Return the registered names, sorted."""
-        return tuple(sorted(self._factories))
+        """Return the names of the backends that can be created, sorted."""
+        return tuple(sorted(n for n, s in self._sources.items() if s.factory is not None and n not in self._clashes))
 
-    def get(self, name: str) -> Backend:
+    def factory(self, name: str, *, span: SourceSpan | None = None) -> Factory:
+        """
+        Return the factory of backend ``name``, without calling it.
+
+        ``span`` is where the caller found the name (``$.backend.name`` of a plan file); it
+        places the PR400 and PR404 diagnostics (default: the entry-point group).
+
+        Raises:
+            UnknownBackendError: PR402 for a name declared twice, PR404 for a planned backend
+                of a later version, PR400 for any other name without a working factory.
+        """
+        if name in self._clashes:
+            clash = self._clashes[name]
+            raise UnknownBackendError(clash, clash.summary)
+        source = self._sources.get(name)
+        if source is not None and source.factory is not None:
+            return source.factory
+        if source is None and name in PLANNED:
+            diagnostic = _planned(name, self.names(), span=span or _span(name))
+            raise UnknownBackendError(diagnostic, diagnostic.summary)
+        diagnostic = _unknown(name, self.names(), broken=source, span=span or _span(name))
+        raise UnknownBackendError(diagnostic, f"{diagnostic.summary}: {diagnostic.hint}")
+
+    def get(self, name: str, *, span: SourceSpan | None = None) -> Backend:
         """
         Return a new backend of the given name.
 
         Raises:
-            KeyError: for a name that is not registered; its one argument is a one-line
-                message with a did-you-mean (PR401 once that code is registered).
+            UnknownBackendError: as :meth:`factory` does.
         """
-        factory = self._factories.get(name)
-        if factory is not None:
-            return factory()
-        if name in PLANNED:
-            msg = f"backend '{name}' is not available in this version"
-        else:
-            hint = suggestion_hint(name, self.names(), noun="backend")
-            msg = f"unknown backend '{name}': {hint}"
-        raise KeyError(msg)
+        return self.factory(name, span=span)()
 
 
-def default_registry() -> BackendRegistry:
-    """Return a registry of the built-in backends (``local``, ``offline``)."""
-    return BackendRegistry({"local": _local, "offline": _offline})
+def default_registry(*, environ: Mapping[str, str] | None = None,
+                     entry_points: Iterable[EntryPoint] | None = None) -> BackendRegistry:
+    """
+    Return a new registry of the built-ins (``local``, ``offline``) and the installed plugins.
+
+    Plugins come from ``entry_points`` (default: the group ``poprun.backends`` of the installed
+    distributions), unless ``POPRUN_NO_PLUGINS`` is set in ``environ`` (default: this process's).
+    """
+    registry = BackendRegistry()
+    registry.register("local", _local, origin=BUILT_IN)
+    registry.register("offline", _offline, origin=BUILT_IN)
+    if _plugins_disabled(os.environ if environ is None else environ):
+        return registry
+    if entry_points is None:
+        from importlib.metadata import entry_points as installed
+
+        entry_points = installed(group=GROUP)
+    for entry_point in sorted(entry_points, key=lambda e: (e.name, e.value, _distribution(e) or "")):
+        registry.add_plugin(entry_point)
+    return registry
+
+
+def _plugins_disabled(environ: Mapping[str, str]) -> bool:
+    """Return whether ``POPRUN_NO_PLUGINS`` is set to anything but empty, 0, no, false or off."""
+    return environ.get(NO_PLUGINS, "").strip().lower() not in _NO
+
+
+def _distribution(entry_point: EntryPoint) -> str | None:
+    """Return ``name version`` of the distribution that declares ``entry_point``, or None."""
+    dist = getattr(entry_point, "dist", None)
+    return None if dist is None else f"{dist.name} {dist.version}"
+
+
+def _plugin_source(entry_point: EntryPoint) -> _Source:
+    dist = getattr(entry_point, "dist", None)
+    where = f"distribution '{_distribution(entry_point)}'" if dist is not None else "an unknown distribution"
+    return _Source(factory=None, origin=f"declared by {where} ({entry_point.value})",
+                   distribution=None if dist is None else str(dist.name))
+
+
+def _span(name: str) -> SourceSpan:
+    return SourceSpan.environment(f"entry point {GROUP}:{name}")
+
+
+def _broken(entry_point: EntryPoint, source: _Source, exc: Exception) -> Diagnostic:
+    """Return the PR401 warning of a plugin that failed to load."""
+    who = f"'{source.distribution}'" if source.distribution else "the plugin"
+    return warning("PR401", f"backend plugin '{entry_point.name}' failed to load",
+                   detail=f"'{entry_point.name}' is {source.origin}; loading it raised "
+                          f"{type(exc).__name__}: {exc}",
+                   span=_span(entry_point.name),
+                   hint=f"reinstall or fix {who}, or set {NO_PLUGINS}=1 to skip plugins; "
+                        "the other backends still work")
+
+
+def _clash(name: str, first: _Source, second: _Source) -> Diagnostic:
+    """Return the PR402 error of a backend name declared twice."""
+    dists = [f"'{s.distribution}'" for s in (first, second) if s.distribution]
+    remove = f"uninstall {' or '.join(dists)}" if dists else "remove one of them"
+    return error("PR402", f"backend '{name}' is declared twice",
+                 detail=f"'{name}' is {first.origin} and also {second.origin}",
+                 span=_span(name),
+                 hint=f"{remove}, or set {NO_PLUGINS}=1 to use only the built-in backends")
+
+
+def _choices(names: tuple[str, ...]) -> str:
+    return ", ".join(f"'{n}'" for n in names) if names else "none"
+
+
+def _unknown(name: str, names: tuple[str, ...], *, broken: _Source | None, span: SourceSpan) -> Diagnostic:
+    """Return the PR400 error of a name without a working backend."""
+    if broken is not None:
+        detail = f"'{name}' is {broken.origin}, which failed to load (see PR401)"
+    else:
+        detail = f"no backend named '{name}' is built in to poprun or installed as a plugin"
+    guess = did_you_mean(name, names)
+    hint = (f"did you mean '{guess}'? " if guess else "") + f"known backends: {_choices(names)}"
+    return error("PR400", f"unknown backend '{name}'", detail=detail, span=span, hint=hint)
+
+
+def _planned(name: str, names: tuple[str, ...], *, span: SourceSpan) -> Diagnostic:
+    """Return the PR404 error of a backend the design plans for a later version."""
+    return error("PR404", f"backend '{name}' is not available in this version",
+                 detail=f"the {name} backend is planned for a later version of poprun; "
+                        f"this one has {_choices(names)}",
+                 span=span,
+                 hint="use --offline-mode=yes to run every instance of the plan on this machine, "
+                      f"or install a plugin that provides '{name}'")

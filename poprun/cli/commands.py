@@ -138,10 +138,7 @@ def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process()
     if args and args[0].endswith(".json"):
-        from poprun.planner.load import read_text
-        from poprun.planner.serde import from_json
-
-        return _run(from_json(read_text(args[0], key="PLAN"), file=args[0]))
+        return _apply_saved(args[0], args[1:], ctx)
     if args and args[0].endswith(SPEC_SUFFIXES) and not Path(args[0]).is_file():
         load_spec(args[0])  # PR113, naming the file
     command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
@@ -149,6 +146,36 @@ def apply(args: list[str]) -> int:
     if command.help:
         return _help()
     return _run(_solve(spec, ctx, require_program=True).plan)
+
+
+def _apply_saved(path: str, rest: list[str], ctx: Context) -> int:
+    """
+    Run the plan saved in ``path`` exactly, once its inputs are checked (design.md section 3).
+
+    Diagnostics:
+        PR113 (unreadable), PR114 (not a plan of this format version), PR101 (words after
+        the plan), PR403 (stale plan: every input that changed, together).
+    """
+    from poprun.planner.load import read_text
+    from poprun.planner.serde import from_json
+    from poprun.planner.stale import validate_plan_inputs
+
+    plan = from_json(read_text(path, key="PLAN"), file=path)
+    _reject_words_after_plan(rest)
+    stale = validate_plan_inputs(plan, ctx, file=path)
+    if stale:
+        raise DiagnosticError(stale)
+    return _run(plan, backend_span=SourceSpan(file=path, key_path="$.backend.name"))
+
+
+def _reject_words_after_plan(rest: list[str]) -> None:
+    if rest:
+        raise DiagnosticError([error("PR101", f"'{rest[0]}' after a saved plan",
+                                     detail="a saved plan runs exactly as planned: 'poprun apply PLAN.json' "
+                                            "takes no options and no program",
+                                     span=SourceSpan.flag(rest[0]),
+                                     hint="make the plan again with the change: "
+                                          "'poprun plan --format json -o FILE [options] PROGRAM ...'")])
 
 
 def render(_args: list[str]) -> int:
@@ -175,10 +202,24 @@ def classic(args: list[str]) -> int:
     return _run(solution.plan)
 
 
-def _run(plan: LaunchPlan) -> int:
+def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None) -> int:
+    """
+    Run ``plan`` with its backend from a new registry; return poprun's exit status.
+
+    Plugins that failed to load are warned about (PR401); a backend that cannot be had exits
+    125 with its diagnostic (PR400, PR402, PR404), placed at ``backend_span`` when given.
+    """
+    from poprun.backends.registry import default_registry
     from poprun.cli.run import run_plan
 
-    return run_plan(plan)
+    registry = default_registry()
+    _warn(registry.warnings)
+    try:
+        registry.factory(plan.backend.name, span=backend_span)
+    except DiagnosticError as exc:
+        _warn(exc.diagnostics)
+        return exitcode.LAUNCH
+    return run_plan(plan, registry=registry)
 
 
 def _help() -> int:

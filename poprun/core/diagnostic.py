@@ -56,6 +56,11 @@ CODES: dict[str, str] = {
     "PR303": "IPU-Link domain over capacity",
     "PR304": "one instance with one replica",
     "PR305": "more IPUs than the target has",
+    "PR400": "unknown backend",
+    "PR401": "backend plugin failed to load",
+    "PR402": "backend declared twice",
+    "PR403": "stale plan",
+    "PR404": "backend not available in this version",
 }
 
 

@@ -76,7 +76,7 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
     Return the plan in ``text``.
 
     Diagnostics:
-        PR114 when the text is not a plan of this format version.
+        PR114 when the text is not a plan of this format version (the detail names both versions).
     """
     try:
         data = json.loads(text)
@@ -84,14 +84,23 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
         raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
     if not isinstance(data, dict):
         raise _invalid(file, "$", "a plan is a JSON object")
-    version = data.get("format_version")
-    if version != p.FORMAT_VERSION:
-        raise _invalid(file, "$.format_version", f"format version {version!r}; this poprun reads {p.FORMAT_VERSION}")
+    if data.get("format_version") != p.FORMAT_VERSION:
+        raise _invalid(file, "$.format_version", _version_detail(data))
     try:
         return converter().structure(data, p.LaunchPlan)
     except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
         detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
         raise _invalid(file, "$", detail) from exc
+
+
+def _version_detail(data: dict[str, Any]) -> str:
+    """Return what is wrong with the format version: missing, or which one against which."""
+    if "format_version" not in data:
+        return "no format_version: not a plan written by 'poprun plan --format json'"
+    by = data.get("poprun_version")
+    written = f", written by poprun {by}" if isinstance(by, str) else ""
+    return (f"the plan has format version {data['format_version']!r}{written}; "
+            f"this poprun reads format version {p.FORMAT_VERSION}")
 
 
 def _invalid(file: str, path: str, detail: str, *, line: int | None = None, column: int | None = None) -> DiagnosticError:

@@ -1,8 +1,9 @@
 """
 The golden tests' harness: run the real CLI on a case folder in a fixed context, compare or update.
 
-A case folder holds ``case.json`` (``{"argv": [...], "env": {...}}``), any files the argv names,
-and ``expected.txt``. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
+A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...]}``), any files
+the argv names, and ``expected.txt``. ``sys_path`` names folders of the case put on ``sys.path``
+for the run (a fake distribution whose entry points declare a backend plugin). ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
 """
 
 import io
@@ -35,6 +36,8 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         monkeypatch.delenv(name)
     for name, value in spec.get("env", {}).items():
         monkeypatch.setenv(name, value)
+    for folder in spec.get("sys_path", []):
+        monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
     fixed = attrs.evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
