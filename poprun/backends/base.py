@@ -5,14 +5,16 @@ Layer: ``poprun.backends``; imports ``poprun.planner.plan`` and attrs; never the
 
 A :class:`Backend` starts every instance of a plan and returns a :class:`Launch` at once;
 :meth:`Launch.wait` returns an :class:`ApplyResult`. Instance output reaches the user through
-an :class:`OutputSink` that the caller owns, so that backends never print.
+an :class:`OutputSink` that the caller owns, so that backends never print. A sink that is also
+an :class:`EventSink` hears when each instance starts and ends (for logs and progress); a
+backend must not require one.
 """
 
 from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from typing import ClassVar, Literal, Protocol
+from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
 
@@ -52,6 +54,45 @@ class OutputSink(Protocol):
 
 
 @attrs.frozen(kw_only=True)
+class InstanceStarted:
+    """Instance ``index`` runs as process ``pid`` (on its host)."""
+
+    index: int
+    pid: int
+
+
+@attrs.frozen(kw_only=True)
+class InstanceEnded:
+    """
+    Instance ``index`` (process ``pid``) ended: ``exit_code``, or killed by ``signal``.
+
+    ``stopped`` as in :class:`InstanceFailure`: poprun was already stopping the launch.
+    """
+
+    index: int
+    pid: int
+    exit_code: int | None = None
+    signal: int | None = None
+    stopped: bool = False
+
+    @property
+    def status(self) -> int:
+        """Return the exit code, or 128+N for signal N."""
+        return 128 + self.signal if self.signal is not None else self.exit_code or 0
+
+
+Event = InstanceStarted | InstanceEnded
+
+
+@runtime_checkable
+class EventSink(OutputSink, Protocol):
+    """An output sink that also hears of instances starting and ending, from the same thread as ``write``."""
+
+    def event(self, event: Event) -> None:
+        """Take note of ``event``; must return quickly (it is called between writes of output)."""
+
+
+@attrs.frozen(kw_only=True)
 class InstanceFailure:
     """
     One instance that ended badly.
@@ -68,6 +109,7 @@ class InstanceFailure:
     signal: int | None = None
     stopped: bool = False
     tail: tuple[str, ...] = ()
+    pid: int | None = None  # None when the backend does not know it (a remote or simulated instance)
 
     @property
     def status(self) -> int:
@@ -122,14 +164,15 @@ class Launch(Protocol):
         Block until every instance has ended and its output is forwarded; return the result.
 
         When an instance fails, the backend stops the others (SIGTERM, then SIGKILL after its
-        grace period) before returning.
+        grace period) before returning. Once it returns, no process of the launch is left.
         """
 
     def terminate(self, grace_s: float) -> None:
         """
         Stop every instance still running: SIGTERM now, SIGKILL after ``grace_s`` seconds.
 
-        Returns at once; :meth:`wait` returns when they have ended. ``grace_s`` 0 kills at once.
+        Returns at once; :meth:`wait` returns when they have ended. ``grace_s`` 0 kills at once;
+        a second call with a grace only keeps the first deadline. After the end it does nothing.
         """
 
 

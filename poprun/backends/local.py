@@ -1,64 +1,44 @@
 """
 The ``local`` backend: every instance of the plan is a child process of poprun.
 
-Layer: ``poprun.backends``; imports ``poprun.planner.plan`` and the backend modules; never
-the spec. Each instance runs with exactly its argv and cwd, and the launching environment
-minus ``env.unset`` plus ``env.set`` (forwarded names are inherited). Each child leads its
-own process group, so teardown reaches what it started, and dies with poprun (Linux
-``PR_SET_PDEATHSIG``) even when poprun is killed with SIGKILL.
+Layer: ``poprun.backends``; imports ``poprun.planner.plan``, ``popdist.env`` (one variable name)
+and the backend modules; never the spec. Linux and other POSIX systems with ``/bin/sh``.
+
+Each instance runs with exactly its argv and cwd, and the launching environment minus
+``env.unset`` plus ``env.set`` (forwarded names are inherited). Instances are started with
+``vfork`` (no ``preexec_fn``, which would force a slower ``fork``), in the process group of the
+launch's :class:`~poprun.backends.watchdog.Watchdog`, so that no process of the launch survives
+poprun, even when poprun is SIGKILLed. :class:`~poprun.backends.supervisor.LocalLaunch` forwards
+their output and stops the others at the first failure.
+
+The plan's temporary executable cache (``cache.mode`` ``temporary`` with ``remove_at_exit``:
+the directory named by ``POPDIST_EXECUTABLE_CACHE_PATH``, made by the caller with the name
+prefix :data:`CACHE_PREFIX`) is removed when the launch ends, and by the watchdog if poprun dies.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
-import ctypes
 import errno
 import os
-import queue
 import shutil
-import signal
 import socket
 import subprocess
-import sys
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, ClassVar
+from typing import ClassVar
 
-from poprun.backends.base import (
-    NOT_EXECUTABLE,
-    NOT_FOUND,
-    ApplyResult,
-    InstanceFailure,
-    LaunchError,
-    OutputSink,
-    Stream,
-)
+from popdist.env import EXECUTABLE_CACHE_PATH
+from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, OutputSink
+from poprun.backends.output import TAIL_LINES, Router
+from poprun.backends.supervisor import LocalLaunch
+from poprun.backends.watchdog import Watchdog, WatchdogError
 from poprun.planner.plan import Instance, LaunchPlan
 
 DEFAULT_GRACE_S = 5.0
-TAIL_LINES = 20  # lines of each instance's output kept for the failure report
-_CHUNK = 1 << 16
-_DRAIN_S = 1.0  # how long output may keep flowing after the last instance ended
-_PR_SET_PDEATHSIG = 1
+CACHE_PREFIX = "poprun-cache-"  # only directories named so are ever removed as a temporary cache
 
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """Return a function for ``preexec_fn`` that makes the child die with poprun (Linux only)."""
-    if not sys.platform.startswith("linux"):
-        return None
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    parent = os.getpid()
-
-    def preexec() -> None:
-        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-        if os.getppid() != parent:  # poprun died before the request took effect
-            os._exit(1)
-
-    return preexec
+__all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "environment",
+           "executable", "temporary_directories"]
 
 
 def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
@@ -94,171 +74,46 @@ def executable(instance: Instance, env: Mapping[str, str]) -> str:
     return str(candidate) if found else name if "/" in name else "./" + name
 
 
-def _start(instance: Instance, env: dict[str, str], program: str,
-           preexec: Callable[[], None] | None) -> subprocess.Popen[bytes]:
+def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:
+    """Return :func:`executable` of every instance, looking each (program, PATH, cwd) up once."""
+    known: dict[tuple[str, str, str], str] = {}
+    programs = []
+    for instance, env in zip(plan.instances, envs, strict=True):
+        key = (instance.argv[0] if instance.argv else "", env.get("PATH", ""), instance.cwd)
+        if key not in known:
+            known[key] = executable(instance, env)
+        programs.append(known[key])
+    return programs
+
+
+def temporary_directories(plan: LaunchPlan) -> tuple[str, ...]:
+    """Return the plan's temporary executable cache directories (to remove at the end), sorted."""
+    if plan.cache.mode != "temporary" or not plan.cache.remove_at_exit:
+        return ()
+    paths = {i.env.get(EXECUTABLE_CACHE_PATH) for i in plan.instances}
+    return tuple(sorted(p for p in paths if p and Path(p).name.startswith(CACHE_PREFIX)))
+
+
+def _start(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
     try:
-        # preexec_fn's hazard with threads is running Python that takes locks in the child;
-        # ours only calls prctl(2) through a ctypes function loaded beforehand, and getppid.
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
             instance.argv, executable=program, cwd=instance.cwd, env=env, stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-            preexec_fn=preexec)  # noqa: PLW1509
-    except OSError as exc:
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=group)
+    except OSError as exc:  # EMFILE, EAGAIN: poprun cannot launch (each instance holds 3 descriptors here)
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
         raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
-                          status=status.get(exc.errno or 0, NOT_EXECUTABLE)) from exc
+                          status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
 
 
-class Output:
-    """
-    Forwards instance output in whole lines, never cut mid-line.
-
-    Every line goes to its instance's tail, to mpirun's ``<dir>/1/rank.<index>/{stdout,stderr}`` with
-    ``output_filename``, and to the sink (tagged ``[1,<index>]<stdout>:`` with ``tag``) unless
-    ``only_from_instance`` names another instance. The sink is written by one thread at a time.
-    """
-
-    def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
-        self._sink, self._lock = sink, threading.Lock()
-        self._tag, self._only = plan.output.tag, plan.output.only_from_instance
-        self._tails = {i.index: collections.deque[str](maxlen=TAIL_LINES) for i in plan.instances}
-        self._files = _open_files(plan.output.output_filename, [i.index for i in plan.instances])
-        self._threads: list[threading.Thread] = []
-
-    def start(self, procs: list[subprocess.Popen[bytes]]) -> None:
-        """Start forwarding the stdout and stderr of each instance (``procs`` in index order)."""
-        self._threads = [threading.Thread(target=self._pump, args=(i, name, getattr(proc, name)), daemon=True)
-                         for i, proc in enumerate(procs) for name in ("stdout", "stderr")]
-        for thread in self._threads:
-            thread.start()
-
-    def _pump(self, index: int, stream: Stream, pipe: IO[bytes]) -> None:
-        buffer = bytearray()
-        while chunk := os.read(pipe.fileno(), _CHUNK):
-            cut = chunk.rfind(b"\n") + 1
-            buffer += chunk[:cut] if cut else chunk
-            if cut:
-                self._emit(index, stream, bytes(buffer))
-                buffer = bytearray(chunk[cut:])
-        if buffer:
-            self._emit(index, stream, bytes(buffer) + b"\n")
-        pipe.close()
-        with contextlib.suppress(KeyError):
-            self._files.pop((index, stream)).close()
-
-    def _emit(self, index: int, stream: Stream, data: bytes) -> None:
-        lines = data.split(b"\n")[:-1]
-        self._tails[index].extend(line.decode(errors="replace") for line in lines[-TAIL_LINES:])
-        file = self._files.get((index, stream))
-        if file is not None:
-            file.write(data)
-        if self._only is not None and self._only != index:
-            return
-        if self._tag:
-            prefix = b"[1,%d]<%s>:" % (index, stream.encode())
-            data = b"".join(prefix + line + b"\n" for line in lines)
-        with self._lock:
-            self._sink.write(stream, data)
-
-    def join(self, timeout_s: float) -> None:
-        """Wait up to ``timeout_s`` in all for every stream to reach its end."""
-        deadline = time.monotonic() + timeout_s
-        for thread in self._threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-
-    def close(self) -> None:
-        """Close the output files of a launch that failed to start (forwarding closes its own)."""
-        for file in self._files.values():
-            file.close()
-
-    def tail(self, index: int) -> tuple[str, ...]:
-        """Return the last lines of instance ``index``'s output."""
-        return tuple(self._tails[index])
-
-
-def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, Stream], IO[bytes]]:
-    files: dict[tuple[int, Stream], IO[bytes]] = {}
-    if directory is None:
-        return files
-    try:
-        for index in indices:
-            folder = Path(directory) / "1" / f"rank.{index}"
-            folder.mkdir(parents=True, exist_ok=True)
-            for stream in ("stdout", "stderr"):
-                files[index, stream] = (folder / stream).open("wb", buffering=0)
-    except OSError as exc:
-        for file in files.values():
-            file.close()
-        raise LaunchError(f"cannot write output files under '{directory}': {exc.strerror}") from exc
-    return files
-
-
-def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
-    with contextlib.suppress(ProcessLookupError, PermissionError):  # the whole group has ended
-        os.killpg(proc.pid, sig)
-
-
-class LocalLaunch:
-    """The running instances of one plan on this machine; see :class:`~poprun.backends.base.Launch`."""
-
-    def __init__(self, plan: LaunchPlan, procs: list[subprocess.Popen[bytes]], output: Output, *,
-                 grace_s: float) -> None:
-        self._plan, self._procs, self._output, self._grace_s = plan, procs, output, grace_s
-        self._ended: queue.SimpleQueue[tuple[int, int, bool]] = queue.SimpleQueue()
-        self._stopping = threading.Event()
-        self._timer: threading.Timer | None = None
-        for index, proc in enumerate(procs):
-            threading.Thread(target=self._watch, args=(index, proc), daemon=True).start()
-
-    def _watch(self, index: int, proc: subprocess.Popen[bytes]) -> None:
-        code = proc.wait()
-        self._ended.put((index, code, self._stopping.is_set()))
-
-    def terminate(self, grace_s: float) -> None:
-        """Send SIGTERM to every running instance's group now, SIGKILL after ``grace_s``."""
-        first = not self._stopping.is_set()
-        self._stopping.set()
-        if grace_s <= 0:
-            self._signal_running(signal.SIGKILL)
-        elif first:
-            self._signal_running(signal.SIGTERM)
-            self._timer = threading.Timer(grace_s, self._signal_running, (signal.SIGKILL,))
-            self._timer.daemon = True
-            self._timer.start()
-
-    def _signal_running(self, sig: int) -> None:
-        for proc in self._procs:
-            if proc.returncode is None:
-                _signal_group(proc, sig)
-
-    def wait(self) -> ApplyResult:
-        """Return once every instance has ended; stop the others at the first failure."""
-        ends: list[tuple[int, int, bool]] = []
-        while len(ends) < len(self._procs):
-            index, code, stopped = self._ended.get()  # signal handlers still run while blocked
-            ends.append((index, code, stopped))
-            if code != 0 and not stopped:
-                self.terminate(self._grace_s)
-        self._finish()
-        return self._result(ends)
-
-    def _finish(self) -> None:
-        """Let output drain, then kill what the instances left behind in their groups."""
-        if self._timer is not None:
-            self._timer.cancel()
-        self._output.join(_DRAIN_S)
-        for proc in self._procs:
-            _signal_group(proc, signal.SIGKILL)
-        self._output.join(_DRAIN_S)
-
-    def _result(self, ends: list[tuple[int, int, bool]]) -> ApplyResult:
-        """Return the result of ``ends`` (index, Popen return code, stopped) in the order seen."""
-        failures = tuple(InstanceFailure(index=i, host=self._plan.instances[i].host, exit_code=max(code, 0) or None,
-                                         signal=-code if code < 0 else None, stopped=stopped, tail=self._output.tail(i))
-                         for i, code, stopped in ends if code != 0)
-        statuses = tuple(code if code >= 0 else 128 - code for _, code, _ in sorted(ends))
-        cause = next((f.index for f in failures if not f.stopped), None)
-        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
+def _abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Router) -> None:
+    """Undo a launch that failed to start: kill what started, close everything."""
+    watchdog.close()
+    for proc in procs:
+        proc.wait()
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    router.close()
 
 
 class LocalBackend:
@@ -281,19 +136,26 @@ class LocalBackend:
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> LocalLaunch:
         """Start every instance of ``plan``; raise :class:`LaunchError` when nothing can start."""
         self.check_hosts(plan)
-        envs = [environment(i, env_source) for i in plan.instances]
-        programs = [executable(i, env) for i, env in zip(plan.instances, envs, strict=True)]
-        output = Output(plan, sink)
-        preexec = _die_with_parent()
+        source = dict(env_source)  # os.environ decodes every item each time it is read
+        envs = [environment(i, source) for i in plan.instances]
+        programs = _programs(plan, envs)
+        router = Router(plan, sink)
+        remove = temporary_directories(plan)
+        try:
+            watchdog = Watchdog(remove=remove, env=source)
+        except WatchdogError as exc:
+            router.close()
+            raise LaunchError(str(exc.strerror)) from exc
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for instance, env, program in zip(plan.instances, envs, programs, strict=True):
-                procs.append(_start(instance, env, program, preexec))
+                procs.append(_start(instance, env, program, watchdog.group))
+            watchdog.await_ready()
+        except WatchdogError as exc:
+            _abandon(watchdog, procs, router)
+            raise LaunchError(str(exc.strerror)) from exc
         except LaunchError:
-            for proc in procs:
-                _signal_group(proc, signal.SIGKILL)
-                proc.wait()
-            output.close()
+            _abandon(watchdog, procs, router)
             raise
-        output.start(procs)
-        return LocalLaunch(plan, procs, output, grace_s=self.grace_s)
+        return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
+                           remove=remove)

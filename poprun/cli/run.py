@@ -1,62 +1,133 @@
 """
 Running a plan: the apply step of the CLI.
 
-Layer: ``poprun.cli``. Picks the plan's backend, makes the temporary executable cache,
-stops the launch on SIGINT/SIGTERM, and prints the failure report. The backend only
-executes the plan; what this module adds to it (the cache path) is added to the plan first.
+Layer: ``poprun.cli``. Picks the plan's backend, makes the temporary executable cache, stops
+the launch on SIGINT/SIGTERM/SIGHUP (a second one kills), shows progress and log lines
+(:mod:`poprun.cli.progress`, :mod:`poprun.cli.log`) and prints the failure report. The
+backend only executes the plan; what this module adds to it (the cache path) is added to the
+plan first. poprun makes itself a child subreaper here, so that descendants of instances that
+leave their process group come back to it and die with the launch
+(:mod:`poprun.backends.watchdog`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import shlex
 import shutil
 import signal
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from types import FrameType
 
 import attrs
 
 from popdist.env import EXECUTABLE_CACHE_PATH
-from poprun.backends.base import ApplyResult, InstanceFailure, Launch, LaunchError, Stream
+from poprun.backends.base import (
+    ApplyResult,
+    Backend,
+    Event,
+    InstanceEnded,
+    InstanceFailure,
+    InstanceStarted,
+    Launch,
+    LaunchError,
+    signal_name,
+)
+from poprun.backends.local import CACHE_PREFIX
 from poprun.backends.registry import BackendRegistry, default_registry
+from poprun.backends.watchdog import become_subreaper
 from poprun.cli import exitcode
+from poprun.cli.log import Log
+from poprun.cli.progress import Console
+from poprun.core.diagnostic import DiagnosticError
+from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when poprun is interrupted
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-class _TerminalSink:
-    """Writes forwarded lines to poprun's own stdout and stderr; a closed pipe drops them."""
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
 
-    def __init__(self) -> None:
-        sys.stdout.flush()
-        sys.stderr.flush()
-        self._closed: set[Stream] = set()
 
-    def write(self, stream: Stream, data: bytes) -> None:
-        if stream in self._closed:
-            return
-        target = (sys.stdout if stream == "stdout" else sys.stderr).buffer
-        try:
-            target.write(data)
-            target.flush()
-        except BrokenPipeError:
-            self._closed.add(stream)
+class _Reporter:
+    """Turns the backend's events and poprun's own steps into log lines and the status line."""
+
+    def __init__(self, plan: LaunchPlan, verbose: Log, console: Console) -> None:
+        self._plan, self.verbose, self._console = plan, verbose, console
+        self._running, self._since = 0, time.monotonic()
+        self._started = False  # until every instance has started, the status line says "starting"
+        self._waited = False
+        self._stopping: str | None = None
+
+    def event(self, event: Event) -> None:
+        """Log an instance starting or ending; update the status line."""
+        instance = self._plan.instances[event.index]
+        if isinstance(event, InstanceStarted):
+            self._running += 1
+            self.verbose.info(f"Instance {event.index} (PID {event.pid}) on {instance.host}: {shlex.join(instance.argv)}")
+            if self._running == len(self._plan.instances):
+                self._waiting()
+        elif isinstance(event, InstanceEnded):
+            self._running -= 1
+            how = f"exit code {event.exit_code}" if event.signal is None else f"signal {signal_name(event.signal)}"
+            self.verbose.info(f"Instance {event.index} (PID {event.pid}) terminated with {how}")
+            if event.status != 0 and not event.stopped:
+                self.stopping(f"instance {event.index} failed")
+        self._show()
+
+    def stopping(self, why: str) -> None:
+        """Note that the launch is being stopped, and why."""
+        if self._stopping is None:
+            self._stopping = why
+            self.verbose.info(f"Stopping every instance: {why}")
+        self._show()
+
+    def starting(self) -> None:
+        """Note that the instances are being started."""
+        self._show()
+
+    def running(self) -> None:
+        """Note that every instance has started."""
+        self._since, self._started = time.monotonic(), True
+        self._waiting()
+        self._show()
+
+    def _waiting(self) -> None:
+        """Log that poprun waits, once: when the last instance started, or when launch() returned."""
+        if not self._waited:
+            self._waited = True
+            self.verbose.info("Waiting for instances")
+
+    def _show(self) -> None:
+        total = len(self._plan.instances)
+        if not self._started:
+            self._console.status(f"starting {_plural(total, 'instance')}")
+        elif self._stopping is not None:
+            self._console.status(f"stopping {_plural(self._running, 'instance')} ({self._stopping})")
+        elif self._running == total:
+            self._console.status(f"running {_plural(total, 'instance')}", since=self._since)
+        else:
+            self._console.status(f"running {self._running} of {_plural(total, 'instance')}", since=self._since)
 
 
 class _Interrupts:
-    """A SIGINT/SIGTERM handler: the first stops the launch gracefully, a second kills it."""
+    """A SIGINT/SIGTERM/SIGHUP handler: the first stops the launch gracefully, a second kills it."""
 
-    def __init__(self) -> None:
+    def __init__(self, reporter: _Reporter) -> None:
         self.signals: list[int] = []
         self.launch: Launch | None = None
+        self._reporter = reporter
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
+        self._reporter.stopping(f"received {signal_name(signum)}")
         if self.launch is not None:
             self.launch.terminate(GRACE_S if len(self.signals) == 1 else 0)
 
@@ -64,17 +135,16 @@ class _Interrupts:
         """Remember ``launch``; stop it at once if a signal came while it was starting."""
         self.launch = launch
         if self.signals:
-            launch.terminate(GRACE_S)
+            launch.terminate(GRACE_S if len(self.signals) == 1 else 0)
 
 
 @contextlib.contextmanager
-def _handling_signals() -> Iterator[_Interrupts]:
-    """Install :class:`_Interrupts` for SIGINT and SIGTERM while running; restore afterwards."""
-    interrupts = _Interrupts()
+def _handling_signals(interrupts: _Interrupts) -> Iterator[_Interrupts]:
+    """Install ``interrupts`` for SIGINT, SIGTERM and SIGHUP while running; restore afterwards."""
     if threading.current_thread() is not threading.main_thread():
         yield interrupts
         return
-    previous = {sig: signal.signal(sig, interrupts) for sig in (signal.SIGINT, signal.SIGTERM)}
+    previous = {sig: signal.signal(sig, interrupts) for sig in _STOP_SIGNALS}
     try:
         yield interrupts
     finally:
@@ -98,7 +168,7 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
     if plan.cache.mode != "temporary":
         yield plan
         return
-    path = tempfile.mkdtemp(prefix="poprun-cache-")
+    path = tempfile.mkdtemp(prefix=CACHE_PREFIX)  # owner-only; the backend removes it too (and its watchdog)
     try:
         yield _with_env(plan, EXECUTABLE_CACHE_PATH, path)
     finally:
@@ -106,38 +176,73 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _log_plan(plan: LaunchPlan, verbose: Log) -> None:
+    verbose.info(f"Running {_plural(len(plan.instances), 'instance')} with the {plan.backend.name} backend")
+    if not verbose.debugging:
+        return
+    cache = plan.instances[0].env.get(EXECUTABLE_CACHE_PATH) if plan.instances else None
+    verbose.debug(f"Executable cache: {cache or 'none'} ({plan.cache.mode})")
+    for instance in plan.instances:
+        values = " ".join(f"{k}={'****' if is_secret(k) else shlex.quote(v)}" for k, v in instance.env.set)
+        verbose.debug(f"Instance {instance.index} environment: {values}; forwarded: "
+                      f"{', '.join(instance.env.forward) or 'none'}; unset: {', '.join(instance.env.unset) or 'none'}")
+
+
 def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
-             env_source: Mapping[str, str] | None = None) -> int:
+             env_source: Mapping[str, str] | None = None, subreaper: bool = True,
+             console: Console | None = None) -> int:
     """
     Run ``plan`` with its backend; return poprun's exit status (design.md section 3).
 
     That is the root-cause instance's status (128+N for signal N), 128+N when poprun was
     stopped by signal N, 125 when the backend is unavailable or cannot launch, and 126/127
-    when the program is not executable / not found.
+    when the program is not executable / not found. With ``subreaper`` (the command line),
+    this process becomes a child subreaper (see the module docstring). ``console`` is one the
+    caller made earlier (to show ``planning`` on the status line); it is closed here.
     """
+    console = console or Console()
     try:
         backend = (registry or default_registry()).get(plan.backend.name)
-    except KeyError as exc:
-        _error(str(exc.args[0]))
+    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both
+        console.close()
+        _error(str(exc.args[0]) if isinstance(exc, KeyError) else str(exc))
         return exitcode.LAUNCH
-    with _executable_cache(plan) as ready, _handling_signals() as interrupts:
-        try:
-            launch = backend.launch(ready, env_source=os.environ if env_source is None else env_source,
-                                    sink=_TerminalSink())
-        except LaunchError as exc:
-            _error(exc.message)
-            return exc.status
-        interrupts.started(launch)
-        try:
-            result = launch.wait()
-        except BaseException:
-            launch.terminate(0)
-            raise
+    if subreaper:
+        become_subreaper()
+    reporter = _Reporter(plan, Log(plan.output.verbosity, console.log), console)
+    console.on_event = reporter.event
+    try:
+        with _executable_cache(plan) as ready, _handling_signals(_Interrupts(reporter)) as interrupts:
+            result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts)
+    finally:
+        console.close()
+    if isinstance(result, int):
+        return result
     if result.root_cause is None and interrupts.signals:
-        _error(f"stopped by {signal.Signals(interrupts.signals[0]).name}")
+        _error(f"stopped by {signal_name(interrupts.signals[0])}")
         return 128 + interrupts.signals[0]
     _report(result)
     return result.status
+
+
+def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | None, *, console: Console,
+           reporter: _Reporter, interrupts: _Interrupts) -> ApplyResult | int:
+    """Launch and wait; return the result, or poprun's status when nothing could start."""
+    _log_plan(plan, reporter.verbose)
+    reporter.starting()
+    try:
+        launch = backend.launch(plan, env_source=os.environ if env_source is None else env_source, sink=console)
+    except LaunchError as exc:
+        console.close()
+        _error(exc.message)
+        return exc.status
+    interrupts.started(launch)
+    reporter.running()
+    try:
+        return launch.wait()
+    except BaseException:
+        launch.terminate(0)
+        raise
 
 
 def _error(message: str) -> None:
@@ -157,15 +262,21 @@ def describe(failure: InstanceFailure) -> str:
 
 
 def render_failures(result: ApplyResult) -> str:
-    """Return the failure report: every failed instance with its output's tail, then the root cause."""
+    """
+    Return the failure report, or "" when nothing failed.
+
+    Every failed instance, root cause first, with its host, PID, how it ended and the tail of its
+    output; then the root cause again, on the last line.
+    """
     if not result.failures:
         return ""
-    count = len(result.failures)
-    lines = [f"poprun: {count} instance{'s' if count > 1 else ''} failed"]
-    for failure in result.failures:
-        lines.append(f"  instance {failure.index} on {failure.host}: {describe(failure)}")
-        lines.extend(f"    | {line}" for line in failure.tail)
     cause = result.failure(result.root_cause)
+    ordered = sorted(result.failures, key=lambda f: f is not cause)  # stable: the rest in the order seen
+    lines = [f"poprun: {_plural(len(ordered), 'instance')} failed"]
+    for failure in ordered:
+        pid = f" (PID {failure.pid})" if failure.pid is not None else ""
+        lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")
+        lines.extend(f"    | {line}" for line in failure.tail)
     if cause is not None:
         lines.append(f"Root cause: instance {cause.index} on {cause.host} {describe(cause)}")
     return "\n".join(lines) + "\n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -37,12 +38,6 @@ def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
                           timeout=30, check=False)
 
 
-def start_poprun(*args: str, cwd: Path) -> subprocess.Popen[str]:
-    """Start the real CLI in a subprocess, stdout piped."""
-    return subprocess.Popen([PY, "-m", "poprun.cli.main", *args], cwd=cwd, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
-
-
 def records(stdout: str) -> list[dict[str, object]]:
     """Return the probe's JSON lines, by instance index."""
     found = [json.loads(line) for line in stdout.splitlines() if line.startswith("{")]
@@ -53,23 +48,6 @@ def plan_of(*argv: str) -> LaunchPlan:
     """Return the plan the CLI makes of ``poprun ARGV`` in this process."""
     ctx = Context.from_process()
     return solve(parse_flags(list(argv), environ=ctx.environ).spec, ctx).plan
-
-
-def alive(pid: int) -> bool:
-    """Return whether ``pid`` is a running process (a zombie counts as gone)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z"
-
-
-def wait_gone(pids: list[int], within_s: float) -> list[int]:
-    """Return the pids still alive after up to ``within_s`` seconds."""
-    deadline = time.monotonic() + within_s
-    while time.monotonic() < deadline and any(alive(p) for p in pids):
-        time.sleep(0.05)
-    return [p for p in pids if alive(p)]
 
 
 @attrs.define
@@ -146,11 +124,12 @@ def test_failing_instance_stops_a_sleeping_sibling_and_is_the_root_cause(tmp_pat
     started = time.monotonic()
     done = poprun("--num-instances", "2", "--num-replicas", "2", PY, "-c", script, cwd=tmp_path)
 
+    report = re.sub(r" \(PID \d+\)", "", done.stderr)
     assert time.monotonic() - started < 10
     assert 3 == done.returncode
-    assert "  instance 1 on localhost: exited with status 3\n    | bye 1\n" in done.stderr
-    assert "instance 0 on localhost: killed by SIGTERM (stopped by poprun)" in done.stderr
-    assert "Root cause: instance 1 on localhost exited with status 3" == done.stderr.splitlines()[-1]
+    assert report.startswith("poprun: 2 instances failed\n  instance 1 on localhost: exited with status 3\n    | bye 1\n")
+    assert "\n  instance 0 on localhost: killed by SIGTERM (stopped by poprun)\n" in report
+    assert "Root cause: instance 1 on localhost exited with status 3" == report.splitlines()[-1]
 
 
 def test_death_by_signal_gives_128_plus_its_number(tmp_path: Path) -> None:
@@ -210,38 +189,6 @@ def test_temporary_executable_cache_exists_during_the_run_and_is_gone_after(tmp_
     assert not Path(paths.pop()).exists()
 
 
-def test_sigkilled_poprun_leaves_no_instance_alive(tmp_path: Path) -> None:
-    """kill -9 of poprun takes its instances with it (PR_SET_PDEATHSIG)."""
-    # GIVEN
-    proc = start_poprun("--num-instances", "2", "--num-replicas", "2", PY, PROBE, "--sleep", "60", cwd=tmp_path)
-    assert proc.stdout is not None
-    pids = [int(str(json.loads(proc.stdout.readline())["pid"])) for _ in range(2)]
-
-    # WHEN
-    proc.kill()
-    proc.wait()
-    proc.stdout.close()
-    assert proc.stderr is not None
-    proc.stderr.close()
-
-    # THEN
-    assert [] == wait_gone(pids, within_s=5)
-
-
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupted_poprun_stops_every_instance_and_exits_128_plus_n(tmp_path: Path, sig: signal.Signals) -> None:
-    """SIGINT or SIGTERM to poprun stops the instances gracefully; poprun exits 128+N."""
-    proc = start_poprun("--num-instances", "2", "--num-replicas", "2", PY, PROBE, "--sleep", "60", cwd=tmp_path)
-    assert proc.stdout is not None
-    pids = [int(str(json.loads(proc.stdout.readline())["pid"])) for _ in range(2)]
-
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=10)
-
-    assert (128 + sig, f"poprun: stopped by {sig.name}\n") == (proc.returncode, err)
-    assert [] == wait_gone(pids, within_s=5)
-
-
 def test_lines_of_concurrent_instances_are_never_cut(tmp_path: Path) -> None:
     """Four instances writing long lines at once: every forwarded line is one instance's whole line."""
     half = "(sys.stdout.write(str(i) * 500), sys.stdout.flush(), time.sleep(0.002))"
@@ -270,7 +217,7 @@ def test_instance_ignoring_sigterm_is_killed_after_the_grace_period() -> None:
     assert (4, 1) == (result.status, result.root_cause)
     assert [(1, 4, None, False), (0, None, signal.SIGKILL, True)] == [
         (f.index, f.exit_code, f.signal, f.stopped) for f in result.failures]
-    assert 2 == len([data for stream, data in sink.written if stream == "stdout"])
+    assert 2 == b"".join(data for stream, data in sink.written if stream == "stdout").count(b"\n")
 
 
 def test_local_backend_refuses_a_host_that_is_not_this_machine() -> None:
@@ -283,7 +230,8 @@ def test_local_backend_refuses_a_host_that_is_not_this_machine() -> None:
     result = OfflineBackend().launch(plan, env_source=os.environ, sink=sink).wait()
 
     assert (125, "host 'pod1' is not this machine") == (info.value.status, info.value.message.split(":")[0])
-    assert (0, [("stdout", b"here\n")] * 2) == (result.status, sink.written)
+    assert (0, {"stdout"}, b"here\nhere\n") == (result.status, {s for s, _ in sink.written},
+                                                 b"".join(d for _, d in sink.written))
 
 
 def test_backend_of_a_later_version_is_a_launch_error(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,188 @@
+"""
+Apply speed: poprun's local launch against OpenMPI's ``mpirun``, measured in the same run.
+
+Run: ``.venv/bin/python bench/apply_bench.py [--runs N]`` (after installing the project; Debian's
+``openmpi-bin`` for the comparisons). It first byte-compiles poprun and popdist, as an
+installation does (an editable install run with ``PYTHONDONTWRITEBYTECODE=1`` never would). poprun runs as users run it, through its console script
+(``.venv/bin/poprun``), with ``--offline-mode=1``; ``mpirun`` as
+``mpirun --allow-run-as-root --oversubscribe -np N ...``. Each figure is the median of
+``--runs`` runs, the commands compared taking turns, and is printed with its target and ``ok``
+or ``MISSED``. A run that hangs (mpirun 4.1.4 here sometimes never exits after 32 ``true``) is
+killed after 10 s, run again and counted at the end. Nothing asserts: the
+figures are for people and the issue's closing note.
+
+1. The cost of each extra local instance: the least-squares slope of wall time against N for
+   N = 2, 4, 8, 16, 32 instances of ``true``; poprun's slope over mpirun's (target: at most 1.0).
+2. poprun's fixed start-up: ``poprun`` with 1 instance of ``true`` against a bare
+   ``python3 -c pass`` of the same interpreter (target: at most 2.0x).
+3. Tagged output: 4 instances each printing 200,000 lines (``seq``), ``--tag-output``, to
+   ``/dev/null``; mpirun's wall time over poprun's (target: at least 1.0x); the same net of
+   each launcher's own start-up (its run of 4 ``true``), and with 2,000,000 lines each.
+4. From an instance's failure to poprun's exit: one instance prints the time and exits 1 at
+   once while 3 others sleep; the time from that print to the end of poprun (target: < 0.3 s).
+"""
+
+from __future__ import annotations
+
+import argparse
+import compileall
+import importlib.util
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+PY = sys.executable
+POPRUN = [str(Path(PY).with_name("poprun"))] if Path(PY).with_name("poprun").exists() else [PY, "-m",
+                                                                                          "poprun.cli.main"]
+MPIRUN = shutil.which("mpirun")
+ENV = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+SIZES = (2, 4, 8, 16, 32)
+FAIL = 'if [ "${POPDIST_INSTANCE_INDEX:-$OMPI_COMM_WORLD_RANK}" = 1 ]; then date +%s.%N; exit 1; fi; exec sleep 60'
+
+
+def poprun(n: int, *program: str, tag: bool = False) -> list[str]:
+    """Return the command line of poprun running ``program`` in ``n`` instances."""
+    tagging = ["--mpi-global-args=--tag-output"] if tag else []
+    return [*POPRUN, "--offline-mode=1", f"--num-instances={n}", f"--num-replicas={n}", *tagging, *program]
+
+
+def mpirun(n: int, *program: str, tag: bool = False) -> list[str]:
+    """Return the command line of mpirun running ``program`` in ``n`` processes."""
+    assert MPIRUN is not None
+    return [MPIRUN, "--allow-run-as-root", "--oversubscribe", *(["--tag-output"] if tag else []), "-np", str(n),
+            *program]
+
+
+HANGS: dict[str, int] = {}  # runs that did not end within HANG_S, by launcher (mpirun 4.1 sometimes hangs)
+HANG_S = 10.0
+
+
+def run(argv: list[str], *, capture: bool = False, env: dict[str, str] | None = None) -> tuple[float, str] | None:
+    """
+    Run ``argv``; return its wall time in seconds and its stdout (when ``capture``), or None when it hung.
+
+    A hang is killed after :data:`HANG_S`. (Not ``subprocess.run(timeout=...)``: its wait polls
+    with sleeps of up to 50 ms, which would round every time measured.)
+    """
+    out = subprocess.PIPE if capture else subprocess.DEVNULL
+    start = time.perf_counter()
+    proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.DEVNULL, env=ENV | (env or {}),
+                            text=True)
+    timer = threading.Timer(HANG_S, proc.kill)
+    timer.start()
+    text = proc.communicate()[0] if capture else ""
+    proc.wait()
+    elapsed = time.perf_counter() - start
+    timer.cancel()
+    if proc.returncode == -signal.SIGKILL:
+        HANGS[Path(argv[0]).name] = HANGS.get(Path(argv[0]).name, 0) + 1
+        return None
+    return elapsed, text or ""
+
+
+def walls_s(argvs: list[list[str]], runs: int, envs: list[dict[str, str]] | None = None) -> list[float]:
+    """
+    Return the median wall time of each command (output to /dev/null), in seconds.
+
+    The commands take turns, one run each per round, so that a slow spell of the machine
+    weighs on all of them alike. A run that hung is run again. ``envs`` adds variables to each.
+    """
+    times: list[list[float]] = [[] for _ in argvs]
+    while any(len(t) < runs for t in times):
+        for argv, env, measured in zip(argvs, envs or [{}] * len(argvs), times, strict=True):
+            if len(measured) < runs and (done := run(argv, env=env)) is not None:
+                measured.append(done[0])
+    return [statistics.median(t) for t in times]
+
+
+def slope(xs: tuple[int, ...], ys: list[float]) -> float:
+    """Return the least-squares slope of ``ys`` against ``xs``."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sum((x - mx) ** 2 for x in xs)
+
+
+def failure_latency_s(argv: list[str], runs: int) -> float:
+    """Return the median time from the failing instance's print of the time to the end of ``argv``."""
+    times: list[float] = []
+    while len(times) < runs:
+        done = run(argv, capture=True)
+        ended = time.time()
+        if done is not None:
+            times.append(ended - float(done[1].split()[-1].rsplit(":", 1)[-1]))
+    return statistics.median(times)
+
+
+def line(name: str, value: str, target: str, ok: bool) -> None:
+    """Print one figure with its target."""
+    print(f"  {name:<58} {value:<34} target {target:<10} {'ok' if ok else 'MISSED'}")
+
+
+def main() -> int:
+    """Measure and print every figure."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
+    parser.add_argument("--runs", type=int, default=7, help="runs per measurement (median)")
+    runs = parser.parse_args().runs
+    for package in ("poprun", "popdist"):  # as an installation does (PYTHONDONTWRITEBYTECODE may be set)
+        spec = importlib.util.find_spec(package)
+        for folder in spec.submodule_search_locations or () if spec else ():
+            compileall.compile_dir(folder, quiet=1)
+    print(f"poprun: {' '.join(POPRUN)}\nmpirun: {MPIRUN or 'not installed: comparisons skipped'}\n"
+          f"python: {PY}; {os.cpu_count()} CPUs; median of {runs} runs\n")
+    walls = walls_s([poprun(n, "true") for n in SIZES] + ([mpirun(n, "true") for n in SIZES] if MPIRUN else []), runs)
+    ours, theirs = walls[:len(SIZES)], walls[len(SIZES):]
+    print("1. wall time of N instances of `true` (ms): " + ", ".join(
+        f"N={n}: {p * 1e3:.0f}" + (f" / mpirun {m * 1e3:.0f}" if theirs else "")
+        for n, p, m in zip(SIZES, ours, theirs or ours, strict=True)))
+    ours_slope = slope(SIZES, ours)
+    if theirs:
+        theirs_slope = slope(SIZES, theirs)
+        line("cost of each extra instance: poprun / mpirun",
+             f"{ours_slope * 1e3:.2f} / {theirs_slope * 1e3:.2f} ms = {ours_slope / theirs_slope:.2f}x", "<= 1.0x",
+             ours_slope <= theirs_slope)
+    start, bare, imports, no_plugins = walls_s(
+        [poprun(1, "true"), [PY, "-c", "pass"], [PY, "-c", "import poprun.cli.commands, poprun.cli.run"],
+         poprun(1, "true")], runs, envs=[{}, {}, {}, {"POPRUN_NO_PLUGINS": "1"}])
+    print(f"\n2. poprun, 1 instance of `true`: {start * 1e3:.0f} ms; python -c pass: {bare * 1e3:.0f} ms; "
+          f"python importing poprun's CLI: {imports * 1e3:.0f} ms; poprun without plugin discovery "
+          f"(POPRUN_NO_PLUGINS=1): {no_plugins * 1e3:.0f} ms")
+    line("fixed start-up: poprun / python -c pass", f"{start / bare:.2f}x", "<= 2.0x", start <= 2 * bare)
+    if MPIRUN:
+        _throughput(runs)
+        _failure(runs)
+    if HANGS:
+        print(f"\nruns that hung for {HANG_S:.0f} s and were left out: "
+              + ", ".join(f"{name} {count}" for name, count in sorted(HANGS.items())))
+    return 0
+
+
+def _throughput(runs: int) -> None:
+    ours, theirs, ours_true, theirs_true = walls_s([
+        poprun(4, "seq", "200000", tag=True), mpirun(4, "seq", "200000", tag=True),
+        poprun(4, "true", tag=True), mpirun(4, "true", tag=True)], runs)
+    print(f"\n3. 4 x 200,000 tagged lines to /dev/null: poprun {ours * 1e3:.0f} ms "
+          f"({800_000 / ours / 1e6:.2f} M lines/s), mpirun {theirs * 1e3:.0f} ms ({800_000 / theirs / 1e6:.2f} M lines/s)")
+    line("tagged output throughput: poprun vs mpirun", f"{theirs / ours:.2f}x", ">= 1.0x", theirs >= ours)
+    net_ours, net_theirs = max(ours - ours_true, 1e-3), max(theirs - theirs_true, 1e-3)
+    line(f"  the same, net of each one's start-up (4 x true: {ours_true * 1e3:.0f} / {theirs_true * 1e3:.0f} ms)",
+         f"{net_theirs / net_ours:.2f}x", ">= 1.0x", net_theirs >= net_ours)
+    big_ours, big_theirs = walls_s([poprun(4, "seq", "2000000", tag=True), mpirun(4, "seq", "2000000", tag=True)],
+                                   max(3, runs // 3))
+    line(f"  the same with 2,000,000 lines each ({big_ours * 1e3:.0f} / {big_theirs * 1e3:.0f} ms)",
+         f"{big_theirs / big_ours:.2f}x", ">= 1.0x", big_theirs >= big_ours)
+
+
+def _failure(runs: int) -> None:
+    ours = failure_latency_s(poprun(4, "sh", "-c", FAIL), runs)
+    theirs = failure_latency_s(mpirun(4, "sh", "-c", FAIL), runs)
+    print(f"\n4. failure of 1 of 4 instances to exit: poprun {ours * 1e3:.0f} ms, mpirun {theirs * 1e3:.0f} ms")
+    line("from an instance's failure to poprun's exit", f"{ours * 1e3:.0f} ms", "< 300 ms", ours < 0.3)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,264 @@
+"""
+The supervisor of a local launch: one thread that forwards output, sees instances end and stops the rest.
+
+Layer: ``poprun.backends``; imports the backend modules and ``poprun.planner.plan``; never the
+spec. Linux (``pidfd``), with a fallback of one waiting thread per instance elsewhere.
+
+One thread waits in ``select`` (epoll) on everything at once: both pipes of every instance
+(non-blocking, read in large chunks and handed to the :class:`~poprun.backends.output.Router`),
+a pidfd per instance (readable when it ends), and a wake-up pipe that :meth:`LocalLaunch.terminate`
+writes to. When an instance ends, its pipes are drained first, so that its last lines are
+forwarded before anyone hears that it ended. At the first failure the group is sent SIGTERM, and
+SIGKILL after the grace period. When every instance has ended, what is still in the group
+(background processes of the instances) is killed, processes re-parented to poprun are killed
+(:func:`~poprun.backends.watchdog.kill_adopted`), the output is drained to its end and the
+temporary directories are removed: no process of the launch outlives :meth:`LocalLaunch.wait`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Sequence
+
+from poprun.backends.base import (
+    ApplyResult,
+    Event,
+    EventSink,
+    InstanceEnded,
+    InstanceFailure,
+    InstanceStarted,
+    OutputSink,
+    Stream,
+)
+from poprun.backends.output import Router
+from poprun.backends.watchdog import Watchdog, kill_adopted, remove_directories
+from poprun.planner.plan import LaunchPlan
+
+_READ = 1 << 18  # bytes read from a pipe at once
+_DRAIN_READS = 64  # reads of one pipe at most when draining it while its writers may still run
+_DRAIN_S = 0.5  # how long output may keep flowing once the group is killed (a process outside it holds a pipe)
+_Key = tuple[int, Stream] | int | None  # a pipe, an instance's pidfd, the wake-up pipe
+
+
+class LocalLaunch:
+    """The running instances of one plan on this machine; see :class:`~poprun.backends.base.Launch`."""
+
+    def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
+                 router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = ()) -> None:
+        self._plan, self._procs, self._watchdog, self._router = plan, tuple(procs), watchdog, router
+        self._grace_s, self._remove = grace_s, tuple(remove)
+        self._notify = sink.event if isinstance(sink, EventSink) else None
+        self._lock = threading.RLock()  # reentrant: a second Ctrl-C may interrupt terminate()
+        self._stopping = self._finished = False
+        self._kill_at: float | None = None
+        self._ends: list[InstanceEnded] = []
+        self._pidfds: dict[int, int] = {}  # instance index -> its pidfd, until it ended
+        self._waited: set[int] = set()  # instances watched by a thread instead (no pidfd), until they ended
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector = selectors.DefaultSelector()
+        self._done = threading.Event()
+        self._result: ApplyResult | None = None
+        self._error: BaseException | None = None
+        for index, proc in enumerate(self._procs):  # before the thread starts: one thread at a time
+            self._event(InstanceStarted(index=index, pid=proc.pid))
+        threading.Thread(target=self._run, name="poprun-supervisor", daemon=True).start()
+
+    def terminate(self, grace_s: float) -> None:
+        """Send SIGTERM to every process of the launch now, SIGKILL after ``grace_s``; nothing once ended."""
+        with self._lock:
+            if self._finished:
+                return
+            first, self._stopping = not self._stopping, True
+            if grace_s <= 0:
+                self._watchdog.signal(signal.SIGKILL)
+                self._kill_at = None
+            elif first:
+                self._watchdog.signal(signal.SIGTERM)
+                self._kill_at = time.monotonic() + grace_s
+            self._wake()
+
+    def _wake(self) -> None:
+        """Wake the supervisor up; call with the lock held (the pipe is closed once finished)."""
+        if not self._finished:
+            with contextlib.suppress(BlockingIOError):  # full: a wake-up is pending anyway
+                os.write(self._wake_w, b"!")
+
+    def wait(self) -> ApplyResult:
+        """Return once every instance has ended; the others are stopped at the first failure."""
+        self._done.wait()  # signal handlers still run while the main thread waits here
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def _run(self) -> None:
+        try:
+            self._watch()
+            self._supervise()
+            self._teardown()
+            self._result = self._make_result()
+        except BaseException as exc:  # noqa: BLE001 - a bug: kill everything, and let wait() raise it
+            self._error = exc
+            with self._lock:
+                self._finished = True
+                self._watchdog.close()
+            with contextlib.suppress(Exception):
+                self._close()
+        finally:
+            self._done.set()
+
+    def _watch(self) -> None:
+        """Register every pipe, every pidfd and the wake-up pipe."""
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        for index, proc in enumerate(self._procs):
+            for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+                assert pipe is not None
+                os.set_blocking(pipe.fileno(), False)
+                self._selector.register(pipe, selectors.EVENT_READ, (index, stream))
+            self._watch_end(index, proc)
+
+    def _watch_end(self, index: int, proc: subprocess.Popen[bytes]) -> None:
+        """Have the selector wake up when ``proc`` ends: its pidfd, or a thread that waits for it."""
+        try:
+            self._pidfds[index] = os.pidfd_open(proc.pid)
+        except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): wait without reaping
+            self._waited.add(index)
+            threading.Thread(target=self._await_end, args=(proc.pid,), daemon=True).start()
+        else:
+            self._selector.register(self._pidfds[index], selectors.EVENT_READ, index)
+
+    def _await_end(self, pid: int) -> None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitid(os.P_PID, pid, os.WEXITED | os.WNOWAIT)
+        with self._lock:
+            self._wake()
+
+    def _supervise(self) -> None:
+        """Forward output and note each end until every instance has ended."""
+        while len(self._ends) < len(self._procs):
+            kill_at = self._kill_at
+            timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic())
+            registered = self._selector.get_map()
+            for key, _ in self._selector.select(timeout):
+                if registered.get(key.fd) is key:  # not drained and closed by an end earlier in this batch
+                    self._dispatch(key)
+            self._router.flush()
+            if kill_at is not None and time.monotonic() >= kill_at:
+                self.terminate(0)
+
+    def _dispatch(self, key: selectors.SelectorKey) -> None:
+        data: _Key = key.data
+        if data is None:
+            with contextlib.suppress(BlockingIOError):
+                os.read(self._wake_r, 4096)
+            for index in sorted(self._waited):  # the fallback's threads wake us up too
+                self._poll(index)
+        elif isinstance(data, int):
+            self._poll(data)
+        else:
+            self._read(key, *data)
+
+    def _poll(self, index: int) -> None:
+        """Note the end of instance ``index`` if it has ended: drain its pipes, then tell the sink."""
+        proc = self._procs[index]
+        code = proc.poll()
+        if code is None:
+            return
+        self._waited.discard(index)
+        pidfd = self._pidfds.pop(index, None)
+        if pidfd is not None:
+            self._selector.unregister(pidfd)
+            os.close(pidfd)
+        self._drain(index)
+        with self._lock:
+            stopped = self._stopping
+        end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
+                            signal=-code if code < 0 else None, stopped=stopped)
+        self._ends.append(end)
+        self._event(end)
+        if end.status != 0 and not stopped:
+            self.terminate(self._grace_s)
+
+    def _read(self, key: selectors.SelectorKey, index: int, stream: Stream) -> bool:
+        """Read once from a pipe; return False when it is empty for now or has ended."""
+        try:
+            chunk = os.read(key.fd, _READ)
+        except BlockingIOError:
+            return False
+        if chunk:
+            self._router.feed(index, stream, chunk)
+            return True
+        self._router.end(index, stream)
+        self._selector.unregister(key.fileobj)
+        key.fileobj.close()  # type: ignore[union-attr]
+        return False
+
+    def _drain(self, index: int | None = None) -> None:
+        """Read what the pipes of instance ``index`` (or of all) hold now, then pass it on."""
+        for key in list(self._selector.get_map().values()):
+            if isinstance(key.data, tuple) and index in (None, key.data[0]):
+                for _ in range(_DRAIN_READS):  # bounded: a background process may write without end
+                    if not self._read(key, *key.data):
+                        break
+        self._router.flush()
+
+    def _teardown(self) -> None:
+        """Every instance ended: kill what is left of the launch, drain the output, remove directories."""
+        self._drain()
+        remove_directories(self._remove)  # while the watchdog still guards them
+        with self._lock:
+            self._finished = True  # from now on terminate() does nothing: the group id may be reused
+            self._selector.unregister(self._wake_r)
+            self._watchdog.close()
+        kill_adopted(self._watchdog.group, {p.pid for p in self._procs}, self._watchdog.started)
+        self._drain_to_the_end()
+        self._close()
+        remove_directories(self._remove)  # again: a killed process may have written there meanwhile
+
+    def _drain_to_the_end(self) -> None:
+        """Read every pipe to its end, for at most :data:`_DRAIN_S` (a process out of reach may hold one)."""
+        deadline = time.monotonic() + _DRAIN_S
+        while self._selector.get_map():
+            ready = self._selector.select(max(0.0, deadline - time.monotonic()))
+            if not ready:
+                break
+            for key, _ in ready:
+                self._read(key, *key.data)
+        self._router.flush()
+
+    def _close(self) -> None:
+        """Close every pipe and pidfd left, the selector, the router and the wake-up pipe."""
+        for key in list(self._selector.get_map().values()):
+            self._selector.unregister(key.fileobj)
+            if isinstance(key.data, tuple):
+                key.fileobj.close()  # type: ignore[union-attr]
+        for pidfd in self._pidfds.values():
+            os.close(pidfd)
+        self._pidfds.clear()
+        self._selector.close()
+        self._router.close()
+        os.close(self._wake_r)
+        os.close(self._wake_w)
+
+    def _event(self, event: Event) -> None:
+        if self._notify is not None:
+            self._router.flush()
+            self._notify(event)
+
+    def _make_result(self) -> ApplyResult:
+        """Return the result of the ends seen, in the order seen."""
+        failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=e.pid,
+                                         exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
+                                         tail=self._router.tail(e.index))
+                         for e in self._ends if e.status != 0)
+        statuses = tuple(e.status for e in sorted(self._ends, key=lambda e: e.index))
+        cause = next((f.index for f in failures if not f.stopped), None)
+        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
