@@ -16,6 +16,7 @@ asked for; ``POPRUN_NO_PLUGINS=1`` skips discovery, like ``HYPOTHESIS_NO_PLUGINS
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -181,12 +182,38 @@ def default_registry(*, environ: Mapping[str, str] | None = None,
     if _plugins_disabled(os.environ if environ is None else environ):
         return registry
     if entry_points is None:
+        if not _may_declare_plugins(sys.path):
+            return registry
         from importlib.metadata import entry_points as installed
 
         entry_points = installed(group=GROUP)
     for entry_point in sorted(entry_points, key=lambda e: (e.name, e.value, _distribution(e) or "")):
         registry.add_plugin(entry_point)
     return registry
+
+
+def _may_declare_plugins(paths: Iterable[str]) -> bool:
+    """
+    Return whether any installed distribution on ``paths`` may declare a ``poprun.backends`` entry point.
+
+    A quick scan of the ``entry_points.txt`` files, so that a launch with no plugins installed does
+    not pay for importing and running :mod:`importlib.metadata` (about 30 ms of start-up). It only
+    filters: the entry points themselves are still read by :mod:`importlib.metadata`.
+    """
+    marker = f"[{GROUP}]".encode()
+    for folder in paths:
+        try:
+            entries = [e for e in os.scandir(folder or ".") if e.name.endswith((".dist-info", ".egg-info"))]
+        except OSError:
+            continue
+        for entry in entries:
+            try:
+                with open(os.path.join(entry.path, "entry_points.txt"), "rb") as handle:  # noqa: PTH118, PTH123
+                    if marker in handle.read():
+                        return True
+            except OSError:
+                continue
+    return False
 
 
 def _plugins_disabled(environ: Mapping[str, str]) -> bool:
