@@ -250,3 +250,24 @@ def test_example_specs_apply(spec):
                             capture_output=True, text=True, timeout=30, check=False)
 
     assert (0, "Hello world!\nHello world!\n") == (result.returncode, result.stdout)
+
+
+@pytest.mark.parametrize("topology", [
+    ("--num-instances=2", "--num-replicas=2"),
+    ("--num-instances=3", "--num-replicas=12", "--ipus-per-replica=2"),
+    ("--num-instances=4", "--num-replicas=8", "--host=pod[1-2]"),
+    ("--num-instances=6", "--num-replicas=12", "--host=pod[1-3]", "--num-ilds=3"),
+    ("--num-instances=8", "--num-replicas=64", "--ipus-per-replica=4", "--host=pod[1-4]"),
+], ids=["2x2", "3x12x2", "2hosts", "3hosts-3ilds", "4hosts-256ipus"])
+def test_every_instance_sees_its_planned_values_offline(tmp_path: Path, topology: tuple[str, ...]) -> None:
+    """Offline, multi-host and multi-ILD plans included: each probe reads exactly its plan instance."""
+    argv = (*topology, "--offline-mode=1", PY, PROBE)
+    plan = plan_of(*argv)
+    done = poprun(*argv, cwd=tmp_path)
+    expected = [{"instance_index": i.index, "replica_index_offset": i.replica_offset,
+                 "num_local_replicas": i.num_local_replicas, "local_instance_index": i.local_index,
+                 "num_total_replicas": plan.topology.num_replicas, "num_instances": plan.topology.num_instances,
+                 "num_ipus_per_replica": plan.topology.ipus_per_replica} for i in plan.instances]
+
+    assert 0 == done.returncode, done.stderr
+    assert expected == [{key: r[key] for key in expected[0]} for r in records(done.stdout)]
