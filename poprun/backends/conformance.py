@@ -58,9 +58,13 @@ class MemorySink:
         """Keep ``data``."""
         self.written.append((stream, data))
 
+    def data(self, stream: Stream = "stdout") -> bytes:
+        """Return everything written to ``stream``."""
+        return b"".join(d for s, d in self.written if s == stream)
+
     def lines(self, stream: Stream = "stdout") -> list[str]:
         """Return the lines written to ``stream``."""
-        return b"".join(d for s, d in self.written if s == stream).decode().splitlines()
+        return self.data(stream).decode().splitlines()
 
 
 def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2) -> p.LaunchPlan:

@@ -16,14 +16,13 @@ import attrs
 import pytest
 
 from popdist.env import EXECUTABLE_CACHE_PATH, from_environ
-from poprun.backends.base import LaunchError, Stream
+from poprun.backends.base import LaunchError
+from poprun.backends.conformance import MemorySink
 from poprun.backends.local import LocalBackend
 from poprun.backends.offline import OfflineBackend
 from poprun.cli.run import run_plan
-from poprun.planner.context import Context
-from poprun.planner.flags import parse_flags
-from poprun.planner.plan import BackendChoice, LaunchPlan
-from poprun.planner.solve import solve
+from poprun.planner.plan import BackendChoice
+from tests.e2e.helpers import plan_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -44,20 +43,6 @@ def records(stdout: str) -> list[dict[str, object]]:
     return sorted(found, key=lambda r: int(str(r["instance_index"])))
 
 
-def plan_of(*argv: str) -> LaunchPlan:
-    """Return the plan the CLI makes of ``poprun ARGV`` in this process."""
-    ctx = Context.from_process()
-    return solve(parse_flags(list(argv), environ=ctx.environ).spec, ctx).plan
-
-
-@attrs.define
-class MemorySink:
-    """An output sink that keeps what it is given."""
-
-    written: list[tuple[Stream, bytes]] = attrs.field(factory=list)
-
-    def write(self, stream: Stream, data: bytes) -> None:
-        self.written.append((stream, data))
 
 
 def test_hello_world_prints_once_per_instance(tmp_path: Path) -> None:

@@ -3,23 +3,19 @@
 from __future__ import annotations
 
 import collections
-import functools
 import re
 import subprocess
 import sys
 from pathlib import Path
 
-import attrs
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from poprun.backends.base import Stream
+from poprun.backends.conformance import MemorySink
 from poprun.backends.output import TAIL_LINES, Router
-from poprun.planner.context import Context
-from poprun.planner.flags import parse_flags
-from poprun.planner.plan import LaunchPlan
-from poprun.planner.solve import solve
+from tests.e2e.helpers import plan_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -38,24 +34,6 @@ def poprun(*args: str, cwd: Path) -> subprocess.CompletedProcess[bytes]:
                           check=False)
 
 
-@functools.cache
-def plan_of(*argv: str) -> LaunchPlan:
-    """Return the plan the CLI makes of ``poprun ARGV`` in this process."""
-    ctx = Context.from_process()
-    return solve(parse_flags(list(argv), environ=ctx.environ).spec, ctx).plan
-
-
-@attrs.define
-class MemorySink:
-    """An output sink that keeps what it is given."""
-
-    written: list[tuple[Stream, bytes]] = attrs.field(factory=list)
-
-    def write(self, stream: Stream, data: bytes) -> None:
-        self.written.append((stream, data))
-
-    def text(self, stream: Stream) -> bytes:
-        return b"".join(d for s, d in self.written if s == stream)
 
 
 def test_4_instances_x_100000_tagged_lines_each_arrive_once_whole_and_tagged(tmp_path: Path) -> None:
@@ -126,7 +104,7 @@ def test_router_passes_on_whole_tagged_lines_however_the_chunks_are_cut(lines: l
     router.close()
 
     # THEN
-    out = sink.text("stdout").split(b"\n")[:-1]
+    out = sink.data("stdout").split(b"\n")[:-1]
     assert [b"[1,%d]<stdout>:%s" % (i, line) for i, line in lines if i == 0] == [x for x in out if x[3] == ord("0")]
     assert [b"[1,%d]<stdout>:%s" % (i, line) for i, line in lines if i == 1] == [x for x in out if x[3] == ord("1")]
     assert [line.decode(errors="replace") for i, line in lines if i == 1][-TAIL_LINES:] == list(router.tail(1))
@@ -142,4 +120,4 @@ def test_router_gives_a_last_line_without_newline_one_and_keeps_tails_of_hidden_
     router.feed(1, "stderr", b"shown\nand the end")
     router.close()
 
-    assert (b"shown\nand the end\n", ("hidden", "also hidden")) == (sink.text("stderr"), router.tail(0))
+    assert (b"shown\nand the end\n", ("hidden", "also hidden")) == (sink.data("stderr"), router.tail(0))
