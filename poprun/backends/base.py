@@ -18,7 +18,7 @@ from typing import ClassVar, Literal, Protocol, runtime_checkable
 
 import attrs
 
-from poprun.planner.plan import LaunchPlan
+from poprun.planner.plan import Instance, LaunchPlan
 
 Stream = Literal["stdout", "stderr"]
 """poprun's own output streams, as an instance's output is forwarded to them."""
@@ -26,6 +26,13 @@ Stream = Literal["stdout", "stderr"]
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
 CANNOT_LAUNCH = 125
+
+
+def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
+    """Return the environment of ``instance``: ``env_source`` minus ``unset`` plus ``set``."""
+    env = {k: v for k, v in env_source.items() if k not in instance.env.unset}
+    env.update(instance.env.set)
+    return env
 
 
 class LaunchError(Exception):

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from popdist.env import EXECUTABLE_CACHE_PATH
-from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, OutputSink
+from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, OutputSink, environment
 from poprun.backends.output import TAIL_LINES, Router
 from poprun.backends.supervisor import LocalLaunch
 from poprun.backends.watchdog import Watchdog, WatchdogError
@@ -39,13 +39,6 @@ CACHE_PREFIX = "poprun-cache-"  # only directories named so are ever removed as 
 
 __all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "environment",
            "executable", "temporary_directories"]
-
-
-def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
-    """Return the environment of ``instance``: ``env_source`` minus ``unset`` plus ``set``."""
-    env = {k: v for k, v in env_source.items() if k not in instance.env.unset}
-    env.update(instance.env.set)
-    return env
 
 
 def executable(instance: Instance, env: Mapping[str, str]) -> str:

@@ -17,17 +17,9 @@ from typing import ClassVar
 
 import attrs
 
-from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink
+from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink, environment
+from poprun.backends.output import TAIL_LINES
 from poprun.planner.plan import Instance, LaunchPlan
-
-TAIL_LINES = 20  # lines of a scripted instance's output kept in its failure, as the local backend keeps
-
-
-def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
-    """Return what a local instance gets: ``env_source`` minus ``env.unset``, plus ``env.set``."""
-    env = {k: v for k, v in env_source.items() if k not in instance.env.unset}
-    env.update(instance.env.set)
-    return env
 
 
 @attrs.frozen(kw_only=True)

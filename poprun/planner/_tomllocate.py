@@ -15,6 +15,7 @@ the module words messages: TOML type names, found values, how-to-write hints and
 from __future__ import annotations
 
 import bisect
+import itertools
 import re
 import tomllib
 from collections.abc import Callable
@@ -236,30 +237,21 @@ class _Scanner:
         self.values[path] = (start, self.i)
 
     def _array(self, path: Path, depth: int) -> None:
-        self.i += 1
-        index = 0
-        while self.i < len(self.s):
-            self._blank()
-            if self._peek() in ("]", ""):
-                break
-            before = self.i
-            self._value((*path, index), depth + 1)
-            index += 1
-            self._blank()
-            if self._peek() == ",":
-                self.i += 1
-            elif self.i == before:
-                break
-        self.i = min(self.i + 1, len(self.s))
+        index = itertools.count()
+        self._sequence("]", lambda: self._value((*path, next(index)), depth + 1))
 
     def _inline_table(self, path: Path, depth: int) -> None:
+        self._sequence("}", lambda: self._keyval(path, depth + 1))
+
+    def _sequence(self, close: str, item: Callable[[], None]) -> None:
+        """Walk ``item, item, ...`` up to ``close`` (the opening bracket is at ``self.i``)."""
         self.i += 1
         while self.i < len(self.s):
             self._blank()
-            if self._peek() in ("}", ""):
+            if self._peek() in (close, ""):
                 break
             before = self.i
-            self._keyval(path, depth + 1)
+            item()
             self._blank()
             if self._peek() == ",":
                 self.i += 1
