@@ -17,9 +17,10 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 from hypothesis import HealthCheck, settings
+
+from poprun.core.record import positional_record
 
 settings.register_profile("dev", max_examples=50, deadline=None)
 settings.register_profile("ci", max_examples=300, deadline=None,
@@ -76,7 +77,7 @@ def no_orphan_survives_the_session() -> Iterator[str]:
         pytest.fail(f"processes started by the tests outlived the session (now killed):\n{listing}")
 
 
-@attrs.frozen
+@positional_record
 class Marked:
     """An environment whose processes can be found in the process table: ``env`` carries a unique marker."""
 

@@ -1,7 +1,7 @@
 """
 The backend protocol and the values a launch returns.
 
-Layer: ``poprun.backends``; imports ``poprun.planner.plan`` and attrs; never the spec.
+Layer: ``poprun.backends``; imports ``poprun.planner.plan``; never the spec.
 
 A :class:`Backend` starts every instance of a plan and returns a :class:`Launch` at once;
 :meth:`Launch.wait` returns an :class:`ApplyResult`. Instance output reaches the user through
@@ -14,14 +14,19 @@ from __future__ import annotations
 
 import signal
 from collections.abc import Mapping
-from typing import ClassVar, Literal, Protocol, runtime_checkable
 
-import attrs
-
+from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
-Stream = Literal["stdout", "stderr"]
-"""poprun's own output streams, as an instance's output is forwarded to them."""
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import ClassVar, Literal, Protocol
+
+    Stream = Literal["stdout", "stderr"]
+    """poprun's own output streams, as an instance's output is forwarded to them."""
+else:
+    Protocol = object  # the protocols below are for type checkers; at run time, plain classes
+    Stream = str
 
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
@@ -60,7 +65,7 @@ class OutputSink(Protocol):
         """
 
 
-@attrs.frozen(kw_only=True)
+@record
 class InstanceStarted:
     """Instance ``index`` runs as process ``pid`` (on its host)."""
 
@@ -68,7 +73,7 @@ class InstanceStarted:
     pid: int
 
 
-@attrs.frozen(kw_only=True)
+@record
 class InstanceEnded:
     """
     Instance ``index`` (process ``pid``) ended: ``exit_code``, or killed by ``signal``.
@@ -91,7 +96,6 @@ class InstanceEnded:
 Event = InstanceStarted | InstanceEnded
 
 
-@runtime_checkable
 class EventSink(OutputSink, Protocol):
     """An output sink that also hears of instances starting and ending, from the same thread as ``write``."""
 
@@ -99,7 +103,7 @@ class EventSink(OutputSink, Protocol):
         """Take note of ``event``; must return quickly (it is called between writes of output)."""
 
 
-@attrs.frozen(kw_only=True)
+@record
 class InstanceFailure:
     """
     One instance that ended badly.
@@ -137,7 +141,7 @@ def signal_name(number: int) -> str:
         return f"signal {number}"
 
 
-@attrs.frozen(kw_only=True)
+@record
 class ApplyResult:
     """
     How a launch ended.

@@ -28,9 +28,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import attrs
-
 from poprun.backends.base import ApplyResult, Backend, Launch, LaunchError, Stream
+from poprun.core.record import positional_record
 from poprun.planner import plan as p
 
 if TYPE_CHECKING:
@@ -48,11 +47,11 @@ _KILLED_ON_1 = ("import os, signal; i = os.environ['POPDIST_INSTANCE_INDEX']; "
 _SLEEP = "import time; time.sleep(60)"
 
 
-@attrs.define
 class MemorySink:
     """An output sink that keeps every write, in order."""
 
-    written: list[tuple[Stream, bytes]] = attrs.field(factory=list)
+    def __init__(self) -> None:
+        self.written: list[tuple[Stream, bytes]] = []
 
     def write(self, stream: Stream, data: bytes) -> None:
         """Keep ``data``."""
@@ -193,7 +192,7 @@ def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path) 
     raise AssertionError(msg)
 
 
-@attrs.frozen
+@positional_record
 class Check:
     """One conformance check; ``processes`` when it needs the backend to start real processes."""
 

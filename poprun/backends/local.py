@@ -20,19 +20,21 @@ from __future__ import annotations
 
 import errno
 import os
-import shutil
-import socket
 import subprocess
 from collections.abc import Mapping
 from pathlib import Path
-from typing import ClassVar
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, OutputSink, environment
+from poprun.backends.files import which
 from poprun.backends.output import TAIL_LINES, Router
 from poprun.backends.supervisor import LocalLaunch
 from poprun.backends.watchdog import Watchdog, WatchdogError
 from poprun.planner.plan import Instance, LaunchPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 DEFAULT_GRACE_S = 5.0
 CACHE_PREFIX = "poprun-cache-"  # only directories named so are ever removed as a temporary cache
@@ -57,7 +59,7 @@ def executable(instance: Instance, env: Mapping[str, str]) -> str:
         what = "no program to run" if not instance.argv else f"no working directory ({instance.cwd} is missing)"
         raise LaunchError(f"instance {instance.index} has {what}")
     name = instance.argv[0]
-    found = shutil.which(name, path=env.get("PATH", os.defpath)) if "/" not in name else None
+    found = which(name, env.get("PATH", os.defpath)) if "/" not in name else None
     candidate = Path(found or Path(instance.cwd) / name).absolute()
     if not candidate.exists():
         where = "on PATH or in " + instance.cwd if "/" not in name else str(candidate)
@@ -119,7 +121,7 @@ class LocalBackend:
 
     def check_hosts(self, plan: LaunchPlan) -> None:
         """Raise :class:`LaunchError` (125) naming the first host of the plan that is not this machine."""
-        name = socket.gethostname()
+        name = os.uname().nodename
         local = {"localhost", "127.0.0.1", "::1", name, name.split(".")[0]}
         remote = next((i.host for i in plan.instances if i.host not in local), None)
         if remote is not None:

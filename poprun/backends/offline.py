@@ -8,10 +8,12 @@ the instances get exactly the plan's argv, cwd and environment, as with ``local`
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 from poprun.backends.local import LocalBackend
 from poprun.planner.plan import LaunchPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import ClassVar
 
 
 class OfflineBackend(LocalBackend):

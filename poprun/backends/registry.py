@@ -18,15 +18,14 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
-from typing import TYPE_CHECKING, cast
-
-import attrs
 
 from poprun.backends.base import Backend
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.hint import did_you_mean
+from poprun.core.record import evolve, record
 from poprun.core.span import SourceSpan
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
@@ -53,7 +52,7 @@ def _offline() -> Backend:
     return OfflineBackend()
 
 
-@attrs.frozen(kw_only=True)
+@record
 class _Source:
     """Where a name comes from: its factory, and words for messages (``built in to poprun``)."""
 
@@ -124,7 +123,7 @@ class BackendRegistry:
             self._broken.append(_broken(entry_point, source, exc))
             self._sources[entry_point.name] = source
             return
-        self._sources[entry_point.name] = attrs.evolve(source, factory=cast("Factory", loaded))
+        self._sources[entry_point.name] = evolve(source, factory=loaded)
 
     @property
     def warnings(self) -> tuple[Diagnostic, ...]:

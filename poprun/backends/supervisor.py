@@ -24,20 +24,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from poprun.backends.base import (
     ApplyResult,
     Event,
-    EventSink,
     InstanceEnded,
     InstanceFailure,
     InstanceStarted,
     OutputSink,
     Stream,
 )
+from poprun.backends.files import remove_directories
 from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, kill_adopted, remove_directories
+from poprun.backends.watchdog import Watchdog, kill_adopted
 from poprun.planner.plan import LaunchPlan
 
 _READ = 1 << 18  # bytes read from a pipe at once
@@ -53,7 +53,7 @@ class LocalLaunch:
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = ()) -> None:
         self._plan, self._procs, self._watchdog, self._router = plan, tuple(procs), watchdog, router
         self._grace_s, self._remove = grace_s, tuple(remove)
-        self._notify = sink.event if isinstance(sink, EventSink) else None
+        self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)  # an EventSink
         self._lock = threading.RLock()  # reentrant: a second Ctrl-C may interrupt terminate()
         self._stopping = self._finished = False
         self._kill_at: float | None = None

@@ -15,14 +15,13 @@ import signal
 from collections.abc import Mapping
 from typing import ClassVar
 
-import attrs
-
 from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink, environment
 from poprun.backends.output import TAIL_LINES
+from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Outcome:
     """
     How one scripted instance ends, and what it prints first.
@@ -39,7 +38,7 @@ class Outcome:
     stderr: bytes = b""
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Recorded:
     """One call of :meth:`RecordingBackend.launch`: the plan, and the launching environment."""
 

@@ -39,7 +39,6 @@ import contextlib
 import ctypes
 import os
 import selectors
-import shutil
 import signal
 import subprocess
 import sys
@@ -216,9 +215,3 @@ def kill_adopted(group: int, known: Collection[int], since: int, *, within_s: fl
         if not orphans:
             time.sleep(0.002)  # SIGKILL is on its way to the group
     return killed
-
-
-def remove_directories(paths: Sequence[str]) -> None:
-    """Remove each directory in ``paths`` with everything in it; a missing one is no error."""
-    for path in paths:
-        shutil.rmtree(path, ignore_errors=True)

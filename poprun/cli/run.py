@@ -15,16 +15,12 @@ from __future__ import annotations
 import contextlib
 import os
 import shlex
-import shutil
 import signal
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping
 from types import FrameType
-
-import attrs
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends.base import (
@@ -38,6 +34,7 @@ from poprun.backends.base import (
     LaunchError,
     signal_name,
 )
+from poprun.backends.files import private_directory, remove_directories
 from poprun.backends.local import CACHE_PREFIX
 from poprun.backends.registry import BackendRegistry, default_registry
 from poprun.backends.watchdog import become_subreaper
@@ -45,6 +42,7 @@ from poprun.cli import exitcode
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
 from poprun.core.diagnostic import DiagnosticError
+from poprun.core.record import evolve
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -155,11 +153,11 @@ def _handling_signals(interrupts: _Interrupts) -> Iterator[_Interrupts]:
 def _with_env(plan: LaunchPlan, name: str, value: str) -> LaunchPlan:
     """Return ``plan`` with ``name=value`` set in every instance's environment."""
 
-    def evolve(instance: Instance) -> Instance:
+    def with_value(instance: Instance) -> Instance:
         items = dict(instance.env.set) | {name: value}
-        return attrs.evolve(instance, env=attrs.evolve(instance.env, set=tuple(sorted(items.items()))))
+        return evolve(instance, env=evolve(instance.env, set=tuple(sorted(items.items()))))
 
-    return attrs.evolve(plan, instances=tuple(evolve(i) for i in plan.instances))
+    return evolve(plan, instances=tuple(with_value(i) for i in plan.instances))
 
 
 @contextlib.contextmanager
@@ -168,12 +166,12 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
     if plan.cache.mode != "temporary":
         yield plan
         return
-    path = tempfile.mkdtemp(prefix=CACHE_PREFIX)  # owner-only; the backend removes it too (and its watchdog)
+    path = private_directory(CACHE_PREFIX)  # owner-only; the backend removes it too (and its watchdog)
     try:
         yield _with_env(plan, EXECUTABLE_CACHE_PATH, path)
     finally:
         if plan.cache.remove_at_exit:
-            shutil.rmtree(path, ignore_errors=True)
+            remove_directories([path])
 
 
 def _log_plan(plan: LaunchPlan, verbose: Log) -> None:

@@ -1,7 +1,7 @@
 """
 The lowest layer of poprun: source spans, diagnostics, hints and host lists.
 
-Layer: ``poprun.core``; imports only the standard library and attrs.
+Layer: ``poprun.core``; imports only the standard library.
 
 Glossary (PopRun's own terms, used everywhere; no synonyms):
 

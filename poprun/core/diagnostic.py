@@ -1,7 +1,7 @@
 """
 Diagnostics: every user error and warning, with a stable code, a place and a hint.
 
-Layer: ``poprun.core``; imports only attrs and ``poprun.core.span``.
+Layer: ``poprun.core``; imports only ``poprun.core.record`` and ``poprun.core.span``.
 
 Codes are stable and never reused: ``PR1xx`` syntax (flags, TOML, DSL, host lists),
 ``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply. Each code in
@@ -13,8 +13,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Iterator
 
-import attrs
-
+from poprun.core.record import record
 from poprun.core.span import SourceSpan
 
 CODES: dict[str, str] = {
@@ -71,7 +70,7 @@ class Severity(enum.Enum):
     WARNING = "warning"
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Diagnostic:
     """
     One problem found in the user's input or environment.
@@ -80,7 +79,7 @@ class Diagnostic:
     with values; ``hint`` says what to do next and is never empty.
     """
 
-    code: str = attrs.field()
+    code: str
     severity: Severity
     summary: str
     detail: str
@@ -90,10 +89,9 @@ class Diagnostic:
     # Where the span points into text the user gave (a file or a command line), the text.
     source_line: str | None = None
 
-    @code.validator
-    def _known(self, _: attrs.Attribute[str], value: str) -> None:
-        if value not in CODES:  # programmer error, not user error
-            msg = f"unregistered diagnostic code {value}"
+    def __post_init__(self) -> None:
+        if self.code not in CODES:  # programmer error, not user error
+            msg = f"unregistered diagnostic code {self.code}"
             raise ValueError(msg)
 
     @property

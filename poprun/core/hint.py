@@ -6,13 +6,14 @@ Layer: ``poprun.core``; standard library only.
 
 from __future__ import annotations
 
-import difflib
 from collections.abc import Iterable
 
 
 def did_you_mean(given: str, choices: Iterable[str]) -> str | None:
     """Return the closest choice to ``given``, or None when nothing is close."""
     options = sorted(set(choices))
+    import difflib  # here, not at the top: only mistakes need it, and start-up stays lean
+
     matches = difflib.get_close_matches(given, options, n=1, cutoff=0.6)
     if matches:
         return matches[0]

@@ -15,8 +15,9 @@ import itertools
 import re
 import string
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
 from typing import TypeAlias
+
+from poprun.core.record import positional_record
 
 __all__ = ["MAX_HOSTS", "HostlistError", "NaturalKey", "compress", "expand", "natural_key"]
 
@@ -51,7 +52,7 @@ class HostlistError(ValueError):
         self.hint = hint
 
 
-@dataclass(frozen=True)
+@positional_record
 class _Range:
     """
     An inclusive range of host numbers, each written at least ``width`` digits wide.

@@ -1,12 +1,12 @@
 """
 Where a value came from: a file and line, a flag, an environment variable or a default.
 
-Layer: ``poprun.core``; imports only attrs.
+Layer: ``poprun.core``; imports only ``poprun.core.record``.
 """
 
 from __future__ import annotations
 
-import attrs
+from poprun.core.record import record
 
 COMMAND_LINE = "<command line>"
 DEFAULT = "<default>"
@@ -14,7 +14,7 @@ DERIVED = "<derived>"
 ENVIRONMENT = "<environment>"
 
 
-@attrs.frozen(kw_only=True)
+@record
 class SourceSpan:
     """
     A place in the user's input.

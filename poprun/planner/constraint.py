@@ -8,7 +8,8 @@ them, and the infeasibility report searches them for the nearest values that sat
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+
+from poprun.core.record import positional_record
 
 # The values a rule may bind. "hosts" is the number of hosts.
 NOUNS = {"replicas": "replicas", "instances": "instances", "hosts": "hosts", "ilds": "ILDs",
@@ -19,7 +20,7 @@ LIMITS = {"replicas": 1_000_000, "instances": 100_000, "ilds": 100_000, "ipus_pe
 _SEARCH = 10_000  # how far the nearest feasible values are searched for, each way
 
 
-@dataclass(frozen=True, slots=True)
+@positional_record
 class Constraint:
     """
     One rule: its name, the values it binds, and its messages.

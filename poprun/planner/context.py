@@ -1,7 +1,7 @@
 """
 What the solver may know about the world: environment, working directory, user, V-IPU config.
 
-Layer: ``poprun.planner``; standard library and attrs. The solver itself reads nothing from
+Layer: ``poprun.planner``; standard library only. The solver itself reads nothing from
 the process: the CLI builds a :class:`Context` once (:meth:`Context.from_process`) and tests
 build their own, so solving stays pure and deterministic.
 """
@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Mapping
 from pathlib import Path
 
-import attrs
+from poprun.core.record import field, record
 
 VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
 _HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
@@ -24,21 +23,24 @@ def _sorted(mapping: Mapping[str, str]) -> dict[str, str]:
     return dict(sorted(mapping.items()))
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Context:
     """The facts planning depends on. ``environ`` is the launching shell's environment."""
 
-    environ: Mapping[str, str] = attrs.field(factory=dict, converter=_sorted)
+    environ: Mapping[str, str] = field(factory=dict)
     cwd: str = "/"
     is_root: bool = False
     local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
-    vipu_config: Mapping[str, str] = attrs.field(factory=dict)
+    vipu_config: Mapping[str, str] = field(factory=dict)
     vipu_config_file: str | None = None
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "environ", _sorted(self.environ))
 
     @classmethod
     def from_process(cls) -> Context:
         """Return the context of this process."""
-        names = {"localhost", "127.0.0.1", "::1", socket.gethostname()}
+        names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
         config, where = _read_vipu_config()
         return cls(environ=dict(os.environ), cwd=str(Path.cwd()), is_root=os.geteuid() == 0,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)

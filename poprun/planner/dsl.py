@@ -23,10 +23,9 @@ import shlex
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Any, cast
 
-import attrs
-
 from poprun.core.diagnostic import Diagnostic, Diagnostics, error
 from poprun.core.hint import did_you_mean, join_or
+from poprun.core.record import evolve, positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import value as conv
 from poprun.planner.flags import split_env_args
@@ -101,7 +100,7 @@ def load_dsl(path: str) -> Spec:
 # ---- reading ---------------------------------------------------------------------------
 
 
-@attrs.frozen
+@positional_record
 class _Setting:
     """One value a statement sets: a Spec field (``env`` and ``instance_args`` add an item)."""
 
@@ -455,7 +454,7 @@ def _syntax_error(exc: UnexpectedInput, line: str, *, span: SourceSpan) -> Diagn
     words = _describe(expected, start=not before)
     detail = f"expected {join_or(words)} {where}, found " + ("the end of the line" if at_end else f"'{word}'")
     summary, hint = _label(expected, word, at_end=at_end, start=not before, line=line)
-    span = attrs.evolve(span, column=column, end_line=span.line, end_column=column + max(width, 1))
+    span = evolve(span, column=column, end_line=span.line, end_column=column + max(width, 1))
     return error("PR108", summary, detail=detail, span=span, hint=hint, source_line=line)
 
 

@@ -14,23 +14,25 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Mapping, Sequence
-from typing import Any
-
-import attrs
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, Diagnostics, error, warning
 from poprun.core.hint import did_you_mean, join_or
+from poprun.core.record import record
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner import value as conv
 from poprun.planner.option import BY_FLAG, LONG_FLAGS, PLAN_ONLY, Option
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Any
 
 _SHORT = 2  # "-H"
 _VERY = 2  # -vv
 _MIN_PREFIX = 3  # "--n" is too short to stand for an option
 
 
-@attrs.frozen(kw_only=True)
+@record
 class CommandLine:
     """The parsed command line: the spec, plus the actions that are not part of a launch."""
 

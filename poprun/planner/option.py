@@ -7,7 +7,7 @@ Layer: ``poprun.planner``; standard library only. The flags parser, the TOML fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from poprun.core.record import positional_record
 
 PLACEMENTS = ("spreadnuma", "scattersocket", "scatternuma", "close", "disabled")
 SSH_KEY_TYPES = ("dsa", "ecdsa", "ed25519", "rsa")
@@ -17,7 +17,7 @@ BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
 VERSION_FORMATS = ("text", "full-json", "full-text")
 
 
-@dataclass(frozen=True, slots=True)
+@positional_record
 class Option:
     """
     One option. ``field`` is the :class:`Spec` field (None for command-line actions).

@@ -1,7 +1,7 @@
 """
 The LaunchPlan: everything a backend needs to run a launch, decided and explained.
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and attrs.
+Layer: ``poprun.planner``; imports ``poprun.core``.
 
 A plan is complete and immutable: backends execute it and never decide placement, indices
 or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the keys of
@@ -10,12 +10,12 @@ or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the
 
 from __future__ import annotations
 
-import attrs
+from poprun.core.record import record
 
 FORMAT_VERSION = 1
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Topology:
     """The numbers of the launch. Invariant: the division rules of the solver all hold."""
 
@@ -30,7 +30,7 @@ class Topology:
     instances_per_ild: int
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Environment:
     """
     One instance's environment.
@@ -53,7 +53,7 @@ class Environment:
         return dict(self.set)
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Placement:
     """How an instance is placed on its host's CPUs and memory."""
 
@@ -61,7 +61,7 @@ class Placement:
     strategy: str
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Instance:
     """One process that will exist. Instance ``index`` controls replicas ``[offset, offset+n)``."""
 
@@ -79,7 +79,7 @@ class Instance:
     mpi_local_args: tuple[str, ...]
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Partition:
     """
     The V-IPU partition the launch uses, and what poprun may do to it.
@@ -107,7 +107,7 @@ class Partition:
     actions: tuple[str, ...]
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Output:
     """How instance output reaches the user."""
 
@@ -118,7 +118,7 @@ class Output:
     verbosity: int
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Cache:
     """
     The executable cache.
@@ -134,7 +134,7 @@ class Cache:
     remove_at_exit: bool
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Mpi:
     """What the mpirun backend passes through, and the network settings."""
 
@@ -143,7 +143,7 @@ class Mpi:
     allow_run_as_root: bool
 
 
-@attrs.frozen(kw_only=True)
+@record
 class SshKeyDistribution:
     """``--distribute-ssh-key``: copy a key to every host before launching."""
 
@@ -152,7 +152,7 @@ class SshKeyDistribution:
     key_type: str | None
 
 
-@attrs.frozen(kw_only=True)
+@record
 class BackendChoice:
     """The backend that runs the plan, and why it was chosen."""
 
@@ -160,7 +160,7 @@ class BackendChoice:
     reason: str
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Decision:
     """One explained value: what it is, where it came from and why."""
 
@@ -170,7 +170,7 @@ class Decision:
     reason: str
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Note:
     """A warning found while planning, kept in the plan so that saved plans carry it."""
 
@@ -179,7 +179,7 @@ class Note:
     hint: str
 
 
-@attrs.frozen(kw_only=True)
+@record
 class LaunchPlan:
     """A complete launch. Same input on the same Python gives an equal plan and the same JSON bytes."""
 

@@ -7,17 +7,19 @@ Layer: ``poprun.planner``; each function records its decisions on the :class:`So
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TypeVar
-
-import attrs
 
 from popdist import env as names
+from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 _SHOWN_HOSTS = 3
 
 def vipu(s: Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: str, default: T,
@@ -53,7 +55,7 @@ def partition(s: Solver, topo: p.Topology) -> p.Partition | None:
                              hcl="partition", default="", convert=str)
     name = name or None
     if name is None:
-        s.decisions[-1] = attrs.evolve(s.decisions[-1], value="(the only one)",
+        s.decisions[-1] = evolve(s.decisions[-1], value="(the only one)",
                                        reason="not given: the only partition of the allocation, found at apply time")
     timeout = s.pick("vipu_server_timeout", spec.vipu_server_timeout, 120, "default")
     update = s.pick("update_partition", spec.update_partition, default=False,

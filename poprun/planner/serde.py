@@ -1,7 +1,7 @@
 """
 The LaunchPlan as versioned, deterministic JSON, and back.
 
-Layer: ``poprun.planner``; imports attrs, cattrs and the plan model.
+Layer: ``poprun.planner``; imports cattrs and the plan model.
 
 Same plan, same bytes: keys are sorted, lists keep their order. An instance's ``env`` is
 the object of values set at plan time; ``env_forward`` and ``env_unset`` list names.
@@ -10,22 +10,72 @@ the object of values set at plan time; ``env_forward`` and ``env_unset`` list na
 from __future__ import annotations
 
 import json
+import typing
 from typing import Any
 
-import attrs
 import cattrs
+from cattrs.errors import AttributeValidationNote, ClassValidationError, ForbiddenExtraKeysError
 
 from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.record import fields
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 
 
+def _is_record(cls: Any) -> bool:
+    return isinstance(cls, type) and hasattr(cls, "__record_fields__")
+
+
+def _record_hooks(conv: cattrs.Converter) -> None:
+    """
+    Teach ``conv`` records (:mod:`poprun.core.record`), as cattrs knows attrs classes.
+
+    Unstructured: a dict of every field. Structured: every field required, no other key, and
+    each failure reported with its path (``$.instances[0].host``) through cattrs' notes.
+    """
+
+    def unstructure(cls: type) -> Any:
+        names = [f.name for f in fields(cls)]
+        return lambda value: {name: conv.unstructure(getattr(value, name)) for name in names}
+
+    def structure(cls: type) -> Any:
+        hints = typing.get_type_hints(cls)
+        names = [f.name for f in fields(cls)]
+
+        def hook(data: Any, _: type) -> Any:
+            if not isinstance(data, dict):
+                msg = f"expected an object, found {type(data).__name__}"
+                raise TypeError(msg)
+            extra = set(data) - set(names)
+            if extra:
+                raise ForbiddenExtraKeysError(None, cls, extra)
+            values: dict[str, Any] = {}
+            errors: list[Exception] = []
+            for name in names:
+                try:
+                    values[name] = conv.structure(data[name], hints[name])
+                except Exception as exc:  # noqa: BLE001 - every field's failure is collected, as cattrs does
+                    exc.add_note(AttributeValidationNote(f"Structuring class {cls.__qualname__} @ attribute {name}",
+                                                         name, hints[name]))
+                    errors.append(exc)
+            if errors:
+                msg = f"While structuring {cls.__qualname__}"
+                raise ClassValidationError(msg, errors, cls)
+            return cls(**values)
+
+        return hook
+
+    conv.register_unstructure_hook_factory(_is_record, unstructure)
+    conv.register_structure_hook_factory(_is_record, structure)
+
+
 def _converter() -> cattrs.Converter:
     conv = cattrs.Converter(forbid_extra_keys=True)
+    _record_hooks(conv)
 
     def unstructure_instance(instance: p.Instance) -> dict[str, Any]:
         data: dict[str, Any] = {f.name: conv.unstructure(getattr(instance, f.name))
-                                for f in attrs.fields(p.Instance) if f.name != "env"}
+                                for f in fields(p.Instance) if f.name != "env"}
         data["env"] = dict(instance.env.set)
         data["env_forward"] = list(instance.env.forward)
         data["env_unset"] = list(instance.env.unset)
@@ -35,7 +85,8 @@ def _converter() -> cattrs.Converter:
         data = dict(data)
         env = {"set": sorted(dict(data.pop("env")).items()), "forward": data.pop("env_forward"),
                "unset": data.pop("env_unset")}
-        return conv.structure_attrs_fromdict({**data, "env": env}, p.Instance)
+        instance: p.Instance = structure_record({**data, "env": env}, p.Instance)
+        return instance
 
     def structure_scalar(value: object, _: object) -> str | int | bool:
         if not isinstance(value, str | int | bool):
@@ -43,6 +94,7 @@ def _converter() -> cattrs.Converter:
             raise TypeError(msg)
         return value
 
+    structure_record = conv.get_structure_hook(p.Instance)
     conv.register_structure_hook(str | int | bool, structure_scalar)
     conv.register_unstructure_hook(p.Instance, unstructure_instance)
     conv.register_structure_hook(p.Instance, structure_instance)

@@ -14,11 +14,10 @@ import math
 from collections.abc import Mapping
 from pathlib import Path
 
-import attrs
-
 from poprun import __version__
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.hint import join_or, suggestion_hint
+from poprun.core.record import positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
@@ -28,7 +27,7 @@ from poprun.planner.state import Solver, is_on, value_of
 from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 
 
-@attrs.frozen
+@positional_record
 class Solution:
     """A plan and the warnings found while making it."""
 

@@ -1,7 +1,7 @@
 """
 The Spec: what the user asked for, from any front end, with where each value came from.
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and attrs.
+Layer: ``poprun.planner``; imports ``poprun.core``.
 
 Every field is ``None`` when the user did not say; the solver fills in defaults and
 derived values. ``origin`` spans never take part in equality, so the same spec written
@@ -10,24 +10,29 @@ as flags, TOML or DSL compares equal.
 
 from __future__ import annotations
 
-from typing import Generic, TypeVar
-
-import attrs
-
+from poprun.core.record import evolve, field, fields, positional_record, record
 from poprun.core.span import SourceSpan
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Generic, TypeVar
+
+    T = TypeVar("T")
+else:
+    from poprun.core.record import Generic
+
+    T = None
 
 
-@attrs.frozen
+@positional_record
 class Sourced(Generic[T]):
     """A value and the place the user wrote it."""
 
     value: T
-    origin: SourceSpan = attrs.field(eq=False, repr=False)
+    origin: SourceSpan = field(eq=False)
 
 
-@attrs.frozen(kw_only=True)
+@record
 class EnvVarSpec:
     """``-x NAME`` (``value`` None: forwarded from the launching shell) or ``-x NAME=VALUE``."""
 
@@ -35,7 +40,7 @@ class EnvVarSpec:
     value: str | None
 
 
-@attrs.frozen(kw_only=True)
+@record
 class InstanceArgsSpec:
     """``--instance-mpi-local-args=N:ARGS``: variables and mpirun arguments for one instance."""
 
@@ -50,7 +55,7 @@ SS = Sourced[str]
 STuple = Sourced[tuple[str, ...]]
 
 
-@attrs.frozen(kw_only=True)
+@record
 class Spec:
     """
     A launch as the user described it. Field names are the TOML keys of :mod:`option`.
@@ -108,8 +113,8 @@ def overlay(base: Spec, top: Spec) -> Spec:
     replaced, not merged: the seed's "command line arguments override the stored values".
     """
     changes = {}
-    for field in attrs.fields(Spec):
-        value = getattr(top, field.name)
+    for spec_field in fields(Spec):
+        value = getattr(top, spec_field.name)
         if value is not None and value != ():
-            changes[field.name] = value
-    return attrs.evolve(base, **changes)
+            changes[spec_field.name] = value
+    return evolve(base, **changes)

@@ -6,16 +6,17 @@ Layer: ``poprun.planner``; shared by :mod:`solve`, :mod:`_policy` and :mod:`_env
 
 from __future__ import annotations
 
-import json
-from typing import TypeVar
-
 from poprun.core.diagnostic import Diagnostics, error, warning
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.context import Context
 from poprun.planner.spec import Sourced, Spec
 
-T = TypeVar("T")
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import TypeVar
+
+    T = TypeVar("T")
 
 
 class Solver:
@@ -30,9 +31,7 @@ class Solver:
     # -- recording ---------------------------------------------------------------------
     def decide(self, key: str, value: T, origin: SourceSpan, reason: str) -> T:
         """Record a decision and return its value."""
-        shown = value if isinstance(value, str | int | bool) else (" " if key == "program" else ",").join(
-            map(str, value)) if isinstance(value, tuple) else json.dumps(value)
-        self.decisions.append(p.Decision(key=key, value=shown, source=origin.describe(), reason=reason))
+        self.decisions.append(p.Decision(key=key, value=_shown(key, value), source=origin.describe(), reason=reason))
         return value
 
     def pick(self, key: str, given: Sourced[T] | None, default: T, reason: str) -> T:
@@ -65,3 +64,14 @@ def is_on(given: Sourced[bool] | None) -> bool:
     return given is not None and given.value
 
 
+def _shown(key: str, value: object) -> str | int | bool:
+    """Return ``value`` as an explained decision shows it: tuples joined, None as JSON's null."""
+    if isinstance(value, str | int | bool):
+        return value
+    if isinstance(value, tuple):
+        return (" " if key == "program" else ",").join(map(str, value))
+    if value is None:
+        return "null"
+    import json  # here, not at the top: the values above are all a launch has, and start-up stays lean
+
+    return json.dumps(value)

@@ -6,13 +6,12 @@ Layer: ``poprun.planner``; standard library only.
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
+from poprun.core.record import positional_record
 
 DEFAULT_ILD_SIZE = 64  # the IPUs of one IPU-Link domain of a Pod64
 
 
-@dataclass(frozen=True, slots=True)
+@positional_record
 class Target:
     """A Pod system: its IPUs, the IPUs of one ILD and its IPU-Link layout."""
 
@@ -24,6 +23,8 @@ class Target:
 
     def target_options(self, *, instance_size: int) -> str:
         """Return POPLAR_TARGET_OPTIONS for an instance of ``instance_size`` IPUs, as poprun wrote it."""
+        import json  # here, not at the top: only offline targets need it, and start-up stays lean
+
         options = {
             "ipuLinkDomainSize": str(self.ild_size),
             "ipuLinkConfiguration": self.link_configuration,

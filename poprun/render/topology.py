@@ -13,14 +13,14 @@ so that every spanning label fits with at least one space each side.
 
 from collections.abc import Callable, Sequence
 
-import attrs
+from poprun.core.record import positional_record
 
 _TITLE = "poprun topology"
 _LABEL_WIDTH = 10  # the label column is ``" " + label.ljust(10)``
 _LABEL_COLUMN = _LABEL_WIDTH + 1
 
 
-@attrs.frozen
+@positional_record
 class TopologyRow:
     """
     One instance of the topology table.
@@ -40,7 +40,7 @@ class TopologyRow:
     num_replicas: int
 
 
-@attrs.frozen
+@positional_record
 class _Span:
     """A run of consecutive replicas that share one label."""
 

@@ -12,7 +12,6 @@ import sys
 import time
 from pathlib import Path
 
-import attrs
 import pytest
 
 from popdist.env import EXECUTABLE_CACHE_PATH, from_environ
@@ -21,6 +20,7 @@ from poprun.backends.conformance import MemorySink
 from poprun.backends.local import LocalBackend
 from poprun.backends.offline import OfflineBackend
 from poprun.cli.run import run_plan
+from poprun.core.record import evolve
 from poprun.planner.plan import BackendChoice
 from tests.e2e.helpers import plan_of
 
@@ -190,7 +190,7 @@ def test_instance_ignoring_sigterm_is_killed_after_the_grace_period() -> None:
     # GIVEN
     plan = plan_of("--num-instances", "2", "--num-replicas", "2", PY, PROBE)
     argv = {0: (PY, PROBE, "--ignore-sigterm", "--sleep", "30"), 1: (PY, PROBE, "--sleep", "0.5", "--exitcode", "4")}
-    plan = attrs.evolve(plan, instances=tuple(attrs.evolve(i, argv=argv[i.index]) for i in plan.instances))
+    plan = evolve(plan, instances=tuple(evolve(i, argv=argv[i.index]) for i in plan.instances))
     sink = MemorySink()
 
     # WHEN
@@ -222,7 +222,7 @@ def test_local_backend_refuses_a_host_that_is_not_this_machine() -> None:
 def test_backend_of_a_later_version_is_a_launch_error(capsys: pytest.CaptureFixture[str]) -> None:
     """A plan for the ssh backend exits 125 with one clear line."""
     plan = plan_of("--num-replicas", "1", PY, "-c", "pass")
-    status = run_plan(attrs.evolve(plan, backend=BackendChoice(name="ssh", reason="test")))
+    status = run_plan(evolve(plan, backend=BackendChoice(name="ssh", reason="test")))
 
     assert (125, "poprun: backend 'ssh' is not available in this version\n") == (status, capsys.readouterr().err)
 

@@ -12,11 +12,11 @@ import os
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import attrs
 import pytest
 
 from poprun.cli import commands
 from poprun.cli.main import main
+from poprun.core.record import evolve
 from poprun.planner.context import Context
 
 FROM_PROCESS = Context.from_process
@@ -40,7 +40,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
-    fixed = attrs.evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
+    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
                          local_names=("127.0.0.1", "::1", "localhost"))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
     before = set(case.iterdir())

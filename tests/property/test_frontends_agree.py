@@ -2,10 +2,10 @@
 
 import shlex
 
-import attrs
 from hypothesis import given
 from hypothesis import strategies as st
 
+from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.dsl import parse_dsl, to_dsl
 from poprun.planner.flags import parse_flags
@@ -53,7 +53,7 @@ def test_flags_toml_and_dsl_give_equal_plans(argv):
 
 def _sourceless(plan: LaunchPlan) -> LaunchPlan:
     """The plan with the decisions' sources blanked: they name the front end (a flag, file:line)."""
-    return attrs.evolve(plan, explanation=tuple(attrs.evolve(d, source="") for d in plan.explanation))
+    return evolve(plan, explanation=tuple(evolve(d, source="") for d in plan.explanation))
 
 
 @given(command_lines())

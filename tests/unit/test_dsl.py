@@ -8,11 +8,11 @@ import re
 from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 from lark.lexer import PatternStr
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
+from poprun.core.record import fields
 from poprun.core.span import SourceSpan
 from poprun.planner.dsl import dsl_parser, load_dsl, parse_dsl, to_dsl
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
@@ -26,7 +26,7 @@ DESIGN_TOML = (EXAMPLES / "train.toml").read_text(encoding="utf-8")
 def values(spec: Spec) -> dict[str, Any]:
     """Return the fields a spec sets, without their origins."""
     result: dict[str, Any] = {}
-    for name in attrs.fields_dict(Spec):
+    for name in (f.name for f in fields(Spec)):
         value = getattr(spec, name)
         if isinstance(value, Sourced):
             result[name] = value.value
@@ -276,7 +276,7 @@ def test_full_example_of_the_docs_reads_back_unchanged() -> None:
     example = doc.split("## A full example")[1].split("```")[1]
     spec = parse_dsl(example, file="full.pop")
 
-    assert {"host_file", "offline_mode", "offline_target"} == set(attrs.fields_dict(Spec)) - set(values(spec))
+    assert {"host_file", "offline_mode", "offline_target"} == {f.name for f in fields(Spec)} - set(values(spec))
     assert spec == parse_dsl(to_dsl(spec), file="full.pop")
 
 

@@ -8,7 +8,6 @@ import sys
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
-import attrs
 import pytest
 
 from poprun.backends import registry as registry_module
@@ -16,6 +15,7 @@ from poprun.backends.registry import BackendRegistry
 from poprun.backends.testing import RecordingBackend
 from poprun.cli.main import main
 from poprun.core.diagnostic import DiagnosticError
+from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
@@ -99,7 +99,7 @@ def test_working_directory_gone_is_stale(app):
     """A cwd that no longer exists is PR403 at $.instances[0].cwd; the program is not looked for there."""
     plan = plan_of(app, "--num-replicas=2", "--num-instances=2", "./train.py")
     gone = str(app / "gone")
-    plan = attrs.evolve(plan, instances=tuple(attrs.evolve(i, cwd=gone) for i in plan.instances))
+    plan = evolve(plan, instances=tuple(evolve(i, cwd=gone) for i in plan.instances))
 
     assert [("PR403", f"stale plan: working directory '{gone}' is gone",
              f"the plan runs every instance in {gone}, which no longer exists", "$.instances[0].cwd",
@@ -109,7 +109,7 @@ def test_working_directory_gone_is_stale(app):
 def test_working_directory_replaced_by_a_file_is_stale(app):
     """A cwd that is now a file says so."""
     plan = plan_of(app, "--num-replicas=2", "trainer")
-    plan = attrs.evolve(plan, instances=(attrs.evolve(plan.instances[0], cwd=str(app / "train.py")),))
+    plan = evolve(plan, instances=(evolve(plan.instances[0], cwd=str(app / "train.py")),))
 
     assert f"the plan runs instance 0 in {app / 'train.py'}, which is no longer a directory" == stale(plan, app)[0][2]
 

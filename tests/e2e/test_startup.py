@@ -1,0 +1,63 @@
+"""
+Start-up stays lean: what a classic launch imports (the time itself is measured by bench/apply_bench.py).
+
+poprun's start-up budget is twice a bare ``python3 -c pass``. It holds because a classic launch
+imports no heavy module: these tests fail when one creeps back onto that path, with its name.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+# Each costs 1 to 30 ms to import, or is needed only by other commands (plan files, TOML, the DSL).
+HEAVY = ("attr", "attrs", "cattrs", "lark", "typing", "inspect", "dataclasses", "shutil", "tempfile", "json",
+         "socket", "difflib", "tomllib", "tomli_w", "importlib.metadata", "ast")
+_PROBE = """
+import sys
+before = set(sys.modules)
+from poprun.cli.main import main
+status = main(sys.argv[1:])
+sys.stdout.flush()
+print(status, *sorted(set(sys.modules) - before), file=sys.stderr)
+"""
+
+
+def _imported(*args: str, cwd: Path) -> tuple[int, set[str]]:
+    """Return the exit status of ``poprun args`` in a fresh interpreter and the modules it imported."""
+    result = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd, capture_output=True, text=True,
+                            timeout=30, check=False)
+    status, *modules = result.stderr.splitlines()[-1].split()
+    return int(status), set(modules)
+
+
+@pytest.mark.parametrize("args", [
+    ("--offline-mode=1", "true"),
+    ("--num-instances", "4", "--num-replicas", "8", "--offline-mode=1", "--mpi-global-args=--tag-output", "true"),
+    ("--version",),
+], ids=["one-instance", "tagged-four-instances", "version"])
+def test_a_classic_launch_imports_nothing_heavy(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """The classic form, planned and run through the offline backend, imports none of HEAVY."""
+    status, modules = _imported(*args, cwd=tmp_path)
+
+    assert (0, []) == (status, sorted(modules.intersection(HEAVY)))
+
+
+def test_the_console_script_is_the_fast_exit_entry() -> None:
+    """pyproject's poprun script is main.entry, which skips the interpreter's module teardown."""
+    text = (Path(__file__).parents[2] / "pyproject.toml").read_text()
+
+    assert 'poprun = "poprun.cli.main:entry"' in text
+
+
+def test_entry_flushes_output_and_exits_with_main_status(tmp_path: Path) -> None:
+    """Through entry (python -m), output piped to a file arrives whole and the status is the instance's."""
+    program = "i=0; while [ $i -lt 2000 ]; do echo line $i; i=$((i+1)); done; exit 3"
+    result = subprocess.run([sys.executable, "-m", "poprun.cli.main", "--offline-mode=1", "sh", "-c", program],
+                            cwd=tmp_path, capture_output=True, text=True, timeout=30, check=False)
+
+    assert 3 == result.returncode
+    assert [f"line {i}" for i in range(2000)] == result.stdout.splitlines()
