@@ -62,6 +62,8 @@ def _field_values(kind: str, choices: tuple[str, ...]) -> st.SearchStrategy[Any]
         "int": positive, "nonneg": st.integers(0, 64), "count": st.integers(0, 3), "port": st.integers(1, 65535),
         "bool": st.booleans(), "str": texts, "path": texts, "subnet": subnets,
         "choice": st.sampled_from(choices) if choices else texts,
+        "backend": st.sampled_from(choices) | st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,15}", fullmatch=True).filter(
+            lambda name: name.lower() not in choices),
         "hosts": st.lists(host_names, unique=True, max_size=6).map(tuple),
         "args": st.lists(mpi_words, max_size=4).map(tuple),
     }[kind]

@@ -268,7 +268,7 @@ def _unknown(name: str, names: tuple[str, ...], *, broken: _Source | None, span:
         detail = f"'{name}' is {broken.origin}, which failed to load (see PR401)"
     else:
         detail = f"no backend named '{name}' is built in to poprun or installed as a plugin"
-    guess = did_you_mean(name, names)
+    guess = did_you_mean(name, (*names, *PLANNED))  # 'sshh' is most likely 'ssh', though it comes later
     hint = (f"did you mean '{guess}'? " if guess else "") + f"known backends: {_choices(names)}"
     return error("PR400", f"unknown backend '{name}'", detail=detail, span=span, hint=hint)
 

@@ -6,7 +6,9 @@ Layer: ``poprun.cli``; the only place (with :mod:`main`) that prints, writes fil
 
 from __future__ import annotations
 
+import contextlib
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 from poprun import __version__
@@ -17,19 +19,58 @@ from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
 from poprun.planner.load import SPEC_SUFFIXES, is_spec_path, load_spec
+from poprun.planner.option import BACKENDS
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
 from poprun.planner.spec import Spec, overlay
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.cli.progress import Console
+
 # The text behind spans that are not files (the command line), for carets in diagnostics.
 SOURCES: dict[str, str] = {}
+
+
+class _Status:
+    """The console of a launch being planned: what is written meanwhile clears its status line first."""
+
+    console: Console | None = None
 
 
 def _warn(diagnostics: tuple[Diagnostic, ...]) -> None:
     if diagnostics:
         from poprun.render.diagnostics import render_diagnostics
 
-        sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
+        _stderr(render_diagnostics(diagnostics, SOURCES))
+
+
+def _stderr(text: str) -> None:
+    if _Status.console is not None:
+        _Status.console.write("stderr", text.encode(errors="replace"))
+    else:
+        sys.stderr.write(text)
+
+
+@contextlib.contextmanager
+def _planning() -> Iterator[Console]:
+    """
+    Yield a console that shows ``planning`` on the status line (on a terminal) until the launch takes it over.
+
+    When planning fails, the status line is cleared before the diagnostics are printed.
+    """
+    from poprun.cli.progress import Console
+
+    console = Console()
+    console.status("planning")
+    _Status.console = console
+    try:
+        yield console
+    except BaseException:
+        console.close()
+        raise
+    finally:
+        _Status.console = None
 
 
 def _read(args: list[str], ctx: Context, *, prog: str, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
@@ -70,6 +111,22 @@ def _solve(spec: Spec, ctx: Context, *, require_program: bool) -> Solution:
     return solution
 
 
+def _check_plugin_backend(spec: Spec) -> None:
+    """
+    Raise PR400 (or PR402) when the spec names a backend that is neither poprun's nor an installed plugin's.
+
+    Backends poprun knows of (built in, or planned for a later version) are not looked up:
+    a plan may be made for a backend that runs it elsewhere.
+    """
+    if spec.backend is None or spec.backend.value in BACKENDS:
+        return
+    from poprun.backends.registry import default_registry
+
+    registry = default_registry()
+    _warn(registry.warnings)
+    registry.factory(spec.backend.value, span=spec.backend.origin)
+
+
 def _emit(text: str, command: CommandLine) -> None:
     if command.output is None:
         sys.stdout.write(text)
@@ -89,6 +146,7 @@ def plan(args: list[str]) -> int:
     if command.help:
         return _help()
     solution = _solve(spec, ctx, require_program=False)
+    _check_plugin_backend(spec)
     if command.format == "json":
         from poprun.planner.serde import to_json
 
@@ -145,7 +203,9 @@ def apply(args: list[str]) -> int:
     _reject_plan_options(command, "'poprun apply'")
     if command.help:
         return _help()
-    return _run(_solve(spec, ctx, require_program=True).plan)
+    with _planning() as console:
+        plan = _solve(spec, ctx, require_program=True).plan
+    return _run(plan, console=console, backend_span=_backend_span(spec))
 
 
 def _apply_saved(path: str, rest: list[str], ctx: Context) -> int:
@@ -195,14 +255,14 @@ def classic(args: list[str]) -> int:
         return _help()
     if command.version:
         return _version(command.version_format)
-    solution = _solve(spec, ctx, require_program=True)
-    if solution.plan.output.print_topology:
-        sys.stdout.write(_topology(solution.plan))
-        sys.stdout.flush()
-    return _run(solution.plan)
+    with _planning() as console:
+        solution = _solve(spec, ctx, require_program=True)
+        if solution.plan.output.print_topology:
+            console.write("stdout", _topology(solution.plan).encode())
+    return _run(solution.plan, console=console, backend_span=_backend_span(spec))
 
 
-def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None) -> int:
+def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None, console: Console | None = None) -> int:
     """
     Run ``plan`` with its backend from a new registry; return poprun's exit status.
 
@@ -217,9 +277,16 @@ def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None) -> int:
     try:
         registry.factory(plan.backend.name, span=backend_span)
     except DiagnosticError as exc:
+        if console is not None:
+            console.close()
         _warn(exc.diagnostics)
         return exitcode.LAUNCH
-    return run_plan(plan, registry=registry)
+    return run_plan(plan, registry=registry, console=console)
+
+
+def _backend_span(spec: Spec) -> SourceSpan | None:
+    """Return where the spec names its backend, so that PR400 and PR404 point there."""
+    return spec.backend.origin if spec.backend is not None else None
 
 
 def _help() -> int:

@@ -196,7 +196,7 @@ _VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
     "autoreport": ("autoreport_dir", str), "subnet": ("host_subnet", conv.to_subnet),
     "output": ("only_output_from_instance", conv.to_int), "verbosity": ("verbosity", conv.to_int),
     "key_path": ("distribute_ssh_key_path", str), "key_type": ("distribute_ssh_key_type", _choice(SSH_KEY_TYPES)),
-    "backend": ("backend", _choice(BACKENDS)), "cd": ("working_dir", str),
+    "backend": ("backend", lambda text: conv.to_backend(text, BACKENDS)), "cd": ("working_dir", str),
 }
 # Counts of the topology line: the rule names are the Spec fields.
 _COUNTS = ("replicas", "instances", "ilds", "ipus_per_replica")

@@ -284,6 +284,7 @@ def _convert(option: Option, raw: str) -> object:
         "int": conv.to_positive_int, "nonneg": _nonneg, "port": conv.to_port, "bool": conv.to_bool,
         "subnet": conv.to_subnet, "str": str, "path": str,
         "choice": lambda text: conv.to_choice(text, option.choices),
+        "backend": lambda text: conv.to_backend(text, option.choices),
     }
     return converters[kind](raw)
 

@@ -23,7 +23,7 @@ class Option:
     One option. ``field`` is the :class:`Spec` field (None for command-line actions).
 
     ``kind`` says how its value is read: ``int`` (positive), ``nonneg``, ``port``, ``bool``,
-    ``str``, ``path``, ``choice``, ``hosts``, ``args`` (shell-split; repeats merge),
+    ``str``, ``path``, ``choice``, ``backend`` (a choice, or a plugin's name), ``hosts``, ``args`` (shell-split; repeats merge),
     ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``count`` (no value),
     ``flag`` (no value), ``action`` (a command-line action with a value).
     """
@@ -134,8 +134,8 @@ OPTIONS: tuple[Option, ...] = (
        "type to distribute: dsa, ecdsa, ed25519 or rsa", "ssh.key_type", choices=SSH_KEY_TYPES, group="SSH"),
     _o("--allow-run-as-root", "allow_run_as_root", "bool", "Allow running as root (passed to "
        "mpirun)", "run.allow_run_as_root", default="no", group="Execution"),
-    _o("--backend", "backend", "choice", "The backend that runs the plan: local, offline, ssh, "
-       "mpirun or slurm", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution"),
+    _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
+       "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution"),
     _o("--export-config", None, "action", "Export the command line to a configuration file",
        group="Configuration"),
     _o("--import-config", None, "action", "Import a configuration file (command-line values "

@@ -170,7 +170,8 @@ class _Reader:
 
     def _text(self, path: Path, text: str, option: Option) -> str | None:
         convert: Callable[[str], str] = {
-            "choice": lambda t: conv.to_choice(t, option.choices), "subnet": conv.to_subnet}.get(option.kind, str)
+            "choice": lambda t: conv.to_choice(t, option.choices), "subnet": conv.to_subnet,
+            "backend": lambda t: conv.to_backend(t, option.choices)}.get(option.kind, str)
         try:
             return convert(text)
         except conv.InvalidValueError as problem:

@@ -81,6 +81,26 @@ def to_choice(text: str, choices: tuple[str, ...]) -> str:
     raise InvalidValueError(f"'{text}' is not one of the choices", suggestion_hint(text, choices, noun="value"))
 
 
+_PLUGIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
+
+
+def to_backend(text: str, builtins: tuple[str, ...]) -> str:
+    """
+    Return a backend name: one of ``builtins`` (case-insensitive, in its canonical case) or a plugin's.
+
+    A plugin's name (an entry point of the ``poprun.backends`` group) is kept as written; whether
+    such a backend is installed is known only where backends are (the command line checks it).
+    """
+    if any(b.lower() == text.strip().lower() for b in builtins):
+        return to_choice(text, builtins)
+    if _PLUGIN_NAME.fullmatch(text):
+        return text
+    from poprun.core.hint import list_choices
+
+    raise InvalidValueError(f"'{text}' is not a backend name",
+                            f"use {list_choices(builtins)}, or the name of an installed backend plugin")
+
+
 def to_args(text: str) -> tuple[str, ...]:
     """Split a shell-quoted argument string (``--mpi-local-args="-x A -x B='c d'"``)."""
     try:

@@ -61,10 +61,32 @@ def test_status_line_on_a_terminal_is_drawn_and_cleared_before_any_output(tmp_pa
     # THEN
     assert 0 == status
     assert b"poprun: running 2 instances for 0 s" in texts
+    shown = [t for t in texts if t]
+    phases = [b"poprun: planning", b"poprun: starting 2 instances", b"poprun: running 2 instances for 0 s"]
+    assert b"poprun: planning" == shown[0]
+    assert [t for t in dict.fromkeys(shown) if t in phases] == [p for p in phases if p in shown], "phases in order"
     assert [b"one 0", b"one 1", b"two 0", b"two 1"] == sorted(rest.split(b"\n")[:-1])
     assert not re.search(rb"\r[^\r\n\x1b]+\x1b\[K[^\r]", raw), "output written right after a drawn status line"
     assert raw.endswith(b"\r\x1b[K") or not raw.rsplit(b"\n", 1)[-1], "the status line is left on the screen"
     assert all(len(t) < 80 for t in texts)
+
+
+def test_failed_planning_on_a_terminal_clears_the_status_line_before_the_diagnostic(tmp_path: Path) -> None:
+    """PR300 on a tty: 'planning' is drawn, then cleared, then the diagnostic starts on a clean line."""
+    status, raw = poprun_on_a_terminal("--num-instances", "3", "--num-replicas", "4", "true", cwd=tmp_path)
+
+    assert 2 == status
+    assert raw.startswith(b"\rpoprun: planning\x1b[K\r\x1b[Kerror[PR300]"), raw[:80]
+
+
+def test_topology_on_a_terminal_is_not_written_after_the_status_line(tmp_path: Path) -> None:
+    """--print-topology=yes while 'planning' shows: the table starts on a cleared line."""
+    status, raw = poprun_on_a_terminal("--print-topology=yes", "--num-instances", "2", "--num-replicas", "2",
+                                       "--offline-mode=1", "true", cwd=tmp_path)
+
+    assert 0 == status
+    assert not re.search(rb"\r[^\r\n\x1b]+\x1b\[K[^\r]", raw), "output written right after a drawn status line"
+    assert STATUS.sub(b"", raw).startswith(b" ===================\n|  poprun topology  |\n")
 
 
 def test_no_status_line_when_stderr_is_not_a_terminal(tmp_path: Path) -> None:

@@ -313,7 +313,7 @@ ERRORS = [
     ("partition (port 0)", "PR212", "invalid value for partition.server_port", 1, 17, 18),
     ("partition at [::1", "PR105", "invalid value for partition.server_host", 1, 14, 18),
     ("placement spredanuma", "PR105", "invalid value for placement.strategy", 1, 11, 21),
-    ("backend sshh", "PR105", "invalid value for run.backend", 1, 9, 13),
+    ("backend ssh/x", "PR105", "invalid value for run.backend", 1, 9, 14),
     ("distribute ssh key (type ed2551)", "PR105", "invalid value for ssh.key_type", 1, 26, 32),
     ("subnet 10.5.0.0/33", "PR213", "invalid value for network.host_subnet", 1, 8, 19),
     ("set 1A = x", "PR105", "invalid environment variable name", 1, 5, 7),

@@ -60,6 +60,22 @@ def test_boolean_words(word, value):
     assert value == parse(f"--numa-aware={word}", "prog").spec.numa_aware.value
 
 
+@pytest.mark.parametrize(("word", "value"), [("SSH", "ssh"), ("Local", "local"), ("gpu-cluster", "gpu-cluster"),
+                                             ("my_backend.v2", "my_backend.v2")])
+def test_backend_names_are_built_ins_in_canonical_case_or_plugin_names_as_written(word, value):
+    """--backend takes poprun's backends in any case and a plugin's name as it is written."""
+    assert value == parse(f"--backend={word}", "prog").spec.backend.value
+
+
+@pytest.mark.parametrize("word", ["a b", "", "gpu/cluster", ".hidden"])
+def test_backend_that_is_no_name_is_pr105(word):
+    """A --backend value that cannot name an entry point is PR105, listing poprun's backends."""
+    diag = failure(f"--backend={word}", "prog")
+
+    assert ("PR105", "invalid value for --backend") == (diag.code, diag.summary)
+    assert "or the name of an installed backend plugin" in diag.hint
+
+
 def test_invalid_boolean_is_pr105():
     """A boolean option with another word is PR105."""
     diag = failure("--offline-mode=maybe", "prog")

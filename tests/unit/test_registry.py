@@ -67,6 +67,33 @@ def test_plugin_is_found_and_used_by_apply(plugins, module, tmp_path, monkeypatc
     assert ("gpu", "local", "offline") == default_registry().names()
 
 
+def test_plugin_named_by_backend_flag_plans_and_runs(plugins, module, tmp_path, monkeypatch):
+    """--backend=gpu (an installed plugin): 'poprun plan' accepts it, the classic form runs through it."""
+    # GIVEN a distribution declaring backend 'gpu'
+    plugins("gpu-backend", {"gpu": f"{module}:make"}, {module: RECORDING})
+    monkeypatch.chdir(tmp_path)
+    # WHEN it is planned and then run by name
+    with redirect_stdout(io.StringIO()) as out, redirect_stderr(io.StringIO()) as err:
+        planned = main(["plan", "--backend=gpu", "--format", "json", "--num-instances", "2", "--num-replicas", "2",
+                        "true"])
+        ran = main(["--backend=gpu", "--num-instances", "2", "--num-replicas", "2", "true"])
+    # THEN both succeed and the plugin ran the plan it was given
+    assert (0, 0, "") == (planned, ran, err.getvalue())
+    assert '"name": "gpu"' in out.getvalue()
+    (plan,) = import_module(module).SHARED.plans
+    assert ("gpu", 2) == (plan.backend.name, len(plan.instances))
+
+
+def test_backend_flag_naming_no_installed_backend_is_pr400_at_the_flag(monkeypatch):
+    """'poprun plan --backend=gpu-cluster' without such a plugin: PR400 pointing at --backend, exit 2."""
+    monkeypatch.setenv("POPRUN_NO_PLUGINS", "1")
+    with redirect_stdout(io.StringIO()) as out, redirect_stderr(io.StringIO()) as err:
+        status = main(["plan", "--backend=gpu-cluster", "true"])
+
+    assert (2, "") == (status, out.getvalue())
+    assert "error[PR400]: unknown backend 'gpu-cluster'\n  --> command line: --backend\n" in err.getvalue()
+
+
 def test_plugin_class_gives_a_new_backend_per_get(plugins, module):
     """An entry point naming a class is its factory: each get returns a new instance."""
     plugins("gpu-backend", {"gpu": f"{module}:Gpu"},

@@ -309,7 +309,7 @@ def test_every_problem_is_reported_in_text_order() -> None:
     """
     text = """\
 [run]
-backend = "shh"
+backend = "s h"
 [topology]
 replicas = -2
 hosts = ["pod1", 2]
