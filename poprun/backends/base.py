@@ -15,6 +15,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Mapping
 
+from poprun.core.diagnostic import Diagnostic
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -45,13 +46,15 @@ class LaunchError(Exception):
     Nothing of the plan runs: the program is missing, a host is wrong, a directory is gone.
 
     ``status`` is poprun's exit status: 127 program not found, 126 not executable, 125 any
-    other reason poprun could not launch (design.md section 3). The message is one line.
+    other reason poprun could not launch (design.md section 3). The message is one line;
+    ``diagnostics``, when there are several problems with codes (the ssh preflight), say more.
     """
 
-    def __init__(self, message: str, *, status: int = CANNOT_LAUNCH) -> None:
+    def __init__(self, message: str, *, status: int = CANNOT_LAUNCH, diagnostics: tuple[Diagnostic, ...] = ()) -> None:
         super().__init__(message)
         self.message = message
         self.status = status
+        self.diagnostics = diagnostics  # when given, what to show instead of the message (one per problem)
 
 
 class OutputSink(Protocol):

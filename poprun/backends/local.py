@@ -39,8 +39,8 @@ if TYPE_CHECKING:
 DEFAULT_GRACE_S = 5.0
 CACHE_PREFIX = "poprun-cache-"  # only directories named so are ever removed as a temporary cache
 
-__all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "environment",
-           "executable", "temporary_directories"]
+__all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "abandon", "environment",
+           "executable", "is_this_machine", "start_instance", "temporary_directories"]
 
 
 def executable(instance: Instance, env: Mapping[str, str]) -> str:
@@ -81,6 +81,12 @@ def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:
     return programs
 
 
+def is_this_machine(host: str) -> bool:
+    """Return whether ``host`` names this machine: localhost, a loopback address, or this host name."""
+    name = os.uname().nodename
+    return host in {"localhost", "127.0.0.1", "::1", name, name.split(".")[0]}
+
+
 def temporary_directories(plan: LaunchPlan) -> tuple[str, ...]:
     """Return the plan's temporary executable cache directories (to remove at the end), sorted."""
     if plan.cache.mode != "temporary" or not plan.cache.remove_at_exit:
@@ -89,7 +95,13 @@ def temporary_directories(plan: LaunchPlan) -> tuple[str, ...]:
     return tuple(sorted(p for p in paths if p and Path(p).name.startswith(CACHE_PREFIX)))
 
 
-def _start(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
+def start_instance(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
+    """
+    Start ``instance`` as a child process in process group ``group``, output piped, stdin empty.
+
+    Raises:
+        LaunchError: 127, 126 or 125 when the program cannot be started.
+    """
     try:
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
             instance.argv, executable=program, cwd=instance.cwd, env=env, stdin=subprocess.DEVNULL,
@@ -100,7 +112,7 @@ def _start(instance: Instance, env: dict[str, str], program: str, group: int) ->
                           status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
 
 
-def _abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Router) -> None:
+def abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Router) -> None:
     """Undo a launch that failed to start: kill what started, close everything."""
     watchdog.close()
     for proc in procs:
@@ -121,9 +133,7 @@ class LocalBackend:
 
     def check_hosts(self, plan: LaunchPlan) -> None:
         """Raise :class:`LaunchError` (125) naming the first host of the plan that is not this machine."""
-        name = os.uname().nodename
-        local = {"localhost", "127.0.0.1", "::1", name, name.split(".")[0]}
-        remote = next((i.host for i in plan.instances if i.host not in local), None)
+        remote = next((i.host for i in plan.instances if not is_this_machine(i.host)), None)
         if remote is not None:
             raise LaunchError(f"host '{remote}' is not this machine: the local backend runs instances here only "
                               "(the offline backend runs every instance here whatever its host)")
@@ -144,13 +154,13 @@ class LocalBackend:
         procs: list[subprocess.Popen[bytes]] = []
         try:
             for instance, env, program in zip(plan.instances, envs, programs, strict=True):
-                procs.append(_start(instance, env, program, watchdog.group))
+                procs.append(start_instance(instance, env, program, watchdog.group))
             watchdog.await_ready()
         except WatchdogError as exc:
-            _abandon(watchdog, procs, router)
+            abandon(watchdog, procs, router)
             raise LaunchError(str(exc.strerror)) from exc
         except LaunchError:
-            _abandon(watchdog, procs, router)
+            abandon(watchdog, procs, router)
             raise
         return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            remove=remove)

@@ -43,6 +43,8 @@ from poprun.planner.plan import LaunchPlan
 _READ = 1 << 18  # bytes read from a pipe at once
 _DRAIN_READS = 64  # reads of one pipe at most when draining it while its writers may still run
 _DRAIN_S = 0.5  # how long output may keep flowing once the group is killed (a process outside it holds a pipe)
+_SIGNALLED = 128  # a POSIX shell reports death by signal N as status 128+N
+_MAX_SIGNAL = 64
 _Key = tuple[int, Stream] | int | None  # a pipe, an instance's pidfd, the wake-up pipe
 
 
@@ -50,9 +52,22 @@ class LocalLaunch:
     """The running instances of one plan on this machine; see :class:`~poprun.backends.base.Launch`."""
 
     def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
-                 router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = ()) -> None:
+                 router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
+                 stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
+                 finish: Callable[[], None] | None = None) -> None:
+        """
+        Supervise ``procs`` (one per instance, in the launch's process group) until they end.
+
+        ``stop``, when given, is also called with the signal the launch's group gets, SIGTERM to
+        stop gracefully or SIGKILL (the ssh backend asks its remote instances to stop through
+        their ssh connections, and kills those connections). The exit status of an
+        instance in ``remote`` is its remote program's, 128+N meaning killed by signal N.
+        ``finish`` runs once every process of the launch is gone (the ssh backend closes its
+        connections).
+        """
         self._plan, self._procs, self._watchdog, self._router = plan, tuple(procs), watchdog, router
         self._grace_s, self._remove = grace_s, tuple(remove)
+        self._stop, self._remote, self._finish = stop, remote, finish
         self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)  # an EventSink
         self._lock = threading.RLock()  # reentrant: a second Ctrl-C may interrupt terminate()
         self._stopping = self._finished = False
@@ -78,12 +93,17 @@ class LocalLaunch:
                 return
             first, self._stopping = not self._stopping, True
             if grace_s <= 0:
-                self._watchdog.signal(signal.SIGKILL)
+                self._signal(signal.SIGKILL)
                 self._kill_at = None
             elif first:
-                self._watchdog.signal(signal.SIGTERM)
+                self._signal(signal.SIGTERM)
                 self._kill_at = time.monotonic() + grace_s
             self._wake()
+
+    def _signal(self, sig: int) -> None:
+        self._watchdog.signal(sig)
+        if self._stop is not None:
+            self._stop(sig)
 
     def _wake(self) -> None:
         """Wake the supervisor up; call with the lock held (the pipe is closed once finished)."""
@@ -112,6 +132,9 @@ class LocalLaunch:
                 self._watchdog.close()
             with contextlib.suppress(Exception):
                 self._close()
+            if self._finish is not None:
+                with contextlib.suppress(Exception):
+                    self._finish()
         finally:
             self._done.set()
 
@@ -180,6 +203,8 @@ class LocalLaunch:
         self._drain(index)
         with self._lock:
             stopped = self._stopping
+        if index in self._remote and _SIGNALLED < code <= _SIGNALLED + _MAX_SIGNAL:
+            code = _SIGNALLED - code  # the remote shell's 128+N: killed by signal N there
         end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
                             signal=-code if code < 0 else None, stopped=stopped)
         self._ends.append(end)
@@ -222,6 +247,8 @@ class LocalLaunch:
         self._drain_to_the_end()
         self._close()
         remove_directories(self._remove)  # again: a killed process may have written there meanwhile
+        if self._finish is not None:
+            self._finish()
 
     def _drain_to_the_end(self) -> None:
         """Read every pipe to its end, for at most :data:`_DRAIN_S` (a process out of reach may hold one)."""

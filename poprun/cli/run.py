@@ -232,7 +232,12 @@ def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | N
         launch = backend.launch(plan, env_source=os.environ if env_source is None else env_source, sink=console)
     except LaunchError as exc:
         console.close()
-        _error(exc.message)
+        if exc.diagnostics:
+            from poprun.render.diagnostics import render_diagnostics
+
+            sys.stderr.write(render_diagnostics(exc.diagnostics, {}))
+        else:
+            _error(exc.message)
         return exc.status
     interrupts.started(launch)
     reporter.running()

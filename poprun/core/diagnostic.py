@@ -60,6 +60,11 @@ CODES: dict[str, str] = {
     "PR402": "backend declared twice",
     "PR403": "stale plan",
     "PR404": "backend not available in this version",
+    "PR405": "host name unknown",
+    "PR406": "host unreachable",
+    "PR407": "host key verification failed",
+    "PR408": "permission denied by host",
+    "PR409": "program missing on host",
 }
 
 

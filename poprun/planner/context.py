@@ -42,8 +42,16 @@ class Context:
         """Return the context of this process."""
         names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
         config, where = _read_vipu_config()
-        return cls(environ=dict(os.environ), cwd=str(Path.cwd()), is_root=os.geteuid() == 0,
+        return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
+
+
+def _cwd() -> str:
+    """Return the current directory; when it was removed, the path the shell knew it by ($PWD, else /)."""
+    try:
+        return os.getcwd()  # noqa: PTH109 - os.getcwd is what Path.cwd calls
+    except FileNotFoundError:  # the backend then says the working directory is missing, or a host has it
+        return os.environ.get("PWD") or "/"
 
 
 def _read_vipu_config() -> tuple[dict[str, str], str | None]:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from poprun.core.diagnostic import Diagnostic
-from poprun.core.span import COMMAND_LINE, SourceSpan
+from poprun.core.span import COMMAND_LINE, ENVIRONMENT, SourceSpan
 
 
 def render_diagnostic(diag: Diagnostic, sources: Mapping[str, str] | None = None) -> str:
@@ -65,6 +65,8 @@ def _where(span: SourceSpan) -> str:
         return f"command line: {span.key_path}"
     if span.is_file:
         return f"{span.describe()}  ({span.key_path})"
+    if span.file == ENVIRONMENT:  # an operational fact: what it is about says it all ("host h2")
+        return span.key_path
     return span.describe()
 
 

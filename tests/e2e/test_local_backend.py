@@ -220,11 +220,11 @@ def test_local_backend_refuses_a_host_that_is_not_this_machine() -> None:
 
 
 def test_backend_of_a_later_version_is_a_launch_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """A plan for the ssh backend exits 125 with one clear line."""
+    """A plan for the slurm backend exits 125 with one clear line."""
     plan = plan_of("--num-replicas", "1", PY, "-c", "pass")
-    status = run_plan(evolve(plan, backend=BackendChoice(name="ssh", reason="test")))
+    status = run_plan(evolve(plan, backend=BackendChoice(name="slurm", reason="test")))
 
-    assert (125, "poprun: backend 'ssh' is not available in this version\n") == (status, capsys.readouterr().err)
+    assert (125, "poprun: backend 'slurm' is not available in this version\n") == (status, capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("spec", ["hello.toml", "hello.pop"])

@@ -14,6 +14,8 @@ from poprun.core.diagnostic import CODES
 from tests.golden.harness import assert_golden, case_dirs, run_cli
 
 CASE_DIRS = case_dirs(Path(__file__).parent / "diagnostics")
+# Codes that need real ssh hosts have their golden cases beside the tests that bring the hosts up.
+HOST_CASE_DIRS = case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden")
 
 
 def stderr_of(case: Path, monkeypatch: pytest.MonkeyPatch) -> str:
@@ -29,7 +31,7 @@ def test_diagnostic_text_matches_golden(case, monkeypatch):
 
 def test_every_code_has_a_golden_case_and_a_doc_page():
     """Each registered code is triggered by a golden case and documented in docs/errors/."""
-    triggered = {p.name.split("_")[0] for p in CASE_DIRS}
+    triggered = {p.name.split("_")[0] for p in (*CASE_DIRS, *HOST_CASE_DIRS)}
     docs = Path(__file__).parents[2] / "docs" / "errors"
 
     assert [] == sorted(set(CODES) - triggered)

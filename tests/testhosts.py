@@ -1,0 +1,348 @@
+"""
+Emulated hosts for end-to-end tests: K network namespaces on this machine, each a real OpenSSH host.
+
+Test support, stdlib only (it also runs as a script before the project is installed); it
+imports nothing from ``poprun``. Host ``hN`` is a network namespace with a veth into one
+bridge, its own address on a private ``10.77.X.0/24``, its own hostname (a UTS namespace)
+and its own ``sshd`` on port 22. A generated client key is authorised everywhere, and an
+``ssh_config`` with strict host key checking names the hosts ``h1..hK``; mpirun and poprun's
+ssh backend reach them through it (see :meth:`TestHosts.env`). Every name carries a random
+tag, so two sessions on one machine never collide. All that :func:`up` creates is recorded
+in the state directory, so :func:`down` can undo it from another process. Needs root,
+``ip`` (iproute2), ``unshare`` (util-linux) and OpenSSH's ``sshd``, ``ssh`` and ``ssh-keygen``.
+
+    python tests/testhosts.py up --count 4 --state DIR    # prints `export ...` lines
+    python tests/testhosts.py down --state DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import json
+import os
+import re
+import secrets
+import shlex
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, ClassVar
+
+SSHD = "/usr/sbin/sshd"
+TOOLS = ("ip", "unshare", "ssh", "ssh-keygen")
+RECORD = "testhosts.json"  # what up() created, for down()
+FIRST_HOST = 10  # host hN gets 10.77.X.(FIRST_HOST + N); the bridge has .1
+# MaxStartups: a launch opens many connections to one host at once; the default (10) drops some.
+SSHD_CONFIG = """\
+Port 22
+ListenAddress {address}
+HostKey {state}/host_{name}
+PidFile {state}/sshd_{name}.pid
+AuthorizedKeysFile {state}/authorized_keys
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+StrictModes no
+UsePAM no
+MaxStartups 100
+"""
+SSH_DEFAULTS = """\
+Host *
+  User root
+  IdentityFile {state}/id_ed25519
+  IdentitiesOnly yes
+  BatchMode yes
+  StrictHostKeyChecking yes
+  UserKnownHostsFile {state}/known_hosts
+  LogLevel ERROR
+  ConnectTimeout 5
+"""
+
+
+class TestHostsUnavailable(RuntimeError):  # noqa: N818 - names the reason to skip, not a bug
+    """This machine cannot host the test hosts (not root, or a tool is missing); the message says why."""
+
+    __test__: ClassVar[bool] = False  # not a pytest test class
+
+
+@dataclasses.dataclass(frozen=True)
+class TestHosts:
+    """Running test hosts: names, addresses and the files a client needs to reach them."""
+
+    __test__: ClassVar[bool] = False  # not a pytest test class
+
+    names: tuple[str, ...]  # ("h1", ..., "hK"), the ssh_config aliases and the hostnames
+    addresses: dict[str, str]  # name -> address on ``subnet``
+    namespaces: dict[str, str]  # name -> network namespace (``ip netns``)
+    bridge: str  # the bridge in the root namespace; it has the subnet's .1
+    subnet: str  # "10.77.X.0/24", on no other interface of this machine
+    ssh_config: Path
+    known_hosts: Path
+    client_key: Path
+    state: Path
+
+    def env(self) -> dict[str, str]:
+        """Return the environment variables that send poprun's ssh backend and mpirun to these hosts."""
+        return {
+            "POPRUN_SSH_CONFIG": str(self.ssh_config),
+            "OMPI_MCA_plm_rsh_args": f"-F {self.ssh_config}",
+            "OMPI_MCA_oob_tcp_if_include": self.subnet,
+            "OMPI_MCA_btl_tcp_if_include": self.subnet,
+            "OMPI_ALLOW_RUN_AS_ROOT": "1",
+            "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+        }
+
+    def ssh(self, name: str, command: str, *, timeout: float = 30) -> subprocess.CompletedProcess[str]:
+        """Run the shell ``command`` on host ``name`` over ssh; return what it did (never raises on failure)."""
+        return subprocess.run(["ssh", "-F", str(self.ssh_config), name, command],
+                              capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
+
+    def processes(self, name: str, pattern: str) -> list[str]:
+        """Return ``"PID COMMAND LINE"`` of each living process on host ``name`` whose command line matches ``pattern``."""
+        inode = _netns_inode(self.namespaces[name])
+        found = _processes_in({inode} if inode else set())
+        return [f"{pid} {line}" for pid, (_, line) in sorted(found.items()) if re.search(pattern, line)]
+
+
+def up(count: int, state: Path, *, timeout_s: float = 10.0) -> TestHosts:
+    """
+    Start ``count`` hosts ``h1..hK``, keeping their files in ``state`` (made if missing); return them.
+
+    Returns only once every host answers ``hostname`` over ssh with its own name. Cleans up
+    everything if it fails half-way. ``state`` belongs to the hosts: :func:`down` deletes it.
+
+    Raises:
+        TestHostsUnavailable: not root, or a needed tool is missing.
+        RuntimeError: a command failed, or a host did not come up within ``timeout_s``.
+    """
+    _check_machine()
+    state = state.resolve()
+    if not 1 <= count <= 200:
+        raise ValueError(f"count must be 1 to 200, not {count}")
+    if re.search(r"\s", str(state)):
+        raise ValueError(f"the state directory's path must not contain white space: {state}")
+    if (state / RECORD).exists():
+        raise RuntimeError(f"{state} holds running test hosts already; call down() first")
+    state.mkdir(parents=True, exist_ok=True)
+    tag = secrets.token_hex(3)  # 6 hex digits: "ptb" + tag and "pt" + tag + "v" + N fit Linux's 15 characters
+    names = tuple(f"h{i}" for i in range(1, count + 1))
+    record = {"bridge": f"ptb{tag}", "hosts": [
+        {"name": name, "netns": f"poprun-{tag}-{name}", "veth": f"pt{tag}v{name[1:]}"} for name in names]}
+    (state / RECORD).write_text(json.dumps(record, indent=2))  # before anything exists, so down() always works
+    try:
+        return _start(record, tag, state, timeout_s)
+    except BaseException:
+        down(state)
+        raise
+
+
+def down(state: Path) -> None:
+    """Stop the hosts recorded in ``state`` and remove all they were: processes, namespaces, links, files. Idempotent."""
+    state = state.resolve()
+    try:
+        record = json.loads((state / RECORD).read_text())
+    except FileNotFoundError:
+        return  # never up, or down already: a directory without the record is not ours to delete
+    hosts = record["hosts"]
+    for host in hosts:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int((state / f"sshd_{host['name']}.pid").read_text())
+            if str(state / f"sshd_{host['name']}.conf").encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                _kill(pid)  # only ours: a stale pid file may name another process by now
+    inodes = {inode for host in hosts if (inode := _netns_inode(host["netns"]))}
+    deadline = time.monotonic() + 5
+    while (left := _processes_in(inodes)) and time.monotonic() < deadline:
+        for pid in left:
+            _kill(pid)
+        time.sleep(0.02)
+    for host in hosts:
+        _ip("link", "del", host["veth"], check=False)
+        _ip("netns", "del", host["netns"], check=False)
+    _ip("link", "del", record["bridge"], check=False)
+    shutil.rmtree(state, ignore_errors=True)
+
+
+def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> TestHosts:
+    """Create the bridge, the hosts and the client files of ``record``; return the running hosts."""
+    bridge, hosts = record["bridge"], record["hosts"]
+    _ip("link", "add", bridge, "type", "bridge")
+    prefix = _claim_subnet(bridge, start=int(tag, 16))
+    _ip("link", "set", bridge, "up")
+    names = tuple(host["name"] for host in hosts)
+    addresses = {name: f"{prefix}.{FIRST_HOST + i}" for i, name in enumerate(names, start=1)}
+    _keygen(state / "id_ed25519")
+    shutil.copyfile(state / "id_ed25519.pub", state / "authorized_keys")
+    Path("/run/sshd").mkdir(parents=True, exist_ok=True)  # sshd's privilege separation directory
+    starting = []
+    for host in hosts:
+        name, netns, veth, address = host["name"], host["netns"], host["veth"], addresses[host["name"]]
+        _ip("netns", "add", netns)
+        _ip("link", "add", veth, "type", "veth", "peer", "name", "eth0", "netns", netns)
+        _ip("link", "set", veth, "master", bridge, "up")
+        _ip("-n", netns, "addr", "add", f"{address}/24", "dev", "eth0")
+        _ip("-n", netns, "link", "set", "eth0", "up")
+        _ip("-n", netns, "link", "set", "lo", "up")
+        _keygen(state / f"host_{name}")
+        config = state / f"sshd_{name}.conf"
+        config.write_text(SSHD_CONFIG.format(address=address, state=state, name=name))
+        daemon = f"hostname {name}; exec {SSHD} -f {shlex.quote(str(config))} -E {shlex.quote(str(state))}/sshd_{name}.log"
+        starting.append(subprocess.Popen(["ip", "netns", "exec", netns, "unshare", "--uts", "sh", "-c", daemon],
+                                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
+    _write_client_files(state, addresses)
+    for proc in starting:
+        _, err = proc.communicate(timeout=timeout_s)  # sshd forks into the background once it listens
+        if proc.returncode:
+            raise RuntimeError(f"sshd did not start (exit {proc.returncode}): {err.decode(errors='replace').strip()}")
+    hosts_up = TestHosts(names=names, addresses=addresses, bridge=bridge, subnet=f"{prefix}.0/24",
+                         namespaces={host["name"]: host["netns"] for host in hosts}, ssh_config=state / "ssh_config",
+                         known_hosts=state / "known_hosts", client_key=state / "id_ed25519", state=state)
+    _wait_listening(list(addresses.values()), deadline=time.monotonic() + timeout_s)
+    _verify(hosts_up, timeout_s)
+    return hosts_up
+
+
+def _claim_subnet(bridge: str, *, start: int) -> str:
+    """
+    Give ``bridge`` the .1 of a 10.77.X.0/24 that no other interface or route uses; return "10.77.X".
+
+    X starts from ``start`` (the random tag), so concurrent sessions rarely try the same X; if
+    one did in the same instant, both see the clash after adding the address, and move on.
+    """
+    for step in range(254):
+        prefix = f"10.77.{(start + step) % 254 + 1}"
+        if _subnet_in_use(prefix):
+            continue
+        _ip("addr", "add", f"{prefix}.1/24", "dev", bridge)
+        if not _subnet_in_use(prefix, besides=bridge):
+            return prefix
+        _ip("addr", "del", f"{prefix}.1/24", "dev", bridge, check=False)
+    raise RuntimeError("every 10.77.X.0/24 is in use on this machine")
+
+
+def _subnet_in_use(prefix: str, *, besides: str = "") -> bool:
+    """Return whether an address or route in ``prefix``.0/24 exists, on another interface than ``besides``."""
+    lines = _ip("-o", "-4", "addr", "show").splitlines() + _ip("-4", "route", "show").splitlines()
+    mine = re.compile(rf"(^\d+: {re.escape(besides)}\s)|(\sdev {re.escape(besides)}\s)") if besides else None
+    return any(f" {prefix}." in f" {line}" and not (mine and mine.search(f"{line} ")) for line in lines)
+
+
+def _write_client_files(state: Path, addresses: dict[str, str]) -> None:
+    """Write ``ssh_config`` (aliases and the strict client options) and ``known_hosts`` (each host's real key)."""
+    aliases = "".join(f"Host {name}\n  HostName {address}\n" for name, address in addresses.items())
+    (state / "ssh_config").write_text(aliases + SSH_DEFAULTS.format(state=state))
+    keys = [(name, address, (state / f"host_{name}.pub").read_text().split()[:2]) for name, address in addresses.items()]
+    (state / "known_hosts").write_text("".join(f"{name},{address} {kind} {key}\n" for name, address, (kind, key) in keys))
+
+
+def _wait_listening(addresses: list[str], *, deadline: float) -> None:
+    """Return once every ``address`` accepts TCP connections on port 22; raise RuntimeError at ``deadline``."""
+    waiting = list(addresses)
+    while waiting:
+        address = waiting[0]
+        try:
+            with socket.create_connection((address, 22), timeout=0.2):
+                waiting.pop(0)
+        except OSError as exc:
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"sshd on {address}:22 did not accept connections in time: {exc}") from exc
+            time.sleep(0.01)
+
+
+def _verify(hosts: TestHosts, timeout_s: float) -> None:
+    """Check that every host answers ``hostname`` over ssh with its own name, all at once."""
+    calls = {name: subprocess.Popen(["ssh", "-F", str(hosts.ssh_config), name, "hostname"],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for name in hosts.names}
+    for name, proc in calls.items():
+        out, err = proc.communicate(timeout=timeout_s)
+        if (proc.returncode, out.strip()) != (0, name):
+            raise RuntimeError(f"ssh {name} hostname gave exit {proc.returncode}, {out.strip()!r}: {err.strip()}")
+
+
+def _check_machine() -> None:
+    """Raise TestHostsUnavailable unless this process is root and every tool is installed."""
+    if os.geteuid() != 0:
+        raise TestHostsUnavailable("test hosts need root (network namespaces and sshd on port 22)")
+    missing = [tool for tool in TOOLS if shutil.which(tool) is None] + [SSHD] * (not os.access(SSHD, os.X_OK))
+    if missing:
+        raise TestHostsUnavailable(f"test hosts need {', '.join(missing)} (apt-get install iproute2 util-linux "
+                                   "openssh-server openssh-client)")
+
+
+def _ip(*args: str, check: bool = True) -> str:
+    """Run ``ip ARGS``; return its output. Raise RuntimeError with its message if it fails and ``check``."""
+    done = subprocess.run(["ip", *args], capture_output=True, text=True, check=False)
+    if check and done.returncode:
+        raise RuntimeError(f"ip {' '.join(args)}: {done.stderr.strip()}")
+    return done.stdout
+
+
+def _keygen(path: Path) -> None:
+    """Make an ed25519 key pair without a passphrase at ``path`` and ``path``.pub."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", path.name, "-f", str(path)],
+                   check=True, capture_output=True)
+
+
+def _netns_inode(netns: str) -> int:
+    """Return the inode of network namespace ``netns`` (as in ``/proc/PID/ns/net``), or 0 if it is gone."""
+    try:
+        return Path("/run/netns", netns).stat().st_ino
+    except OSError:
+        return 0
+
+
+def _processes_in(inodes: set[int]) -> dict[int, tuple[int, str]]:
+    """Return {pid: (netns inode, command line)} of every living process (not a zombie) in one of ``inodes``."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        try:
+            inode = Path(entry.path, "ns", "net").stat().st_ino
+            if inode not in inodes or Path(entry.path, "stat").read_bytes().rsplit(b")", 1)[1].split()[0] == b"Z":
+                continue
+            line = Path(entry.path, "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        found[int(entry.name)] = (inode, line)
+    return found
+
+
+def _kill(pid: int) -> None:
+    """SIGKILL ``pid`` and reap it if it is this process's child (we may be a subreaper)."""
+    with contextlib.suppress(OSError):
+        os.kill(pid, signal.SIGKILL)
+    with contextlib.suppress(OSError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the command line: ``up --count K --state DIR`` (prints ``export`` lines) or ``down --state DIR``."""
+    parser = argparse.ArgumentParser(prog="testhosts.py", description=__doc__.split("\n\n")[0].strip())
+    parser.add_argument("action", choices=["up", "down"])
+    parser.add_argument("--count", type=int, default=4, help="how many hosts (h1..hK)")
+    parser.add_argument("--state", type=Path, required=True, help="directory for the hosts' files; down deletes it")
+    args = parser.parse_args(argv)
+    if args.action == "down":
+        down(args.state)
+        return 0
+    try:
+        hosts = up(args.count, args.state)
+    except TestHostsUnavailable as exc:
+        sys.stderr.write(f"testhosts: {exc}\n")
+        return 2
+    exports = "".join(f"export {key}={shlex.quote(value)}\n" for key, value in hosts.env().items())
+    listing = " ".join(f"{name}={address}" for name, address in hosts.addresses.items())
+    sys.stdout.write(f"{exports}# ssh_config: {hosts.ssh_config}\n# hosts: {listing}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
