@@ -12,7 +12,8 @@ instance of that host reuses; ``POPRUN_SSH_CONFIG`` names an ``ssh_config`` file
 (:func:`preflight`): a host whose name is unknown (PR405), that cannot be reached (PR406),
 whose host key is not trusted (PR407), that refuses the key (PR408), or that lacks the working
 directory, the program or its interpreter (PR409) is reported, each with the seed's advice
-(section 2.2.1), within :data:`PREFLIGHT_S` seconds, never a hang.
+(section 2.2.1), within :data:`PREFLIGHT_S` seconds, never a hang. With ``--distribute-ssh-key``
+the key is copied to every host first (:mod:`poprun.backends.sshkey`).
 
 Each remote instance runs in the plan's working directory (section 2.2.4: the same on every
 host) with the host's login environment minus ``env.unset``, plus the forwarded variables
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import selectors
 import shlex
 import signal
 import subprocess
@@ -67,10 +69,16 @@ CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes: a host that has not answered by then is unreachable
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
 _MARK = "poprun-preflight"
-# Runs the program ($1...) in its own session; a "T" line on stdin stops its group with
-# SIGTERM, the end of stdin kills it. Exits with the program's status (128+N: signal N).
+_OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"
+_ALIVE = ".alive"  # beside a temporary cache on a host: one file per instance still running there
+# Waits for poprun's "G" (go: every host passed the preflight; anything else, or the end of
+# stdin, and it exits 0 without starting anything), then runs the program ($1...) in its own
+# session; a "T" line on stdin stops its group with SIGTERM, the end of stdin kills it. Exits
+# with the program's status (128+N: signal N), after removing the temporary executable cache
+# $2 if it is the last of its instances there ($POPRUN_CACHE, with a marker file per instance).
 # (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
 _WRAPPER = """\
+read -r go; [ "$go" = G ] || exit 0
 p=$1; shift
 command -v -- "$p" >/dev/null 2>&1 || { [ -x "./$p" ] && p=./$p; }
 exec 3<&0
@@ -97,22 +105,48 @@ class PreflightError(LaunchError):
 
 class SshClient:
     """
-    The OpenSSH client as poprun runs it: batch mode, a connect timeout, a shared connection per host.
+    The OpenSSH client as poprun runs it: batch mode, a connect timeout, one shared connection per host.
 
     ``config`` is an ``ssh_config`` file (``-F``), or None for the user's own.
     """
 
     def __init__(self, *, config: str | None = None, ssh: str = "ssh") -> None:
-        self._control = private_directory("poprun-ssh-")
+        self.directory = private_directory("poprun-ssh-")  # the shared connections' sockets
         self._base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
-                      "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", "ControlMaster=auto",
-                      "-o", f"ControlPath={self._control}/%C", "-o", f"ControlPersist={CONTROL_PERSIST_S}"]
+                      "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ControlPath={self.directory}/%C"]
         self._hosts: set[str] = set()
 
+    def connect(self, hosts: Sequence[str], *, timeout_s: float) -> dict[str, tuple[int, str]]:
+        """
+        Open the shared connection of every host at once; return ``{host: (ssh's status, its error text)}`` of failures.
+
+        A connection only authenticates (``-N``: no remote command, so no login shell runs);
+        it stays in the background for the sessions of the launch. A host that has not
+        answered within ``timeout_s`` fails with status -1.
+        """
+        procs = {host: subprocess.Popen(  # noqa: S603 - ssh, options of our own
+            [*self._base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", host],
+            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
+            for host in hosts}
+        self._hosts.update(hosts)
+        deadline = time.monotonic() + timeout_s
+        failed = {}
+        for host, proc in procs.items():
+            try:
+                _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.communicate()
+                failed[host] = (-1, f"no answer within {timeout_s:g} s")
+                continue
+            if proc.returncode != 0:
+                failed[host] = (proc.returncode, err)
+        return failed
+
     def argv(self, host: str, command: str) -> list[str]:
-        """Return the command line that runs ``command`` (shell text) on ``host``."""
+        """Return the command line that runs ``command`` (shell text) on ``host``, through its shared connection."""
         self._hosts.add(host)
-        return [*self._base, "-T", host, "--", command]
+        return [*self._base, "-o", "ControlMaster=no", "-T", host, "--", command]
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Close every host's shared connection and remove the control directory. Idempotent."""
@@ -127,16 +161,16 @@ class SshClient:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
-        remove_directories([self._control])
+        remove_directories([self.directory])
 
 
-def remote_command(instance: Instance, env: Mapping[str, str], *, check: str | None = None) -> str:
+def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
     """
-    Return the shell text that runs ``instance`` on its host, with ``env``'s planned and forwarded values.
+    Return the shell text that checks, then (on poprun's "G") runs ``instance`` on its host.
 
     ``env`` is the instance's environment as it would be here (:func:`environment`): only the
     names the plan sets or forwards are exported; the rest of the remote environment is the
-    host's own. ``check``, when given, is run in place of the program (the preflight).
+    host's own. The check (:func:`_check_script`) prints what is missing, then ``ok``.
     """
     names = [*instance.env.forward, *(k for k, _ in instance.env.set)]
     exports = " ".join(shlex.quote(f"{k}={env[k]}") for k in dict.fromkeys(names) if k in env)
@@ -147,20 +181,22 @@ def remote_command(instance: Instance, env: Mapping[str, str], *, check: str | N
         lines.append("export " + exports)
     cache = env.get(EXECUTABLE_CACHE_PATH)
     if cache and os.path.basename(cache).startswith(CACHE_PREFIX):  # noqa: PTH119
-        lines.append(f"mkdir -p -m 700 -- {shlex.quote(cache)}")
-    if check is not None:
-        lines.append(check)
-    else:
-        lines.append(f"exec sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(instance.argv))
+        lines.append(f"mkdir -p -m 700 -- {shlex.quote(cache)} && mkdir -p -m 700 -- {shlex.quote(cache + _ALIVE)} && "
+                     f": > {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}")
+    lines.append(_check_script(instance))
+    cleanup = (f"rm -f -- {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}; rmdir -- {shlex.quote(cache + _ALIVE)} "
+               f"2>/dev/null && rm -rf -- {shlex.quote(cache)}"
+               if cache and os.path.basename(cache).startswith(CACHE_PREFIX) else ":")  # noqa: PTH119
+    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(instance.argv) + "; s=$?")
+    lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)
 
 
-def _check_script(instances: Sequence[Instance]) -> str:
-    """Return the preflight's check of a host: setsid, and every program and script of its instances."""
+def _check_script(instance: Instance) -> str:
+    """Return the check of an instance's host: setsid, its program, and the script given to an interpreter."""
     words = [f"command -v setsid >/dev/null 2>&1 || echo '{_MARK} setsid'"]
-    for argv in dict.fromkeys(tuple(i.argv) for i in instances):
-        if not argv:
-            continue
+    argv = instance.argv
+    if argv:
         program = shlex.quote(argv[0])
         words.append(f"command -v -- {program} >/dev/null 2>&1 || [ -x ./{program} ] || "
                      f"echo '{_MARK} program '{program}")
@@ -171,48 +207,11 @@ def _check_script(instances: Sequence[Instance]) -> str:
     return "\n".join(words)
 
 
-def preflight(client: SshClient, plan: LaunchPlan, envs: Sequence[Mapping[str, str]]) -> list[Diagnostic]:
-    """
-    Check every remote host of ``plan`` at once; return one diagnostic per host that cannot run it.
-
-    A host is asked, through the connection its instances will share, to enter the working
-    directory and find every program; the answer, or ssh's own error, decides. The whole check
-    takes at most :data:`PREFLIGHT_S`.
-    """
-    by_host: dict[str, list[int]] = {}
-    for instance in plan.instances:
-        if not is_this_machine(instance.host):
-            by_host.setdefault(instance.host, []).append(instance.index)
-    procs = {}
-    for host, indices in by_host.items():
-        first = plan.instances[indices[0]]
-        command = remote_command(first, envs[indices[0]],
-                                 check=_check_script([plan.instances[i] for i in indices]))
-        procs[host] = subprocess.Popen(client.argv(host, command), stdin=subprocess.DEVNULL,  # noqa: S603
-                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, errors="replace")
-    deadline = time.monotonic() + PREFLIGHT_S
-    found = []
-    for host, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            found.append(_unreachable(host, f"no answer within {PREFLIGHT_S:g} s"))
-            continue
-        problem = _diagnose(host, proc.returncode, out, err, plan.instances[by_host[host][0]].cwd)
-        if problem is not None:
-            found.append(problem)
-    return found
-
-
 def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnostic | None:
-    """Return what the preflight's answer from ``host`` says is wrong, or None."""
+    """Return what the preflight's answer from ``host`` (or ssh's error) says is wrong, or None."""
     said = [line[len(_MARK) + 1:] for line in out.splitlines() if line.startswith(_MARK + " ")]
-    if status == 0 and said[-1:] == ["ok"] and len(said) == 1:
+    if said == ["ok"]:
         return None
-    if status == 125 and not said:  # noqa: PLR2004 - remote_command's exit status for a missing cwd
-        return _missing(host, f"the working directory {cwd} does not exist on {host}")
     if said and said[-1] == "ok":
         what = []
         for item in said[:-1]:
@@ -220,6 +219,8 @@ def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnosti
             what.append({"setsid": "'setsid' (util-linux) is not installed", "program": f"program '{name}' is not found",
                          "script": f"'{name}' does not exist in {cwd}"}.get(kind, item))
         return _missing(host, f"on {host}: " + "; ".join(what))
+    if status == 125 and not said:  # noqa: PLR2004 - remote_command's exit status for a missing cwd
+        return _missing(host, f"the working directory {cwd} does not exist on {host}")
     text = " ".join(line.strip() for line in err.splitlines() if line.strip()) or f"ssh exited with {status}"
     if "Could not resolve hostname" in text or "Name or service not known" in text:
         return error("PR405", f"host name '{host}' is unknown", detail=f"ssh found no address for '{host}'",
@@ -253,6 +254,80 @@ def _span(host: str) -> SourceSpan:
     return SourceSpan.environment(f"host {host}")
 
 
+class _Sessions:
+    """
+    The ssh sessions of a launch's remote instances, from their checks to the "G" that starts them.
+
+    Each session prints its check and waits; :meth:`await_checks` reads every check (at most
+    until the deadline) and returns the problems, one per host; :meth:`go` starts them all.
+    Output read past a check (a login shell's greeting) is kept for the router.
+    """
+
+    def __init__(self, procs: dict[int, subprocess.Popen[bytes]]) -> None:
+        self.procs = procs
+        self.early: dict[int, bytes] = {}  # stdout read with the check, that is not part of it
+
+    def await_checks(self, plan: LaunchPlan, deadline: float) -> list[Diagnostic]:
+        """Return the problems the checks found, one per host (that of its first instance), in host order."""
+        problems: dict[str, Diagnostic] = {}
+        for index, answer in self._read_checks(deadline).items():
+            instance = plan.instances[index]
+            problem: Diagnostic | None
+            if answer is None:
+                problem = _unreachable(instance.host, f"no answer within {PREFLIGHT_S:g} s")
+            elif answer.endswith(_OK):
+                problem = _diagnose(instance.host, 0, answer.decode(errors="replace"), "", instance.cwd)
+                self.early[index] = b"".join(line for line in answer.splitlines(keepends=True)
+                                             if not line.startswith(_MARK.encode()))
+            else:  # the session ended before its check did: ssh failed, or the directory is missing
+                problem = self._failure(instance, answer, deadline)
+            if problem is not None:
+                problems.setdefault(instance.host, problem)
+        return list(problems.values())
+
+    def _read_checks(self, deadline: float) -> dict[int, bytes | None]:
+        """Return each session's answer: up to its check's ``ok``, to its end, or None if neither came in time."""
+        answers: dict[int, bytes] = dict.fromkeys(self.procs, b"")
+        pending = set(self.procs)
+        with selectors.DefaultSelector() as selector:
+            for index, proc in self.procs.items():
+                assert proc.stdout is not None
+                selector.register(proc.stdout, selectors.EVENT_READ, index)
+            while pending and (left := deadline - time.monotonic()) > 0:
+                for key, _ in selector.select(left):
+                    chunk = os.read(key.fd, 65536)
+                    answers[key.data] += chunk
+                    if not chunk or answers[key.data].endswith(_OK):  # nothing follows ok until "G"
+                        selector.unregister(key.fileobj)
+                        pending.discard(key.data)
+        return {index: None if index in pending else answer for index, answer in sorted(answers.items())}
+
+    def _failure(self, instance: Instance, answer: bytes, deadline: float) -> Diagnostic | None:
+        """Return why the session of ``instance`` ended early, from its status and ssh's error text."""
+        proc = self.procs[instance.index]
+        try:
+            status = proc.wait(max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            return _unreachable(instance.host, f"no answer within {PREFLIGHT_S:g} s")
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode(errors="replace")
+        return _diagnose(instance.host, status, answer.decode(errors="replace"), err, instance.cwd)
+
+    def go(self) -> None:
+        """Start every instance: "G" on each session's input."""
+        for proc in self.procs.values():
+            _send(proc, b"G\n")
+
+
+def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
+    """Write ``data`` to ``proc``'s stdin without blocking; a gone session is no error."""
+    pipe = proc.stdin
+    with contextlib.suppress(OSError, ValueError):
+        if pipe is not None:
+            os.set_blocking(pipe.fileno(), False)
+            os.write(pipe.fileno(), data)
+
+
 class SshBackend:
     """Runs the instances of remote hosts through ssh, and those of this machine as child processes."""
 
@@ -271,69 +346,74 @@ class SshBackend:
         """
         source = dict(env_source)
         envs = [environment(i, source) for i in plan.instances]
-        client = SshClient(config=source.get(SSH_CONFIG) or None)
+        config = source.get(SSH_CONFIG) or None
+        if plan.ssh_keys.enabled:
+            from poprun.backends.sshkey import distribute_key
+
+            hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
+            distribute_key(plan.ssh_keys, hosts, env=source, config=config)
+        client = SshClient(config=config)
         try:
-            problems = preflight(client, plan, envs)
-        except BaseException:
-            client.close()
-            raise
-        if problems:
-            client.close()
-            raise PreflightError(problems)
-        try:
-            return self._start(plan, envs, source, client, sink)
+            return self._launch(plan, envs, source, client, sink)
         except BaseException:
             client.close()
             raise
 
-    def _start(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
-               sink: OutputSink) -> LocalLaunch:
+    def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
+                sink: OutputSink) -> LocalLaunch:
+        hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
+        deadline = time.monotonic() + PREFLIGHT_S
+        failed = client.connect(hosts, timeout_s=PREFLIGHT_S)
+        problems = [d for host, (status, err) in failed.items()
+                    if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
+        if problems:
+            raise PreflightError(problems)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
-        router = Router(plan, sink)
         remove = temporary_directories(plan)
-        try:
-            watchdog = Watchdog(remove=remove, env=source)
+        try:  # the watchdog also removes the control directory, should poprun die
+            watchdog = Watchdog(remove=(*remove, client.directory), env=source)
         except WatchdogError as exc:
-            router.close()
             raise LaunchError(str(exc.strerror)) from exc
         try:
-            clients = Watchdog(env=source)  # the ssh clients' group: SIGKILL, never SIGTERM
+            clients = Watchdog(env=source)  # the ssh sessions' group: SIGKILL, never SIGTERM
         except WatchdogError as exc:
-            abandon(watchdog, [], router)
+            watchdog.close()
             raise LaunchError(str(exc.strerror)) from exc
-        procs: list[subprocess.Popen[bytes]] = []
+        router = Router(plan, sink)
+        procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
+            for index in sorted(remote):
+                instance = plan.instances[index]
+                procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
+                    client.argv(instance.host, remote_command(instance, envs[index])), stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
+            sessions = _Sessions(procs)
+            problems = sessions.await_checks(plan, deadline)
+            if problems:
+                raise PreflightError(problems)
             for instance, env in zip(plan.instances, envs, strict=True):
-                if instance.index in remote:
-                    argv = client.argv(instance.host, remote_command(instance, env))
-                    procs.append(subprocess.Popen(  # noqa: S603 - ssh with the plan's command
-                        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source,
-                        process_group=clients.group))
-                else:
-                    procs.append(start_instance(instance, env, executable(instance, env), watchdog.group))
+                if instance.index not in remote:
+                    procs[instance.index] = start_instance(instance, env, executable(instance, env), watchdog.group)
             watchdog.await_ready()
             clients.await_ready()
         except (WatchdogError, LaunchError, OSError) as exc:
             clients.close()
-            abandon(watchdog, procs, router)
+            abandon(watchdog, list(procs.values()), router)
             if isinstance(exc, LaunchError):
                 raise
             raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
-        caches = sorted({e[EXECUTABLE_CACHE_PATH] for i, e in zip(plan.instances, envs, strict=True)
-                         if i.index in remote and os.path.basename(e.get(EXECUTABLE_CACHE_PATH, "")).startswith(  # noqa: PTH119
-                             CACHE_PREFIX) and plan.cache.remove_at_exit})
-        remote_hosts = sorted({plan.instances[i].host for i in remote})
+        ordered = [procs[i] for i in range(len(plan.instances))]
+        for index, early in sessions.early.items():
+            if early:
+                router.feed(index, "stdout", early)
+        sessions.go()
 
         def stop(sig: int) -> None:
             if sig == signal.SIGKILL:
                 clients.signal(signal.SIGKILL)  # the remote wrappers see their input end, and kill
                 return
             for index in sorted(remote):
-                pipe = procs[index].stdin
-                with contextlib.suppress(OSError, ValueError):
-                    if pipe is not None:
-                        os.set_blocking(pipe.fileno(), False)
-                        os.write(pipe.fileno(), b"T\n")
+                _send(procs[index], b"T\n")
 
         def finish() -> None:
             clients.close()
@@ -341,23 +421,7 @@ class SshBackend:
                 with contextlib.suppress(OSError, ValueError):
                     if procs[index].stdin is not None:
                         procs[index].stdin.close()  # type: ignore[union-attr]
-            if caches:
-                _remove_remote(client, remote_hosts, caches)
             client.close()
 
-        return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
+        return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            remove=remove, stop=stop, remote=remote, finish=finish)
-
-
-def _remove_remote(client: SshClient, hosts: Sequence[str], paths: Sequence[str], *, timeout_s: float = 3.0) -> None:
-    """Remove the temporary executable caches ``paths`` on ``hosts``, at most ``timeout_s`` long."""
-    command = "rm -rf -- " + shlex.join(paths)
-    procs = [subprocess.Popen(client.argv(host, command), stdin=subprocess.DEVNULL,  # noqa: S603
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for host in hosts]
-    deadline = time.monotonic() + timeout_s
-    for proc in procs:
-        try:
-            proc.wait(max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -118,3 +118,19 @@ def test_interrupt_stops_remote_instances_gracefully(test_hosts: TestHosts, tmp_
     assert 130 == proc.returncode, err
     assert {"stopped 0", "stopped 1"} <= set(out.splitlines())
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=2)
+
+
+def test_distribute_ssh_key_makes_a_key_and_every_host_accepts_it(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """--distribute-ssh-key with type ecdsa in a new folder: the key is made, copied, and then logs into each host."""
+    keys = tmp_path / "keys"
+    done = poprun(test_hosts, "--host", "h1,h2,h3", "--num-instances", "3", "--num-replicas", "3",
+                  "--distribute-ssh-key=yes", f"--distribute-ssh-key-path={keys}", "--distribute-ssh-key-type=ecdsa",
+                  "true", cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert (keys / "id_ecdsa").is_file()
+    for name in ("h1", "h2", "h3"):
+        login = subprocess.run(["ssh", "-F", str(test_hosts.ssh_config), "-i", str(keys / "id_ecdsa"), "-o",
+                                "IdentityFile=none", "-o", "IdentitiesOnly=yes", name, "hostname"],
+                               capture_output=True, text=True, timeout=30, check=False)
+        assert (0, name) == (login.returncode, login.stdout.strip()), login.stderr
