@@ -36,7 +36,7 @@ NO_PLUGINS = "POPRUN_NO_PLUGINS"
 BUILT_IN = "built in to poprun"
 # Names that belong to backends of the design that this version does not ship yet. A plugin
 # may provide one of them; without a plugin, asking for one is PR404.
-PLANNED = ("mpirun", "slurm")
+PLANNED = ("slurm",)
 _NO = ("", "0", "no", "false", "off")
 
 
@@ -44,6 +44,12 @@ def _local() -> Backend:
     from poprun.backends.local import LocalBackend
 
     return LocalBackend()
+
+
+def _mpirun() -> Backend:
+    from poprun.backends.mpirun import MpirunBackend
+
+    return MpirunBackend()
 
 
 def _ssh() -> Backend:
@@ -185,6 +191,7 @@ def default_registry(*, environ: Mapping[str, str] | None = None,
     registry.register("local", _local, origin=BUILT_IN)
     registry.register("offline", _offline, origin=BUILT_IN)
     registry.register("ssh", _ssh, origin=BUILT_IN)
+    registry.register("mpirun", _mpirun, origin=BUILT_IN)
     if _plugins_disabled(os.environ if environ is None else environ):
         return registry
     if entry_points is None:

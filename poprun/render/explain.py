@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from poprun.planner.environment import is_secret
+from poprun.planner.mpicommand import mpirun_command, render_mpirun_command
 from poprun.planner.plan import Decision, Instance, LaunchPlan
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
@@ -81,6 +82,21 @@ def render_environment(instance: Instance) -> str:
     return "\n".join(lines) + "\n"
 
 
+def render_mpirun(plan: LaunchPlan) -> str:
+    """
+    Return the ``mpirun`` command line that runs ``plan`` (:mod:`poprun.planner.mpicommand`), secrets masked.
+
+    Quoted as real poprun logged its ``Running command:``. Every forwarded variable is shown;
+    at apply time, given the launching environment, the command leaves out those it lacks.
+    """
+    argv = list(mpirun_command(plan))
+    for i in range(1, len(argv)):
+        name, equals, _ = argv[i].partition("=")
+        if argv[i - 1] == "-x" and equals and is_secret(name):
+            argv[i] = f"{name}=********"
+    return f"mpirun command: {render_mpirun_command(argv)}\n"
+
+
 def _differences(instances: Sequence[Instance]) -> str:
     """Return which variables vary between instances (the rest are the same everywhere)."""
     if len(instances) < 2:  # noqa: PLR2004 - one instance has nothing to compare
@@ -101,6 +117,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
         parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
         argv = " ".join(plan.instances[0].argv) or "(no program)"
         parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")
+    if plan.backend.name == "mpirun":
+        parts.append(render_mpirun(plan))
     if plan.warnings:
         parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
     return "\n".join(parts)

@@ -1,0 +1,247 @@
+"""
+The ``mpirun`` backend: OpenMPI's ``mpirun`` starts every instance, as real poprun had it do.
+
+Layer: ``poprun.backends``; imports the backend modules, ``poprun.planner.mpicommand`` (the
+command, which ``poprun plan --explain`` shows too) and ``poprun.planner.plan``; never the spec.
+
+poprun runs the one command of :func:`~poprun.planner.mpicommand.mpirun_command` (global args
+first, ``--bind-to none``, ``--tag-output``, ``-H host:slots``, one app context per instance,
+so MPI rank = instance index) as its child, in the process group of a
+:class:`~poprun.backends.watchdog.Watchdog`, and reads its two pipes: the tags tell which
+instance wrote each line (:class:`~poprun.backends.mpiout.TagSplitter`), and the
+:class:`~poprun.backends.output.Router` forwards each instance's lines as the local backend
+does (tagged or not, only one instance's, the failure report's tail). mpirun's own messages
+go to poprun's stderr. With ``--output-filename`` in the global arguments mpirun writes the
+files itself (its layout is the one the local backend copies).
+
+Lifecycle: when an instance fails, mpirun stops the others and exits; its message says which
+instance failed first and how (:func:`~poprun.backends.mpiout.parse_failure`), which becomes
+the root cause, the others being reported as stopped. To stop the launch poprun sends mpirun
+SIGTERM (mpirun passes it on to every instance and tears its daemons down), then SIGKILL to the
+whole group after the grace period; on other hosts, mpirun's daemons end their instances when
+they lose mpirun. If poprun dies, even by SIGKILL, the watchdog kills mpirun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import selectors
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable, Mapping
+
+from poprun.backends.base import (
+    NOT_FOUND,
+    ApplyResult,
+    Event,
+    InstanceEnded,
+    InstanceFailure,
+    InstanceStarted,
+    LaunchError,
+    OutputSink,
+)
+from poprun.backends.files import remove_directories, which
+from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
+from poprun.backends.mpiout import TagSplitter, parse_failure
+from poprun.backends.output import Router
+from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.core.record import evolve
+from poprun.planner.mpicommand import mpirun_command
+from poprun.planner.plan import LaunchPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import ClassVar
+
+    from poprun.backends.base import Stream
+
+_READ = 1 << 18
+_OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
+
+
+class MpirunLaunch:
+    """The running ``mpirun`` of one plan; see :class:`~poprun.backends.base.Launch`."""
+
+    def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
+                 sink: OutputSink, grace_s: float, remove: tuple[str, ...] = ()) -> None:
+        self._plan, self._proc, self._watchdog, self._router, self._sink = plan, proc, watchdog, router, sink
+        self._grace_s, self._remove = grace_s, remove
+        self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)
+        self._lock = threading.RLock()
+        self._stopping = self._finished = False
+        self._kill_at: float | None = None
+        self._own = bytearray()  # mpirun's own messages, the last _OWN_TEXT bytes
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._done = threading.Event()
+        self._result: ApplyResult | None = None
+        self._error: BaseException | None = None
+        for instance in plan.instances:
+            self._event(InstanceStarted(index=instance.index, pid=proc.pid))
+        threading.Thread(target=self._run, name="poprun-mpirun", daemon=True).start()
+
+    def terminate(self, grace_s: float) -> None:
+        """Send mpirun SIGTERM now (it stops every instance), SIGKILL to everything after ``grace_s``."""
+        with self._lock:
+            if self._finished:
+                return
+            first, self._stopping = not self._stopping, True
+            if grace_s <= 0:
+                self._watchdog.signal(signal.SIGKILL)
+                self._kill_at = None
+            elif first:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.send_signal(signal.SIGTERM)
+                self._kill_at = time.monotonic() + grace_s
+            with contextlib.suppress(BlockingIOError, OSError):
+                os.write(self._wake_w, b"!")
+
+    def wait(self) -> ApplyResult:
+        """Return once mpirun has ended and its output is forwarded."""
+        self._done.wait()
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def _run(self) -> None:
+        try:
+            self._forward()
+            code = self._proc.wait()
+            with self._lock:
+                self._finished = True
+                stopped = self._stopping
+            self._watchdog.close()
+            remove_directories(list(self._remove))
+            self._result = self._make_result(code, stopped=stopped)
+        except BaseException as exc:  # noqa: BLE001 - a bug: kill everything, and let wait() raise it
+            self._error = exc
+            with self._lock:
+                self._finished = True
+            self._watchdog.close()
+        finally:
+            self._router.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)
+            self._done.set()
+
+    def _forward(self) -> None:
+        """Read mpirun's pipes to their end, passing each instance's output on; kill after the grace period."""
+        splitters: dict[Stream, TagSplitter] = {"stdout": TagSplitter("stdout"), "stderr": TagSplitter("stderr")}
+        with selectors.DefaultSelector() as selector:
+            selector.register(self._wake_r, selectors.EVENT_READ, None)
+            for stream, pipe in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
+                assert pipe is not None
+                os.set_blocking(pipe.fileno(), False)
+                selector.register(pipe, selectors.EVENT_READ, stream)
+            while len(selector.get_map()) > 1:
+                kill_at = self._kill_at
+                timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic())
+                for key, _ in selector.select(timeout):
+                    if key.data is None:
+                        with contextlib.suppress(BlockingIOError):
+                            os.read(self._wake_r, 4096)
+                        continue
+                    self._read(key, splitters[key.data], selector)
+                self._router.flush()
+                if kill_at is not None and time.monotonic() >= kill_at:
+                    self.terminate(0)
+        for splitter in splitters.values():
+            self._pass_on(splitter.end())
+        self._router.flush()
+
+    def _read(self, key: selectors.SelectorKey, splitter: TagSplitter, selector: selectors.BaseSelector) -> None:
+        try:
+            chunk = os.read(key.fd, _READ)
+        except BlockingIOError:
+            return
+        if chunk:
+            self._pass_on(splitter.feed(chunk))
+            return
+        selector.unregister(key.fileobj)
+        key.fileobj.close()  # type: ignore[union-attr]
+
+    def _pass_on(self, pieces: list[tuple[int | None, Stream, bytes]]) -> None:
+        for index, stream, data in pieces:
+            if index is not None and 0 <= index < len(self._plan.instances):
+                self._router.feed(index, stream, data)
+            else:  # mpirun's own words: to poprun's stderr, and kept to find the failure in
+                self._router.flush()
+                self._sink.write("stderr", data)
+                self._own += data
+                del self._own[:-_OWN_TEXT]
+
+    def _event(self, event: Event) -> None:
+        if self._notify is not None:
+            self._router.flush()
+            self._notify(event)
+
+    def _make_result(self, code: int, *, stopped: bool) -> ApplyResult:
+        """Return the result: the instance mpirun names as failing first is the root cause, the others stopped."""
+        count = len(self._plan.instances)
+        found = parse_failure(self._own.decode(errors="replace")) if code != 0 else None
+        if code == 0:
+            ends = [InstanceEnded(index=i, pid=self._proc.pid, exit_code=0) for i in range(count)]
+        elif found is not None and 0 <= found[0] < count and not stopped:
+            first, exit_code, sig = found
+            ends = [InstanceEnded(index=first, pid=self._proc.pid, exit_code=exit_code, signal=sig)]
+            ends += [InstanceEnded(index=i, pid=self._proc.pid, signal=signal.SIGTERM, stopped=True)
+                     for i in range(count) if i != first]
+        else:  # stopped by poprun, or a failure mpirun did not pin on one instance: it is mpirun's own status
+            how = {"signal": -code} if code < 0 else {"exit_code": code}
+            ends = [InstanceEnded(index=0, pid=self._proc.pid, stopped=stopped, **how)]
+            ends += [InstanceEnded(index=i, pid=self._proc.pid, signal=signal.SIGTERM, stopped=True)
+                     for i in range(1, count)]
+        for end in ends:
+            self._event(end)
+        failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=None,
+                                         exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
+                                         tail=self._router.tail(e.index)) for e in ends if e.status != 0)
+        statuses = tuple(e.status for e in sorted(ends, key=lambda e: e.index))
+        cause = next((f.index for f in failures if not f.stopped), None)
+        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
+
+
+class MpirunBackend:
+    """Runs the plan with OpenMPI's ``mpirun``: every host, this one too, through mpirun's own launch."""
+
+    name: ClassVar[str] = "mpirun"
+
+    def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+        self.grace_s = grace_s
+
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> MpirunLaunch:
+        """
+        Start mpirun with the plan's command; return without waiting.
+
+        Raises:
+            LaunchError: 127 when ``mpirun`` is not on PATH, 125 when it cannot be started.
+        """
+        source = dict(env_source)
+        mpirun = which("mpirun", source.get("PATH", os.defpath))
+        if mpirun is None:
+            raise LaunchError("mpirun not found on PATH: install OpenMPI (Debian: apt-get install openmpi-bin) "
+                              "or use another backend", status=NOT_FOUND)
+        argv = mpirun_command(plan, mpirun=mpirun, environ=source)
+        remove = temporary_directories(plan)
+        # mpirun writes --output-filename's files itself: the router only forwards
+        router = Router(evolve(plan, output=evolve(plan.output, output_filename=None)), sink)
+        try:
+            watchdog = Watchdog(remove=remove, env=source)
+        except WatchdogError as exc:
+            router.close()
+            raise LaunchError(str(exc.strerror)) from exc
+        try:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+                                    stderr=subprocess.PIPE, env=source, process_group=watchdog.group)
+            watchdog.await_ready()
+        except (OSError, WatchdogError) as exc:
+            watchdog.close()
+            router.close()
+            raise LaunchError(f"cannot start mpirun: {exc.strerror}") from exc
+        return MpirunLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
+                            remove=remove)

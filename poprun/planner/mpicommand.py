@@ -1,0 +1,147 @@
+"""
+The OpenMPI ``mpirun`` command that runs a plan, built the way real poprun built it.
+
+Layer: ``poprun.planner``; imports the plan model only, and nothing of the standard library at
+run time (the mpirun backend runs this command, ``poprun plan`` shows it). It decides nothing:
+hosts, instance indices, environment, working directory and program all come from the plan.
+
+The shape is that of real poprun's generated command (``reference/real-poprun-behaviour.md``
+section 3.2, evidence A and B)::
+
+    mpirun <--mpi-global-args> --bind-to none --tag-output [--allow-run-as-root]
+           [--mca oob_tcp_if_include NET --mca btl_tcp_if_include NET] -H h1:N1,h2:N2
+           -np 1 --host h1:N1 -wdir CWD -x NAME=VALUE ... -x FORWARDED ... <local args> [env -u NAME --] argv
+         : -np 1 --host h1:N1 ...                                  (one app context per instance)
+"""
+
+from __future__ import annotations
+
+from poprun.planner.plan import Instance, LaunchPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from collections.abc import Container, Sequence
+
+ALWAYS = ("--bind-to", "none", "--tag-output")
+"""What real poprun added to every command after the user's global arguments (section 3.2)."""
+SUBNET_PARAMETERS = ("oob_tcp_if_include", "btl_tcp_if_include")
+"""The MCA parameters --host-subnet sets: the control plane, then the data plane (PopRun guide 2.2.3)."""
+_MCA_FLAGS = frozenset(("--mca", "-mca", "--gmca", "-gmca"))
+_SPELLINGS = {"--tag-output": ("--tag-output", "-tag-output"),
+              "--allow-run-as-root": ("--allow-run-as-root", "-allow-run-as-root")}
+
+
+def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
+                   environ: Container[str] | None = None) -> tuple[str, ...]:
+    """
+    Return the argv of the OpenMPI 4 ``mpirun`` command that runs ``plan``, one word per item.
+
+    Every choice follows reference section 3.2 unless said otherwise:
+
+    - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
+    - ``--bind-to none`` and ``--tag-output``, always. poprun reads the ``[1,<rank>]<stdout>:``
+      tags to know which instance wrote each line (:mod:`poprun.backends.mpiout`) and tags or
+      strips lines itself as ``plan.output.tag`` says. A flag the global arguments already
+      hold is not added again (evidence B shows real poprun repeating ``--tag-output``).
+    - ``--allow-run-as-root`` when ``plan.mpi.allow_run_as_root``. ``--oversubscribe`` never:
+      ``-H`` gives each host as many slots as it has instances, so none is oversubscribed.
+    - With ``plan.mpi.host_subnet``: ``--mca oob_tcp_if_include NET --mca btl_tcp_if_include
+      NET``, the control and data planes of the PopRun guide's section 2.2.3 (OpenMPI takes
+      CIDR notation for both), before ``-H``. A parameter the global arguments already set is
+      not set again: the user's value stands, and mpirun refuses an MCA parameter "listed
+      multiple times on the command line".
+    - ``-H h1:N1,h2:N2``: the hosts in the order of their first instance, each with its number
+      of instances as slots.
+    - One ``:``-separated app context per instance, in index order, so that MPI rank = instance
+      index. Each starts ``-np 1 --host HOST:N -wdir CWD``. Real poprun placed instances by
+      ``-H`` alone; the per-context ``--host`` pins each one to its planned host, and it needs
+      the slot count: with a bare ``--host HOST`` OpenMPI 4.1 gives the host one slot and the
+      second instance there fails with "All nodes which are allocated for this job are already
+      filled". (``-H`` before the first context also belongs to that context, so the first
+      instance's host must come first in it: it does.) ``-wdir`` is the instance's ``cwd``.
+    - ``-x NAME=VALUE`` for each variable of ``env.set`` (sorted, as in the plan), then
+      ``-x NAME`` for each of ``env.forward``: mpirun passes on its own value, read when the
+      plan is applied. With ``environ`` (the launching environment), a forwarded name that it
+      lacks is left out; mpirun would only warn "could not find environment variable".
+      mpirun sets ``OMPI_COMM_WORLD_*`` itself after ``-x``; its values equal the plan's.
+    - The instance's ``mpi_local_args`` (``--mpi-local-args`` less its ``-x`` variables), then
+      the program. ``-x`` cannot remove a variable, so the variables of ``env.unset`` that
+      ``env.set`` does not set are removed by running the program through ``env -u NAME ...
+      --``, and only when there are any (as the local backend does: unset, then set).
+    """
+    words = [mpirun, *plan.mpi.global_args]
+    given = set(plan.mpi.global_args)
+    flags = [*ALWAYS, "--allow-run-as-root"] if plan.mpi.allow_run_as_root else list(ALWAYS)
+    words += [flag for flag in flags if given.isdisjoint(_SPELLINGS.get(flag, ()))]
+    if plan.mpi.host_subnet is not None:
+        given_mca = _mca_names(plan.mpi.global_args)
+        for name in SUBNET_PARAMETERS:
+            if name not in given_mca:
+                words += ["--mca", name, plan.mpi.host_subnet]
+    slots = _slots(plan.instances)
+    words += ["-H", ",".join(slots.values())]
+    for position, instance in enumerate(plan.instances):
+        if position:
+            words.append(":")
+        words += app_context(instance, slots=slots[instance.host], environ=environ)
+    return tuple(words)
+
+
+def _mca_names(args: Sequence[str]) -> set[str]:
+    """Return the names of the MCA parameters that ``args`` set (``--mca NAME VALUE``)."""
+    return {args[i + 1] for i in range(len(args) - 1) if args[i] in _MCA_FLAGS}
+
+
+def _slots(instances: Sequence[Instance]) -> dict[str, str]:
+    """Return ``{host: "host:N"}`` with N instances on each host, in the order of each host's first instance."""
+    counts: dict[str, int] = {}
+    for instance in instances:
+        counts[instance.host] = counts.get(instance.host, 0) + 1
+    return {host: f"{host}:{n}" for host, n in counts.items()}
+
+
+def app_context(instance: Instance, *, slots: str, environ: Container[str] | None = None) -> list[str]:
+    """Return the words of one instance's app context (see :func:`mpirun_command`); ``slots`` is ``host:N``."""
+    env = instance.env
+    words = ["-np", "1", "--host", slots, "-wdir", instance.cwd]
+    for name, value in env.set:
+        words += ["-x", f"{name}={value}"]
+    for name in env.forward:
+        if environ is None or name in environ:
+            words += ["-x", name]
+    words += instance.mpi_local_args
+    set_names = {name for name, _ in env.set}
+    removed = [name for name in env.unset if name not in set_names]
+    if removed:
+        words.append("env")
+        for name in removed:
+            words += ["-u", name]
+        words.append("--")
+    words += instance.argv
+    return words
+
+
+def render_mpirun_command(argv: Sequence[str]) -> str:
+    """
+    Return ``argv`` as one shell line, as real poprun logged it (reference section 4.1).
+
+    ``Running command: /opt/poplar/bin/mpirun '--tag-output' '--bind-to' 'none' ...``: the
+    program as it is (quoted only if the shell needs it) and every other word single-quoted,
+    a quote inside written ``'"'"'`` as :func:`shlex.quote` does. Pasted into a shell, the
+    line runs the same argv, even with spaces, quotes or newlines in values.
+    """
+    if not argv:
+        return ""
+    first, *rest = argv
+    return " ".join([_quote_if_needed(first), *(_quote(word) for word in rest)])
+
+
+def _quote(word: str) -> str:
+    return "'" + word.replace("'", "'\"'\"'") + "'"
+
+
+_SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789@%+=:,./-_")
+
+
+def _quote_if_needed(word: str) -> str:
+    return word if word and _SAFE.issuperset(word) else _quote(word)
