@@ -8,7 +8,7 @@ hosts, instance indices, environment, working directory and program all come fro
 The shape is that of real poprun's generated command (``reference/real-poprun-behaviour.md``
 section 3.2, evidence A and B)::
 
-    mpirun <--mpi-global-args> --bind-to none --tag-output [--allow-run-as-root]
+    mpirun <--mpi-global-args> --bind-to none [--tag-output] [--allow-run-as-root]
            [--mca oob_tcp_if_include NET --mca btl_tcp_if_include NET] -H h1:N1,h2:N2
            -np 1 --host h1:N1 -wdir CWD -x NAME=VALUE ... -x FORWARDED ... <local args> [env -u NAME --] argv
          : -np 1 --host h1:N1 ...                                  (one app context per instance)
@@ -22,8 +22,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Container, Sequence
 
-ALWAYS = ("--bind-to", "none", "--tag-output")
-"""What real poprun added to every command after the user's global arguments (section 3.2)."""
+ALWAYS = ("--bind-to", "none")
+"""What poprun adds to every command after the user's global arguments (section 3.2)."""
+TAG = "--tag-output"
 SUBNET_PARAMETERS = ("oob_tcp_if_include", "btl_tcp_if_include")
 """The MCA parameters --host-subnet sets: the control plane, then the data plane (PopRun guide 2.2.3)."""
 _MCA_FLAGS = frozenset(("--mca", "-mca", "--gmca", "-gmca"))
@@ -39,10 +40,15 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     Every choice follows reference section 3.2 unless said otherwise:
 
     - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
-    - ``--bind-to none`` and ``--tag-output``, always. poprun reads the ``[1,<rank>]<stdout>:``
-      tags to know which instance wrote each line (:mod:`poprun.backends.mpiout`) and tags or
-      strips lines itself as ``plan.output.tag`` says. A flag the global arguments already
-      hold is not added again (evidence B shows real poprun repeating ``--tag-output``).
+    - ``--bind-to none``, always. Real poprun also always added ``--tag-output``; here it is
+      added only when poprun needs to know which instance wrote each line, which is for
+      ``--only-output-from-instance`` (the backend then strips the tags,
+      :mod:`poprun.backends.mpiout`), or when the user asked for tags. The reason: OpenMPI
+      4.1.4 loses output under ``--tag-output`` (it builds each tagged 4 KiB read in an 8 KiB
+      buffer and drops what does not fit: ``mpirun -np 1 --tag-output seq 2000 | wc -l``
+      prints about 1,300), and poprun must never lose a line it was not asked to filter.
+      A flag the global arguments already hold is not added again (evidence B shows real
+      poprun repeating ``--tag-output``).
     - ``--allow-run-as-root`` when ``plan.mpi.allow_run_as_root``. ``--oversubscribe`` never:
       ``-H`` gives each host as many slots as it has instances, so none is oversubscribed.
     - With ``plan.mpi.host_subnet``: ``--mca oob_tcp_if_include NET --mca btl_tcp_if_include
@@ -71,7 +77,8 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     """
     words = [mpirun, *plan.mpi.global_args]
     given = set(plan.mpi.global_args)
-    flags = [*ALWAYS, "--allow-run-as-root"] if plan.mpi.allow_run_as_root else list(ALWAYS)
+    flags = [*ALWAYS, *([TAG] if plan.output.only_from_instance is not None else []),
+             *(["--allow-run-as-root"] if plan.mpi.allow_run_as_root else [])]
     words += [flag for flag in flags if given.isdisjoint(_SPELLINGS.get(flag, ()))]
     if plan.mpi.host_subnet is not None:
         given_mca = _mca_names(plan.mpi.global_args)
