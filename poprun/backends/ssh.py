@@ -187,7 +187,8 @@ def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
     cleanup = (f"rm -f -- {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}; rmdir -- {shlex.quote(cache + _ALIVE)} "
                f"2>/dev/null && rm -rf -- {shlex.quote(cache)}"
                if cache and os.path.basename(cache).startswith(CACHE_PREFIX) else ":")  # noqa: PTH119
-    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(instance.argv) + "; s=$?")
+    argv = (*(("taskset", "-c", instance.placement.cpus) if instance.placement.cpus else ()), *instance.argv)
+    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(argv) + "; s=$?")
     lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)
 
@@ -195,6 +196,8 @@ def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
 def _check_script(instance: Instance) -> str:
     """Return the check of an instance's host: setsid, its program, and the script given to an interpreter."""
     words = [f"command -v setsid >/dev/null 2>&1 || echo '{_MARK} setsid'"]
+    if instance.placement.cpus:
+        words.append(f"command -v taskset >/dev/null 2>&1 || echo '{_MARK} taskset'")
     argv = instance.argv
     if argv:
         program = shlex.quote(argv[0])
@@ -216,7 +219,9 @@ def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnosti
         what = []
         for item in said[:-1]:
             kind, _, name = item.partition(" ")
-            what.append({"setsid": "'setsid' (util-linux) is not installed", "program": f"program '{name}' is not found",
+            what.append({"setsid": "'setsid' (util-linux) is not installed",
+                         "taskset": "'taskset' (util-linux), which binds the instance to its CPUs, is not installed",
+                         "program": f"program '{name}' is not found",
                          "script": f"'{name}' does not exist in {cwd}"}.get(kind, item))
         return _missing(host, f"on {host}: " + "; ".join(what))
     if status == 125 and not said:  # noqa: PLR2004 - remote_command's exit status for a missing cwd

@@ -10,10 +10,14 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from poprun.core.record import field, record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.planner.machine import HostTopology
 
 VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
 _HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
@@ -33,6 +37,8 @@ class Context:
     local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
     vipu_config: Mapping[str, str] = field(factory=dict)
     vipu_config_file: str | None = None
+    # This machine's topology, read when placement needs it (sysfs: poprun.planner.machine.discover).
+    probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "environ", _sorted(self.environ))
@@ -42,7 +48,9 @@ class Context:
         """Return the context of this process."""
         names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
         config, where = _read_vipu_config()
-        return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0,
+        from poprun.planner.machine import discover
+
+        return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
 
 

@@ -40,7 +40,10 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     Every choice follows reference section 3.2 unless said otherwise:
 
     - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
-    - ``--bind-to none``, always. Real poprun also always added ``--tag-output``; here it is
+    - ``--bind-to none``, unless the user gave ``--bind-to`` (with ``--process-placement
+      disabled`` the user's ``--map-by`` and ``--bind-to`` stand, seed 2.5); an instance with a
+      planned binding runs through ``taskset -c CPUS`` (the role of real poprun's
+      ``poprun_numa_wrapper``), so mpirun itself binds nothing. Real poprun also always added ``--tag-output``; here it is
       added only when poprun needs to know which instance wrote each line, which is for
       ``--only-output-from-instance`` (the backend then strips the tags,
       :mod:`poprun.backends.mpiout`), or when the user asked for tags. The reason: OpenMPI
@@ -77,7 +80,8 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     """
     words = [mpirun, *plan.mpi.global_args]
     given = set(plan.mpi.global_args)
-    flags = [*ALWAYS, *([TAG] if plan.output.only_from_instance is not None else []),
+    own_binding = not given.isdisjoint(("--bind-to", "-bind-to"))  # stands (--process-placement disabled)
+    flags = [*([] if own_binding else ALWAYS), *([TAG] if plan.output.only_from_instance is not None else []),
              *(["--allow-run-as-root"] if plan.mpi.allow_run_as_root else [])]
     words += [flag for flag in flags if given.isdisjoint(_SPELLINGS.get(flag, ()))]
     if plan.mpi.host_subnet is not None:
@@ -124,6 +128,8 @@ def app_context(instance: Instance, *, slots: str, environ: Container[str] | Non
         for name in removed:
             words += ["-u", name]
         words.append("--")
+    if instance.placement.cpus:  # the role of real poprun's poprun_numa_wrapper
+        words += ["taskset", "-c", instance.placement.cpus]
     words += instance.argv
     return words
 

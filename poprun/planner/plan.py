@@ -55,10 +55,19 @@ class Environment:
 
 @record
 class Placement:
-    """How an instance is placed on its host's CPUs and memory."""
+    """
+    How an instance is placed on its host's CPUs and memory.
+
+    ``numa_nodes`` and ``cpus`` are the instance's binding, in the kernel's list syntax
+    (``0-3``); both empty when it is not bound (NUMA awareness off, ``disabled``, or a host
+    whose topology was not known when planning: see ``reason``).
+    """
 
     numa_aware: bool
     strategy: str
+    numa_nodes: str = ""
+    cpus: str = ""
+    reason: str = ""
 
 
 @record

@@ -30,7 +30,8 @@ def _record_hooks(conv: cattrs.Converter) -> None:
     """
     Teach ``conv`` records (:mod:`poprun.core.record`), as cattrs knows attrs classes.
 
-    Unstructured: a dict of every field. Structured: every field required, no other key, and
+    Unstructured: a dict of every field. Structured: every field without a default required
+    (fields with one were added later, and plans written before lack them), no other key, and
     each failure reported with its path (``$.instances[0].host``) through cattrs' notes.
     """
 
@@ -41,6 +42,7 @@ def _record_hooks(conv: cattrs.Converter) -> None:
     def structure(cls: type) -> Any:
         hints = typing.get_type_hints(cls)
         names = [f.name for f in fields(cls)]
+        optional = {f.name for f in fields(cls) if not f.required}  # added later: older plans lack them
 
         def hook(data: Any, _: type) -> Any:
             if not isinstance(data, dict):
@@ -52,6 +54,8 @@ def _record_hooks(conv: cattrs.Converter) -> None:
             values: dict[str, Any] = {}
             errors: list[Exception] = []
             for name in names:
+                if name in optional and name not in data:
+                    continue
                 try:
                     values[name] = conv.structure(data[name], hints[name])
                 except Exception as exc:  # noqa: BLE001 - every field's failure is collected, as cattrs does

@@ -21,6 +21,7 @@ from poprun.core.record import positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
+from poprun.planner.binding import bind
 from poprun.planner.context import Context
 from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
@@ -67,6 +68,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
+    instances = bind(s, instances, placement)
     backend = policy.backend(s, topology)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root

@@ -57,6 +57,25 @@ def render_instances(instances: Sequence[Instance]) -> str:
     return "instances:\n" + "\n".join(_table(rows)) + "\n"
 
 
+def render_placement(instances: Sequence[Instance]) -> str:
+    """
+    Return where each instance is bound, host by host (as mpirun's ``--report-bindings`` would).
+
+    ``localhost (spreadnuma on workstation-1numa)`` then ``instance 0  NUMA 0  CPUs 0-3`` rows; a
+    host whose instances are not bound says why once.
+    """
+    lines = ["placement:"]
+    for host in dict.fromkeys(i.host for i in instances):
+        mine = [i for i in instances if i.host == host]
+        if not any(i.placement.cpus for i in mine):
+            lines.append(f"  {host}: not bound: {mine[0].placement.reason}")
+            continue
+        lines.append(f"  {host} ({mine[0].placement.reason})")
+        rows = [[f"instance {i.index}", f"NUMA {i.placement.numa_nodes}", f"CPUs {i.placement.cpus}"] for i in mine]
+        lines += ["  " + line for line in _table(rows)]
+    return "\n".join(lines) + "\n"
+
+
 def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
@@ -114,6 +133,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
         parts.append(render_decisions(plan.explanation))
         if plan.partition is not None:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
+        if any(i.placement.numa_aware for i in plan.instances):
+            parts.append(render_placement(plan.instances))
         parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
         argv = " ".join(plan.instances[0].argv) or "(no program)"
         parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")

@@ -18,10 +18,16 @@ from poprun.cli import commands
 from poprun.cli.main import main
 from poprun.core.record import evolve
 from poprun.planner.context import Context
+from poprun.planner.machine import HostTopology, load
 
 FROM_PROCESS = Context.from_process
 UPDATE = os.environ.get("POPRUN_UPDATE_GOLDEN") == "1"
 OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_")
+
+
+def WORKSTATION() -> HostTopology:  # noqa: N802 - stands for the constant it returns
+    """This machine's topology in golden cases: a recorded 8-core, one-NUMA-node workstation."""
+    return load("workstation-1numa")
 
 
 def case_dirs(folder: Path) -> list[Path]:
@@ -40,7 +46,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
-    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False,
+    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION,
                          local_names=("127.0.0.1", "::1", "localhost"))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
     before = set(case.iterdir())

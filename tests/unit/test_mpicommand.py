@@ -5,6 +5,7 @@ import shlex
 from hypothesis import given
 from hypothesis import strategies as st
 
+from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
 from poprun.planner.mpicommand import mpirun_command, render_mpirun_command
@@ -199,3 +200,15 @@ def test_render_quotes_a_program_the_shell_would_split():
 def test_render_then_shell_split_is_identity(argv):
     """Any argv rendered and split back as a POSIX shell does comes back word for word."""
     assert argv == shlex.split(render_mpirun_command(argv))
+
+
+def test_the_users_bind_to_stands_and_bound_instances_run_through_taskset() -> None:
+    """--bind-to in the global args: no '--bind-to none' added; a planned binding wraps the program in taskset."""
+    plan = plan_of("--num-replicas=2", "--process-placement=disabled", "--mpi-global-args=--map-by core --bind-to core")
+    head, _ = split(mpirun_command(plan))
+    bound = plan_of("--num-replicas=2", "--num-instances=2")
+    bound = evolve(bound, instances=tuple(evolve(i, placement=evolve(i.placement, cpus=str(i.index)))
+                                          for i in bound.instances))
+
+    assert ["mpirun", "--map-by", "core", "--bind-to", "core", "-H", "localhost:1"] == head
+    assert ["taskset", "-c", "1", "python3", "train.py"] == list(mpirun_command(bound)[-5:])

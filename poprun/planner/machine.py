@@ -1,0 +1,189 @@
+"""
+Host topologies: sockets, NUMA nodes, cores and the CPUs a process may use.
+
+Layer: ``poprun.planner``; the standard library (JSON only when a file is read) and
+``poprun.core``. The planner places instances on a host's NUMA nodes and cores
+(:mod:`poprun.planner.placement`); this module says what a host has.
+
+A :class:`HostTopology` comes from this machine's sysfs (:func:`discover`: NUMA nodes from
+``/sys/devices/system/node``, cores from each CPU's ``topology/``, the cpuset from the CPUs this
+process may run on and ``Mems_allowed_list``), or from a JSON file of the same shape
+(:func:`load`), so that plans for other machines can be made anywhere
+(``python3 -m poprun.planner.machine`` prints a host's own). A few recorded real
+servers ship with poprun (:data:`RECORDED`, ``poprun/topologies/*.json``), for example the host
+server of an IPU-POD64 (two 64-core AMD EPYC 7742 sockets, four NUMA nodes each).
+
+CPU lists use the kernel's syntax (``0-3,8``), in files and in plans.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from poprun.core.record import positional_record, record
+
+TOPOLOGIES = Path(__file__).parents[1] / "topologies"
+RECORDED = ("dell-r6525-2x-epyc-7742", "xeon-2s-2numa", "workstation-1numa")
+
+
+@positional_record
+class NumaNode:
+    """One NUMA node: its number, its socket, and its cores (each a tuple of its logical CPUs)."""
+
+    index: int
+    socket: int
+    cores: tuple[tuple[int, ...], ...]
+
+    @property
+    def cpus(self) -> tuple[int, ...]:
+        """Return every logical CPU of the node, sorted."""
+        return tuple(sorted(cpu for core in self.cores for cpu in core))
+
+
+@record
+class HostTopology:
+    """
+    What one host has: NUMA nodes (with sockets and cores) and the part of it a process may use.
+
+    ``cpuset`` and ``mems`` are the CPUs and NUMA nodes allowed (a cpuset, ``taskset``, Slurm's
+    binding); None means all of them.
+    """
+
+    name: str
+    numa_nodes: tuple[NumaNode, ...]
+    cpuset: tuple[int, ...] | None = None
+    mems: tuple[int, ...] | None = None
+
+    @property
+    def sockets(self) -> tuple[int, ...]:
+        """Return the socket numbers, sorted."""
+        return tuple(sorted({node.socket for node in self.numa_nodes}))
+
+    def usable(self) -> tuple[NumaNode, ...]:
+        """
+        Return the NUMA nodes and cores this host lets a process use (changelog 2.1).
+
+        A node is usable when its memory is allowed and at least one of its CPUs is; a core,
+        when all of its CPUs that are allowed (a core half in the cpuset keeps that half).
+        """
+        allowed = None if self.cpuset is None else set(self.cpuset)
+        nodes = []
+        for node in self.numa_nodes:
+            if self.mems is not None and node.index not in self.mems:
+                continue
+            cores = tuple(tuple(c for c in core if allowed is None or c in allowed) for core in node.cores)
+            cores = tuple(core for core in cores if core)
+            if cores:
+                nodes.append(NumaNode(node.index, node.socket, cores))
+        return tuple(nodes)
+
+
+def cpulist(cpus: tuple[int, ...] | list[int] | set[int]) -> str:
+    """Return ``0-3,8`` for CPUs 0, 1, 2, 3 and 8 (the kernel's list syntax); ``""`` for none."""
+    ordered = sorted(set(cpus))
+    runs: list[str] = []
+    start = prev = None
+    for cpu in [*ordered, None]:
+        if cpu is not None and prev is not None and cpu == prev + 1:
+            prev = cpu
+            continue
+        if start is not None:
+            runs.append(str(start) if start == prev else f"{start}-{prev}")
+        start = prev = cpu
+    return ",".join(runs)
+
+
+def parse_cpulist(text: str) -> tuple[int, ...]:
+    """Return the CPUs of a list like ``0-3,8`` (the kernel's syntax), sorted."""
+    cpus: set[int] = set()
+    for part in text.strip().split(","):
+        if not part:
+            continue
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return tuple(sorted(cpus))
+
+
+def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name: str | None = None) -> HostTopology:
+    """
+    Return this machine's topology from sysfs, with the cpuset of this process.
+
+    A machine without ``/sys/devices/system/node`` is one NUMA node of every online CPU.
+    """
+    cpu_root = Path(sys_root, "devices/system/cpu")
+    online = parse_cpulist(_read(cpu_root / "online") or f"0-{(os.cpu_count() or 1) - 1}")
+    node_root = Path(sys_root, "devices/system/node")
+    members: dict[int, tuple[int, ...]] = {}
+    for entry in sorted(node_root.glob("node[0-9]*")) if node_root.is_dir() else []:
+        members[int(entry.name[4:])] = tuple(c for c in parse_cpulist(_read(entry / "cpulist") or "") if c in online)
+    if not members:
+        members = {0: online}
+    nodes = []
+    for index, cpus in sorted(members.items()):
+        by_core: dict[tuple[int, int], list[int]] = {}
+        socket = 0
+        for cpu in cpus:
+            topo = cpu_root / f"cpu{cpu}" / "topology"
+            socket = int(_read(topo / "physical_package_id") or 0)
+            core = int(_read(topo / "core_id") or cpu)
+            by_core.setdefault((socket, core), []).append(cpu)
+        if cpus:
+            nodes.append(NumaNode(index, socket, tuple(tuple(v) for _, v in sorted(by_core.items(), key=lambda kv: kv[1][0]))))
+    cpuset = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
+    mems = next((parse_cpulist(line.split(":", 1)[1]) for line in (_read(Path(status)) or "").splitlines()
+                 if line.startswith("Mems_allowed_list:")), None)
+    return HostTopology(name=name or os.uname().nodename, numa_nodes=tuple(nodes), cpuset=cpuset, mems=mems)
+
+
+def load(source: str) -> HostTopology:
+    """
+    Return the topology in the JSON file ``source``, or the recorded one of that name (:data:`RECORDED`).
+
+    Raises:
+        ValueError: with a one-line reason when the file cannot be read or is not a topology.
+    """
+    import json  # here, not at the top: only topology files need it (start-up stays lean)
+
+    path = Path(source) if source not in RECORDED else TOPOLOGIES / f"{source}.json"
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        nodes = tuple(NumaNode(int(n["index"]), int(n["socket"]), tuple(tuple(int(c) for c in core) for core in n["cores"]))
+                      for n in data["numa_nodes"])
+        cpuset = data.get("cpuset")
+        mems = data.get("mems")
+        return HostTopology(name=str(data.get("name", path.stem)), numa_nodes=nodes,
+                            cpuset=None if cpuset is None else parse_cpulist(str(cpuset)),
+                            mems=None if mems is None else parse_cpulist(str(mems)))
+    except OSError as exc:
+        msg = f"cannot read {path}: {exc.strerror}"
+        raise ValueError(msg) from exc
+    except (ValueError, KeyError, TypeError) as exc:
+        msg = f"{path} is not a host topology: {type(exc).__name__}: {exc}"
+        raise ValueError(msg) from exc
+
+
+def to_json(topology: HostTopology) -> str:
+    """Return ``topology`` as the JSON :func:`load` reads."""
+    import json  # here, not at the top: see load()
+
+    data: dict[str, object] = {"name": topology.name, "numa_nodes": [
+        {"index": n.index, "socket": n.socket, "cores": [list(core) for core in n.cores]} for n in topology.numa_nodes]}
+    if topology.cpuset is not None:
+        data["cpuset"] = cpulist(topology.cpuset)
+    if topology.mems is not None:
+        data["mems"] = cpulist(topology.mems)
+    return json.dumps(data, indent=1) + "\n"
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="ascii").strip()
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":  # `python3 -m poprun.planner.machine`: this machine's topology, for POPRUN_HOST_TOPOLOGY
+    import sys
+
+    sys.stdout.write(to_json(discover()))
