@@ -194,7 +194,7 @@ def validate(args: list[str]) -> int:
 
 def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
-    ctx = Context.from_process()
+    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
     if args and args[0].endswith(".json"):
         return _apply_saved(args[0], args[1:], ctx)
     if args and args[0].endswith(SPEC_SUFFIXES) and not Path(args[0]).is_file():
@@ -248,7 +248,7 @@ def render(_args: list[str]) -> int:
 
 def classic(args: list[str]) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
-    ctx = Context.from_process()
+    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
     command, spec = _read(list(args), ctx, prog="poprun", allow_spec_file=False)
     _reject_plan_options(command, "the classic form")
     if command.help:

@@ -9,7 +9,9 @@ instance per host, changelog 2.1) and the strategy is not ``disabled``. A host's
 from ``POPRUN_HOST_TOPOLOGY`` (a JSON file or a recorded name: every host is taken to look like
 it, for plans made for other machines), else, for this machine, from its sysfs and this
 process's cpuset (:func:`poprun.planner.machine.discover`). An instance on a host whose topology
-is not known when planning is not bound, and its placement says why.
+is read through ssh when placement needs it (:data:`poprun.planner.machine.DUMP_SCRIPT`, a few
+seconds at most); an instance on a host whose topology is still not known is not bound, and its
+placement says why.
 
 Diagnostics: PR306 (a core strategy with more instances than usable cores on a host), PR307
 (``POPRUN_HOST_TOPOLOGY`` unreadable), PR308 (warning: a core strategy binds each instance to
@@ -39,8 +41,10 @@ def bind(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement) -
     bound: dict[int, p.Placement] = {}
     for host, topology in topologies.items():
         mine = [i for i in instances if i.host == host]
-        if topology is None:
-            why = f"the topology of {host} is not known when planning ({TOPOLOGY_VARIABLE}=FILE|NAME gives it)"
+        if not isinstance(topology, HostTopology):
+            why = (f"the topology of {host} could not be read ({topology}; {TOPOLOGY_VARIABLE}=FILE|NAME gives it)"
+                   if topology else f"the topology of {host} is read when launching, not when planning "
+                   f"({TOPOLOGY_VARIABLE}=FILE|NAME gives it here)")
             bound.update((i.index, evolve(i.placement, reason=why)) for i in mine)
             s.decide(f"placement {host}", "not bound", SourceSpan.derived("placement"), why)
             continue
@@ -59,8 +63,8 @@ def bind(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement) -
     return tuple(evolve(i, placement=bound.get(i.index, i.placement)) for i in instances)
 
 
-def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | None]:
-    """Return each host's topology: the one of POPRUN_HOST_TOPOLOGY, this machine's, or None."""
+def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
+    """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not."""
     given = s.ctx.environ.get(TOPOLOGY_VARIABLE)
     if given:
         try:
@@ -72,13 +76,16 @@ def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | None]:
             return dict.fromkeys(hosts)
         return dict.fromkeys(hosts, every)
     local = None
-    found: dict[str, HostTopology | None] = {}
+    found: dict[str, HostTopology | str | None] = {}
     for host in hosts:
         if host in s.ctx.local_names and s.ctx.probe is not None:
             local = local or s.ctx.probe()
             found[host] = local
         else:
             found[host] = None
+    remote = tuple(h for h, t in found.items() if t is None)
+    if remote and s.ctx.remote_probe is not None:
+        found.update(s.ctx.remote_probe(remote))
     return found
 
 

@@ -39,19 +39,34 @@ class Context:
     vipu_config_file: str | None = None
     # This machine's topology, read when placement needs it (sysfs: poprun.planner.machine.discover).
     probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
+    # Other hosts' topologies, read when placement needs them (through ssh: poprun.backends.ssh.probe_topologies).
+    remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "environ", _sorted(self.environ))
 
     @classmethod
-    def from_process(cls) -> Context:
-        """Return the context of this process."""
+    def from_process(cls, *, probe_hosts: bool = False) -> Context:
+        """
+        Return the context of this process.
+
+        ``probe_hosts``: other hosts' topologies may be read through ssh when placement needs
+        them (a launch); ``poprun plan`` never waits on hosts and leaves those instances unbound.
+        """
         names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
         config, where = _read_vipu_config()
         from poprun.planner.machine import discover
 
         return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
+                   remote_probe=_probe_over_ssh if probe_hosts else None,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
+
+
+def _probe_over_ssh(hosts: tuple[str, ...]) -> Mapping[str, HostTopology | str]:
+    """Return each host's topology read through ssh, or why it could not be."""
+    from poprun.planner.machine import probe_over_ssh
+
+    return probe_over_ssh(hosts, environ=os.environ)
 
 
 def _cwd() -> str:

@@ -19,6 +19,7 @@ CPU lists use the kernel's syntax (``0-3,8``), in files and in plans.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from poprun.core.record import positional_record, record
@@ -134,6 +135,86 @@ def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name:
     mems = next((parse_cpulist(line.split(":", 1)[1]) for line in (_read(Path(status)) or "").splitlines()
                  if line.startswith("Mems_allowed_list:")), None)
     return HostTopology(name=name or os.uname().nodename, numa_nodes=tuple(nodes), cpuset=cpuset, mems=mems)
+
+
+# A POSIX shell script that prints what discover() reads, for hosts reached through ssh:
+# "node N CPULIST" lines, "cpu C PACKAGE CORE" lines, then the login shell's Cpus_allowed_list
+# and Mems_allowed_list lines of /proc/self/status.
+DUMP_SCRIPT = """\
+for n in /sys/devices/system/node/node[0-9]*; do [ -r "$n/cpulist" ] && echo "node ${n##*node} $(cat "$n/cpulist")"; done
+for c in /sys/devices/system/cpu/cpu[0-9]*; do t=$c/topology; [ -r "$t/core_id" ] && \
+  echo "cpu ${c##*cpu} $(cat "$t/physical_package_id") $(cat "$t/core_id")"; done
+grep -E '^(Cpus|Mems)_allowed_list:' /proc/self/status"""
+
+
+def from_dump(name: str, text: str) -> HostTopology:
+    """
+    Return the topology that :data:`DUMP_SCRIPT`'s output describes.
+
+    Raises:
+        ValueError: when the text describes no CPU.
+    """
+    nodes: dict[int, tuple[int, ...]] = {}
+    cores: dict[int, tuple[int, int]] = {}
+    allowed: dict[str, tuple[int, ...]] = {}
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) == 3 and words[0] == "node":  # noqa: PLR2004 - "node N LIST"
+            nodes[int(words[1])] = parse_cpulist(words[2])
+        elif len(words) == 4 and words[0] == "cpu":  # noqa: PLR2004 - "cpu C PACKAGE CORE"
+            cores[int(words[1])] = (int(words[2]), int(words[3]))
+        elif len(words) == 2 and words[0] in ("Cpus_allowed_list:", "Mems_allowed_list:"):  # noqa: PLR2004
+            allowed[words[0]] = parse_cpulist(words[1])
+    if not cores:
+        msg = f"no CPU in the topology read from {name}"
+        raise ValueError(msg)
+    if not nodes:
+        nodes = {0: tuple(sorted(cores))}
+    built = []
+    for index, cpus in sorted(nodes.items()):
+        by_core: dict[tuple[int, int], list[int]] = {}
+        for cpu in cpus:
+            by_core.setdefault(cores.get(cpu, (0, cpu)), []).append(cpu)
+        if by_core:
+            socket = cores.get(cpus[0], (0, 0))[0]
+            built.append(NumaNode(index, socket, tuple(tuple(v) for _, v in sorted(by_core.items(),
+                                                                                    key=lambda kv: kv[1][0]))))
+    return HostTopology(name=name, numa_nodes=tuple(built), cpuset=allowed.get("Cpus_allowed_list:"),
+                        mems=allowed.get("Mems_allowed_list:"))
+
+
+def probe_over_ssh(hosts: tuple[str, ...], *, environ: Mapping[str, str], timeout_s: float = 4.0,
+                   ssh: str = "ssh") -> dict[str, HostTopology | str]:
+    """
+    Return each host's topology, read at once through ssh (:data:`DUMP_SCRIPT`), or a one-line reason it was not.
+
+    ssh runs as the ssh backend runs it: non-interactive, with a connect timeout, and with
+    ``-F $POPRUN_SSH_CONFIG`` when that is set. The whole probe takes at most ``timeout_s``.
+    """
+    import shlex
+    import subprocess
+    import time
+
+    config = environ.get("POPRUN_SSH_CONFIG")
+    base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-T"]
+    procs = {host: subprocess.Popen([*base, host, "--", "sh -c " + shlex.quote(DUMP_SCRIPT)],  # noqa: S603
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, errors="replace", env=dict(environ)) for host in hosts}
+    deadline = time.monotonic() + timeout_s
+    found: dict[str, HostTopology | str] = {}
+    for host, proc in procs.items():
+        try:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            found[host] = f"no answer within {timeout_s:g} s"
+            continue
+        try:
+            found[host] = from_dump(host, out)
+        except ValueError:
+            found[host] = err.strip().splitlines()[-1] if err.strip() else f"ssh exited with {proc.returncode}"
+    return found
 
 
 def load(source: str) -> HostTopology:

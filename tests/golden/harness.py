@@ -46,7 +46,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
-    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION,
+    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION, remote_probe=None,
                          local_names=("127.0.0.1", "::1", "localhost"))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
     before = set(case.iterdir())

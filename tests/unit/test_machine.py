@@ -2,13 +2,25 @@
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poprun.planner.machine import RECORDED, HostTopology, NumaNode, cpulist, discover, load, parse_cpulist, to_json
+from poprun.planner.machine import (
+    DUMP_SCRIPT,
+    RECORDED,
+    HostTopology,
+    NumaNode,
+    cpulist,
+    discover,
+    from_dump,
+    load,
+    parse_cpulist,
+    to_json,
+)
 from poprun.planner.placement import place
 
 
@@ -103,3 +115,17 @@ def test_a_narrowed_cpuset_keeps_only_its_nodes_and_cores() -> None:
 
     assert (NumaNode(1, 1, ((2, 6),)),) == topology.usable()
     assert [(1,), (1,)] == [b.numa_nodes for b in place(topology, 2, "spreadnuma")]
+
+
+def test_the_dump_script_run_here_reads_as_discover_does() -> None:
+    """DUMP_SCRIPT (what ssh runs on a host) parsed by from_dump gives this machine's nodes and cpuset."""
+    out = subprocess.run(["sh", "-c", DUMP_SCRIPT], capture_output=True, text=True, check=False).stdout
+    here = discover()
+
+    assert (here.numa_nodes, here.cpuset) == (from_dump("here", out).numa_nodes, from_dump("here", out).cpuset)
+
+
+def test_a_dump_without_cpus_is_a_value_error() -> None:
+    """Nothing readable (not Linux, say): ValueError, so the host is left unbound with the reason."""
+    with pytest.raises(ValueError, match="no CPU"):
+        from_dump("h9", "sh: 1: grep: not found\n")

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from poprun.planner.machine import discover, parse_cpulist, to_json
+from poprun.planner.placement import place
 from tests.e2e.hosts.test_ssh_backend import poprun
 from tests.testhosts import TestHosts
 
@@ -35,3 +36,15 @@ def test_remote_instances_run_on_their_planned_cpus(test_hosts: TestHosts, tmp_p
     assert 0 == done.returncode, done.stderr
     assert expected == dict(json.loads(line) for line in done.stdout.splitlines())
     assert all(expected.values())
+
+
+def test_a_launch_reads_the_hosts_topologies_through_ssh(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """No POPRUN_HOST_TOPOLOGY: the launch reads each host's topology over ssh and binds as placement says."""
+    strategy = "close" if len(os.sched_getaffinity(0)) >= 2 else "spreadnuma"  # close needs a core each
+    expected_per_host = [list(b.cpus) for b in place(discover(), 2, strategy)]
+
+    done = poprun(test_hosts, "-vv", "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4",
+                  "--process-placement", strategy, sys.executable, "-c", PROBE, cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert {i: expected_per_host[i % 2] for i in range(4)} == dict(json.loads(line) for line in done.stdout.splitlines())
