@@ -89,32 +89,38 @@ def _allowed_cpus() -> set[int] | None:
 
 
 @contextlib.contextmanager
-def _binding() -> Iterator[Callable[[set[int] | None], None]]:
+def _binding() -> Iterator[Callable[[set[int] | None, tuple[int, ...]], None]]:
     """
-    Yield ``bind(cpus)``, which makes the next child start bound to ``cpus`` (None: unbound); restore after.
+    Yield ``bind(cpus, nodes)``: the next child starts on ``cpus``, preferring ``nodes``' memory; restore after.
 
-    A child inherits the CPU affinity of the thread that starts it, so setting this thread's
-    before each start binds the instance from its first instruction, without a wrapper
-    program or a ``preexec_fn`` (which would make every start a slower fork). Memory follows:
-    the kernel's default policy allocates on the NUMA node of the CPU that touches it first,
-    and elsewhere when that node is full, which is the seed's "prefers ... may allocate from
-    other nodes" (section 2.5).
+    A child inherits the CPU affinity and the memory policy of the thread that starts it, so
+    setting this thread's before each start binds the instance from its first instruction,
+    without a wrapper program or a ``preexec_fn`` (which would make every start a slower
+    fork). ``cpus`` None: unbound; the memory policy: :func:`poprun.backends.numa.prefer`.
     """
     original = _allowed_cpus()
-    current = original
+    current, preferring = original, False
 
-    def bind(cpus: set[int] | None) -> None:
-        nonlocal current
+    def bind(cpus: set[int] | None, nodes: tuple[int, ...]) -> None:
+        nonlocal current, preferring
         wanted = cpus if cpus is not None else original
         if wanted is not None and wanted != current:
             os.sched_setaffinity(0, wanted)
             current = wanted
+        if nodes or preferring:
+            from poprun.backends.numa import prefer
+
+            preferring = prefer(nodes) and bool(nodes)
 
     try:
         yield bind
     finally:
         if original is not None and current != original:
             os.sched_setaffinity(0, original)
+        if preferring:
+            from poprun.backends.numa import prefer
+
+            prefer(None)
 
 
 def is_this_machine(host: str) -> bool:
@@ -211,7 +217,7 @@ class LocalBackend:
         try:
             with _binding() as bind:
                 for instance, env, program, mask in zip(plan.instances, envs, programs, masks, strict=True):
-                    bind(mask)
+                    bind(mask, parse_cpulist(instance.placement.numa_nodes) if mask is not None else ())
                     procs.append(start_instance(instance, env, program, watchdog.group))
             watchdog.await_ready()
         except WatchdogError as exc:

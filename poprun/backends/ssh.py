@@ -58,6 +58,7 @@ from poprun.backends.output import Router
 from poprun.backends.watchdog import Watchdog, WatchdogError
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
+from poprun.planner.mpicommand import bound_argv
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -187,8 +188,7 @@ def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
     cleanup = (f"rm -f -- {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}; rmdir -- {shlex.quote(cache + _ALIVE)} "
                f"2>/dev/null && rm -rf -- {shlex.quote(cache)}"
                if cache and os.path.basename(cache).startswith(CACHE_PREFIX) else ":")  # noqa: PTH119
-    argv = (*(("taskset", "-c", instance.placement.cpus) if instance.placement.cpus else ()), *instance.argv)
-    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(argv) + "; s=$?")
+    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(bound_argv(instance)) + "; s=$?")
     lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)
 

@@ -42,8 +42,8 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
     - ``--bind-to none``, unless the user gave ``--bind-to`` (with ``--process-placement
       disabled`` the user's ``--map-by`` and ``--bind-to`` stand, seed 2.5); an instance with a
-      planned binding runs through ``taskset -c CPUS`` (the role of real poprun's
-      ``poprun_numa_wrapper``), so mpirun itself binds nothing. Real poprun also always added ``--tag-output``; here it is
+      planned binding runs through :func:`bound_argv` (numactl or taskset: the role of real
+      poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing. Real poprun also always added ``--tag-output``; here it is
       added only when poprun needs to know which instance wrote each line, which is for
       ``--only-output-from-instance`` (the backend then strips the tags,
       :mod:`poprun.backends.mpiout`), or when the user asked for tags. The reason: OpenMPI
@@ -128,10 +128,29 @@ def app_context(instance: Instance, *, slots: str, environ: Container[str] | Non
         for name in removed:
             words += ["-u", name]
         words.append("--")
-    if instance.placement.cpus:  # the role of real poprun's poprun_numa_wrapper
-        words += ["taskset", "-c", instance.placement.cpus]
-    words += instance.argv
+    words += bound_argv(instance)
     return words
+
+
+# Runs "$@" on CPUs $1 preferring the memory of NUMA nodes $2: numactl where it is installed
+# and the kernel has MPOL_PREFERRED_MANY (5.15), else taskset (CPUs only; memory then follows
+# the kernel's default, local allocation).
+BIND_SCRIPT = ('c=$1 n=$2; shift 2; if command -v numactl >/dev/null 2>&1 && '
+               'numactl --preferred-many="$n" true 2>/dev/null; then '
+               'exec numactl --physcpubind="$c" --preferred-many="$n" -- "$@"; fi; exec taskset -c "$c" "$@"')
+
+
+def bound_argv(instance: Instance) -> list[str]:
+    """
+    Return the instance's argv, run through :data:`BIND_SCRIPT` when the plan binds it.
+
+    The role of real poprun's ``poprun_numa_wrapper``: the instance runs on its planned CPUs
+    and prefers its NUMA nodes' memory (seed section 2.5), on whichever host it lands.
+    """
+    if not instance.placement.cpus:
+        return list(instance.argv)
+    return ["sh", "-c", BIND_SCRIPT, "poprun-bind", instance.placement.cpus, instance.placement.numa_nodes or "0",
+            *instance.argv]
 
 
 def render_mpirun_command(argv: Sequence[str]) -> str:

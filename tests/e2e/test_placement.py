@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,16 @@ def test_disabled_placement_binds_nothing(tmp_path: Path) -> None:
                                      cwd=tmp_path)
 
     assert ({0: [], 1: []}, {0: CPUS, 1: CPUS}) == (planned, seen)
+
+
+@pytest.mark.skipif(shutil.which("numactl") is None, reason="numactl is not installed")
+def test_bound_instances_prefer_their_numa_nodes_memory(tmp_path: Path) -> None:
+    """spreadnuma: each instance's memory policy prefers its planned NUMA nodes (numactl --show); disabled: default."""
+    show = "numactl --show | grep -E '^policy'"
+    bound = poprun("--num-instances", "2", "--num-replicas", "2", "sh", "-c", show, cwd=tmp_path)
+    free = poprun("--process-placement", "disabled", "--num-instances", "2", "--num-replicas", "2", "sh", "-c", show,
+                  cwd=tmp_path)
+
+    assert (0, 0) == (bound.returncode, free.returncode), bound.stderr + free.stderr
+    assert {"policy: preferred-many", "policy: preferred"} >= set(bound.stdout.splitlines())
+    assert ["policy: default"] * 2 == free.stdout.splitlines()

@@ -203,7 +203,7 @@ def test_render_then_shell_split_is_identity(argv):
 
 
 def test_the_users_bind_to_stands_and_bound_instances_run_through_taskset() -> None:
-    """--bind-to in the global args: no '--bind-to none' added; a planned binding wraps the program in taskset."""
+    """--bind-to in the global args: no '--bind-to none' added; a planned binding wraps the program (numactl/taskset)."""
     plan = plan_of("--num-replicas=2", "--process-placement=disabled", "--mpi-global-args=--map-by core --bind-to core")
     head, _ = split(mpirun_command(plan))
     bound = plan_of("--num-replicas=2", "--num-instances=2")
@@ -211,4 +211,4 @@ def test_the_users_bind_to_stands_and_bound_instances_run_through_taskset() -> N
                                           for i in bound.instances))
 
     assert ["mpirun", "--map-by", "core", "--bind-to", "core", "-H", "localhost:1"] == head
-    assert ["taskset", "-c", "1", "python3", "train.py"] == list(mpirun_command(bound)[-5:])
+    assert ["poprun-bind", "1", "0", "python3", "train.py"] == list(mpirun_command(bound)[-5:])
