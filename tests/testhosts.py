@@ -11,7 +11,15 @@ tag, so two sessions on one machine never collide. All that :func:`up` creates i
 in the state directory, so :func:`down` can undo it from another process. Needs root,
 ``ip`` (iproute2), ``unshare`` (util-linux) and OpenSSH's ``sshd``, ``ssh`` and ``ssh-keygen``.
 
-    python tests/testhosts.py up --count 4 --state DIR    # prints `export ...` lines
+With ``slurm=True`` the hosts also form a real Slurm cluster: a private ``munged`` (its own
+key and socket in the state directory), a ``slurmctld`` here on a free port, and one
+``slurmd`` per host, started in the host's network namespace with the host's name
+(``nsenter --net``, not ``ip netns exec``, which remounts /sys and leaves slurmd without its
+cgroup file system), each node with ``CPUs=2`` and a ``TmpFS`` of its own. Clients find it
+through ``SLURM_CONF`` (:meth:`TestHosts.env`). Needs ``munged``, ``slurmctld``, ``slurmd``
+and ``nsenter`` too (apt-get install munge slurmctld slurmd slurm-client).
+
+    python tests/testhosts.py up --count 4 --state DIR [--slurm]   # prints `export ...` lines
     python tests/testhosts.py down --state DIR
 """
 
@@ -36,6 +44,7 @@ from typing import Any, ClassVar
 
 SSHD = "/usr/sbin/sshd"
 TOOLS = ("ip", "unshare", "ssh", "ssh-keygen")
+SLURM_TOOLS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/nsenter", "/usr/bin/sinfo")
 RECORD = "testhosts.json"  # what up() created, for down()
 FIRST_HOST = 10  # host hN gets 10.77.X.(FIRST_HOST + N); the bridge has .1
 # MaxStartups: a launch opens many connections to one host at once; the default (10) drops some.
@@ -52,6 +61,37 @@ PermitRootLogin prohibit-password
 StrictModes no
 UsePAM no
 MaxStartups 100
+"""
+# The Slurm cluster of the hosts (up(..., slurm=True)); {slurm} is the state's slurm/ folder.
+SLURM_CONFIG = """\
+ClusterName=poprun{tag}
+SlurmctldHost={controller}({address})
+SlurmctldPort={port}
+SlurmUser=root
+SlurmdUser=root
+AuthType=auth/munge
+CredType=cred/munge
+AuthInfo=socket={slurm}/munge.socket
+ProctrackType=proctrack/linuxproc
+TaskPlugin=task/none
+JobAcctGatherType=jobacct_gather/none
+AccountingStorageType=accounting_storage/none
+SelectType=select/cons_tres
+SelectTypeParameters=CR_Core
+MpiDefault=none
+ReturnToService=2
+KillWait=5
+InactiveLimit=0
+PlugStackConfig={slurm}/plugstack.conf
+StateSaveLocation={slurm}/ctld
+SlurmctldPidFile={slurm}/slurmctld.pid
+SlurmctldLogFile={slurm}/slurmctld.log
+SlurmdSpoolDir={slurm}/spool-%n
+SlurmdPidFile={slurm}/slurmd-%n.pid
+SlurmdLogFile={slurm}/slurmd-%n.log
+TmpFS={slurm}/tmp-%n
+{nodes}
+PartitionName=poprun Nodes=ALL Default=YES State=UP MaxTime=INFINITE
 """
 SSH_DEFAULTS = """\
 Host *
@@ -87,9 +127,10 @@ class TestHosts:
     known_hosts: Path
     client_key: Path
     state: Path
+    slurm_conf: Path | None = None  # the Slurm cluster's slurm.conf, when up(..., slurm=True)
 
     def env(self) -> dict[str, str]:
-        """Return the environment variables that send poprun's ssh backend and mpirun to these hosts."""
+        """Return the environment variables that send poprun's ssh backend, mpirun and Slurm's clients to these hosts."""
         return {
             "POPRUN_SSH_CONFIG": str(self.ssh_config),
             "OMPI_MCA_plm_rsh_args": f"-F {self.ssh_config}",
@@ -97,6 +138,7 @@ class TestHosts:
             "OMPI_MCA_btl_tcp_if_include": self.subnet,
             "OMPI_ALLOW_RUN_AS_ROOT": "1",
             "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
+            **({"SLURM_CONF": str(self.slurm_conf)} if self.slurm_conf is not None else {}),
         }
 
     def ssh(self, name: str, command: str, *, timeout: float = 30) -> subprocess.CompletedProcess[str]:
@@ -111,18 +153,19 @@ class TestHosts:
         return [f"{pid} {line}" for pid, (_, line) in sorted(found.items()) if re.search(pattern, line)]
 
 
-def up(count: int, state: Path, *, timeout_s: float = 10.0) -> TestHosts:
+def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False) -> TestHosts:
     """
     Start ``count`` hosts ``h1..hK``, keeping their files in ``state`` (made if missing); return them.
 
-    Returns only once every host answers ``hostname`` over ssh with its own name. Cleans up
-    everything if it fails half-way. ``state`` belongs to the hosts: :func:`down` deletes it.
+    Returns only once every host answers ``hostname`` over ssh with its own name (and, with
+    ``slurm``, once every host is an idle node of the cluster). Cleans up everything if it
+    fails half-way. ``state`` belongs to the hosts: :func:`down` deletes it.
 
     Raises:
         TestHostsUnavailable: not root, or a needed tool is missing.
         RuntimeError: a command failed, or a host did not come up within ``timeout_s``.
     """
-    _check_machine()
+    _check_machine(slurm=slurm)
     state = state.resolve()
     if not 1 <= count <= 200:
         raise ValueError(f"count must be 1 to 200, not {count}")
@@ -133,14 +176,17 @@ def up(count: int, state: Path, *, timeout_s: float = 10.0) -> TestHosts:
     state.mkdir(parents=True, exist_ok=True)
     tag = secrets.token_hex(3)  # 6 hex digits: "ptb" + tag and "pt" + tag + "v" + N fit Linux's 15 characters
     names = tuple(f"h{i}" for i in range(1, count + 1))
-    record = {"bridge": f"ptb{tag}", "hosts": [
+    record = {"bridge": f"ptb{tag}", "slurm": slurm, "hosts": [
         {"name": name, "netns": f"poprun-{tag}-{name}", "veth": f"pt{tag}v{name[1:]}"} for name in names]}
     (state / RECORD).write_text(json.dumps(record, indent=2))  # before anything exists, so down() always works
     try:
-        return _start(record, tag, state, timeout_s)
+        hosts = _start(record, tag, state, timeout_s)
+        if slurm:
+            hosts = dataclasses.replace(hosts, slurm_conf=start_slurm(hosts, tag, timeout_s=max(timeout_s, 30)))
     except BaseException:
         down(state)
         raise
+    return hosts
 
 
 def down(state: Path) -> None:
@@ -151,6 +197,8 @@ def down(state: Path) -> None:
     except FileNotFoundError:
         return  # never up, or down already: a directory without the record is not ours to delete
     hosts = record["hosts"]
+    if record.get("slurm"):
+        stop_slurm(state)
     for host in hosts:
         with contextlib.suppress(OSError, ValueError):
             pid = int((state / f"sshd_{host['name']}.pid").read_text())
@@ -266,7 +314,76 @@ def _verify(hosts: TestHosts, timeout_s: float) -> None:
             raise RuntimeError(f"ssh {name} hostname gave exit {proc.returncode}, {out.strip()!r}: {err.strip()}")
 
 
-def _check_machine() -> None:
+def start_slurm(hosts: TestHosts, tag: str, *, timeout_s: float) -> Path:
+    """
+    Start munged, slurmctld and a slurmd on every host, for ``hosts``; return the slurm.conf.
+
+    Returns once every host is an idle node. Everything it starts writes its pid file under
+    ``state/slurm``, where :func:`stop_slurm` finds it.
+    """
+    folder = hosts.state / "slurm"
+    folder.mkdir(mode=0o700)
+    (folder / "ctld").mkdir()
+    for name in hosts.names:
+        (folder / f"tmp-{name}").mkdir()
+    key = folder / "munge.key"
+    key.write_bytes(secrets.token_bytes(1024))
+    key.chmod(0o600)
+    _run("/usr/sbin/munged", "--force", f"--socket={folder}/munge.socket", f"--key-file={key}",
+         f"--pid-file={folder}/munged.pid", f"--log-file={folder}/munged.log", f"--seed-file={folder}/munged.seed")
+    (folder / "plugstack.conf").write_text("")
+    nodes = "\n".join(f"NodeName={name} NodeAddr={address} CPUs=2 State=UNKNOWN"
+                      for name, address in hosts.addresses.items())
+    conf = folder / "slurm.conf"
+    conf.write_text(SLURM_CONFIG.format(tag=tag, controller=socket.gethostname().split(".")[0], port=_free_port(),
+                                        address=hosts.subnet.rsplit(".", 1)[0] + ".1", slurm=folder, nodes=nodes))
+    _run("/usr/sbin/slurmctld", "-f", str(conf))
+    for name, netns in hosts.namespaces.items():
+        _run("nsenter", f"--net=/run/netns/{netns}", "unshare", "--uts", "sh", "-c",
+             f"hostname {name}; exec /usr/sbin/slurmd -f {shlex.quote(str(conf))}")
+    _wait_idle(conf, len(hosts.names), deadline=time.monotonic() + timeout_s)
+    return conf
+
+
+def stop_slurm(state: Path) -> None:
+    """Kill the munged, slurmctld and slurmds that :func:`start_slurm` started for ``state`` (by their pid files)."""
+    folder = state / "slurm"
+    for pid_file in sorted(folder.glob("*.pid")):
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(pid_file.read_text())
+            if str(folder).encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                _kill(pid)  # only ours: its command line names our configuration or socket
+
+
+def _run(*argv: str) -> None:
+    """Run a daemon's start command (it forks into the background); raise RuntimeError if it fails."""
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, stdin=subprocess.DEVNULL, timeout=30)
+    if done.returncode:
+        raise RuntimeError(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()}")
+
+
+def _free_port() -> int:
+    """Return a TCP port that nothing listens on now (for slurmctld, so that two clusters never share one)."""
+    with socket.socket() as probe:
+        probe.bind(("", 0))
+        return int(probe.getsockname()[1])
+
+
+def _wait_idle(conf: Path, count: int, *, deadline: float) -> None:
+    """Return once ``count`` nodes of the cluster of ``conf`` are idle; raise RuntimeError at ``deadline``."""
+    env = os.environ | {"SLURM_CONF": str(conf)}
+    states = ""
+    while time.monotonic() < deadline:
+        done = subprocess.run(["sinfo", "-h", "-N", "-o", "%N %T"], capture_output=True, text=True, env=env,
+                              check=False, timeout=30)
+        states = done.stdout.strip() or done.stderr.strip()
+        if done.returncode == 0 and [line.split()[1] for line in states.splitlines()] == ["idle"] * count:
+            return
+        time.sleep(0.1)
+    raise RuntimeError(f"the Slurm nodes did not become idle in time: {states}")
+
+
+def _check_machine(*, slurm: bool = False) -> None:
     """Raise TestHostsUnavailable unless this process is root and every tool is installed."""
     if os.geteuid() != 0:
         raise TestHostsUnavailable("test hosts need root (network namespaces and sshd on port 22)")
@@ -274,6 +391,9 @@ def _check_machine() -> None:
     if missing:
         raise TestHostsUnavailable(f"test hosts need {', '.join(missing)} (apt-get install iproute2 util-linux "
                                    "openssh-server openssh-client)")
+    if slurm and (absent := [tool for tool in SLURM_TOOLS if not os.access(tool, os.X_OK)]):
+            raise TestHostsUnavailable(f"a Slurm cluster needs {', '.join(absent)} (apt-get install munge "
+                                       "slurmctld slurmd slurm-client)")
 
 
 def _ip(*args: str, check: bool = True) -> str:
@@ -329,12 +449,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=["up", "down"])
     parser.add_argument("--count", type=int, default=4, help="how many hosts (h1..hK)")
     parser.add_argument("--state", type=Path, required=True, help="directory for the hosts' files; down deletes it")
+    parser.add_argument("--slurm", action="store_true", help="also run a Slurm cluster of the hosts (SLURM_CONF)")
     args = parser.parse_args(argv)
     if args.action == "down":
         down(args.state)
         return 0
     try:
-        hosts = up(args.count, args.state)
+        hosts = up(args.count, args.state, slurm=args.slurm)
     except TestHostsUnavailable as exc:
         sys.stderr.write(f"testhosts: {exc}\n")
         return 2

@@ -29,26 +29,14 @@ they lose mpirun. If poprun dies, even by SIGKILL, the watchdog kills mpirun.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import selectors
 import signal
 import subprocess
-import threading
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
-from poprun.backends.base import (
-    NOT_FOUND,
-    ApplyResult,
-    Event,
-    InstanceEnded,
-    InstanceFailure,
-    InstanceStarted,
-    LaunchError,
-    OutputSink,
-)
-from poprun.backends.files import remove_directories, which
+from poprun.backends.base import NOT_FOUND, ApplyResult, InstanceEnded, InstanceFailure, LaunchError, OutputSink
+from poprun.backends.files import which
+from poprun.backends.launcher import LauncherLaunch
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
 from poprun.backends.mpiout import TagSplitter, parse_failure
 from poprun.backends.output import Router
@@ -63,133 +51,33 @@ if TYPE_CHECKING:
 
     from poprun.backends.base import Stream
 
-_READ = 1 << 18
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 
 
-class MpirunLaunch:
-    """The running ``mpirun`` of one plan; see :class:`~poprun.backends.base.Launch`."""
+class MpirunLaunch(LauncherLaunch):
+    """The running ``mpirun`` of one plan; see :class:`~poprun.backends.launcher.LauncherLaunch`."""
+
+    thread_name = "poprun-mpirun"
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
                  sink: OutputSink, grace_s: float, remove: tuple[str, ...] = ()) -> None:
-        self._plan, self._proc, self._watchdog, self._router, self._sink = plan, proc, watchdog, router, sink
-        self._grace_s, self._remove = grace_s, remove
-        self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)
-        self._lock = threading.RLock()
-        self._stopping = self._finished = False
-        self._kill_at: float | None = None
-        self._own = bytearray()  # mpirun's own messages, the last _OWN_TEXT bytes
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        os.set_blocking(self._wake_w, False)
-        self._done = threading.Event()
-        self._result: ApplyResult | None = None
-        self._error: BaseException | None = None
-        for instance in plan.instances:
-            self._event(InstanceStarted(index=instance.index, pid=proc.pid))
-        threading.Thread(target=self._run, name="poprun-mpirun", daemon=True).start()
+        self._messages = bytearray()  # mpirun's own stderr, the last _OWN_TEXT bytes: where the failure is named
+        super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
 
-    def terminate(self, grace_s: float) -> None:
-        """Send mpirun SIGTERM now (it stops every instance), SIGKILL to everything after ``grace_s``."""
-        with self._lock:
-            if self._finished:
-                return
-            first, self._stopping = not self._stopping, True
-            if grace_s <= 0:
-                self._watchdog.signal(signal.SIGKILL)
-                self._kill_at = None
-            elif first:
-                with contextlib.suppress(ProcessLookupError):
-                    self._proc.send_signal(signal.SIGTERM)
-                self._kill_at = time.monotonic() + grace_s
-            with contextlib.suppress(BlockingIOError, OSError):
-                os.write(self._wake_w, b"!")
+    def _splitter(self, stream: Stream) -> TagSplitter:
+        return TagSplitter(stream)
 
-    def wait(self) -> ApplyResult:
-        """Return once mpirun has ended and its output is forwarded."""
-        self._done.wait()
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def _run(self) -> None:
-        try:
-            self._forward()
-            code = self._proc.wait()
-            with self._lock:
-                self._finished = True
-                stopped = self._stopping
-            self._watchdog.close()
-            remove_directories(list(self._remove))
-            self._result = self._make_result(code, stopped=stopped)
-        except BaseException as exc:  # noqa: BLE001 - a bug: kill everything, and let wait() raise it
-            self._error = exc
-            with self._lock:
-                self._finished = True
-            self._watchdog.close()
-        finally:
-            self._router.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
-            self._done.set()
-
-    def _forward(self) -> None:
-        """Read mpirun's pipes to their end, passing each instance's output on; kill after the grace period."""
-        splitters: dict[Stream, TagSplitter] = {"stdout": TagSplitter("stdout"), "stderr": TagSplitter("stderr")}
-        with selectors.DefaultSelector() as selector:
-            selector.register(self._wake_r, selectors.EVENT_READ, None)
-            for stream, pipe in (("stdout", self._proc.stdout), ("stderr", self._proc.stderr)):
-                assert pipe is not None
-                os.set_blocking(pipe.fileno(), False)
-                selector.register(pipe, selectors.EVENT_READ, stream)
-            while len(selector.get_map()) > 1:
-                kill_at = self._kill_at
-                timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic())
-                for key, _ in selector.select(timeout):
-                    if key.data is None:
-                        with contextlib.suppress(BlockingIOError):
-                            os.read(self._wake_r, 4096)
-                        continue
-                    self._read(key, splitters[key.data], selector)
-                self._router.flush()
-                if kill_at is not None and time.monotonic() >= kill_at:
-                    self.terminate(0)
-        for splitter in splitters.values():
-            self._pass_on(splitter.end())
-        self._router.flush()
-
-    def _read(self, key: selectors.SelectorKey, splitter: TagSplitter, selector: selectors.BaseSelector) -> None:
-        try:
-            chunk = os.read(key.fd, _READ)
-        except BlockingIOError:
-            return
-        if chunk:
-            self._pass_on(splitter.feed(chunk))
-            return
-        selector.unregister(key.fileobj)
-        key.fileobj.close()  # type: ignore[union-attr]
-
-    def _pass_on(self, pieces: list[tuple[int | None, Stream, bytes]]) -> None:
-        for index, stream, data in pieces:
-            if index is not None and 0 <= index < len(self._plan.instances):
-                self._router.feed(index, stream, data)
-            else:  # untagged: mpirun's own words, or output not tagged (see mpicommand): passed on as it is
-                self._router.flush()
-                self._sink.write(stream, data)
-                if stream == "stderr":  # mpirun's messages: kept to find the failing instance in
-                    self._own += data
-                    del self._own[:-_OWN_TEXT]
-
-    def _event(self, event: Event) -> None:
-        if self._notify is not None:
-            self._router.flush()
-            self._notify(event)
+    def _own(self, stream: Stream, data: bytes) -> None:
+        """Untagged: mpirun's own words, or output not tagged (see mpicommand): passed on as it is."""
+        super()._own(stream, data)
+        if stream == "stderr":  # mpirun's messages: kept to find the failing instance in
+            self._messages += data
+            del self._messages[:-_OWN_TEXT]
 
     def _make_result(self, code: int, *, stopped: bool) -> ApplyResult:
         """Return the result: the instance mpirun names as failing first is the root cause, the others stopped."""
         count = len(self._plan.instances)
-        found = parse_failure(self._own.decode(errors="replace")) if code != 0 else None
+        found = parse_failure(self._messages.decode(errors="replace")) if code != 0 else None
         if code == 0:
             ends = [InstanceEnded(index=i, pid=self._proc.pid, exit_code=0) for i in range(count)]
         elif found is not None and 0 <= found[0] < count and not stopped:

@@ -34,9 +34,6 @@ Factory = Callable[[], Backend]
 GROUP = "poprun.backends"
 NO_PLUGINS = "POPRUN_NO_PLUGINS"
 BUILT_IN = "built in to poprun"
-# Names that belong to backends of the design that this version does not ship yet. A plugin
-# may provide one of them; without a plugin, asking for one is PR404.
-PLANNED = ("slurm",)
 _NO = ("", "0", "no", "false", "off")
 
 
@@ -58,6 +55,12 @@ def _ssh() -> Backend:
     return SshBackend()
 
 
+def _slurm() -> Backend:
+    from poprun.backends.slurm import SlurmBackend
+
+    return SlurmBackend()
+
+
 def _offline() -> Backend:
     from poprun.backends.offline import OfflineBackend
 
@@ -75,7 +78,7 @@ class _Source:
 
 class UnknownBackendError(DiagnosticError, KeyError):
     """
-    The registry cannot give the backend asked for (PR400, PR402 or PR404).
+    The registry cannot give the backend asked for (PR400 or PR402).
 
     A :class:`DiagnosticError` holding one diagnostic, and a :class:`KeyError` (for callers
     that catch that) whose one argument, like ``str()``, is a one-line message.
@@ -151,11 +154,12 @@ class BackendRegistry:
         Return the factory of backend ``name``, without calling it.
 
         ``span`` is where the caller found the name (``$.backend.name`` of a plan file); it
-        places the PR400 and PR404 diagnostics (default: the entry-point group).
+        places the PR400 diagnostic (default: the entry-point group).
 
         Raises:
-            UnknownBackendError: PR402 for a name declared twice, PR404 for a planned backend
-                of a later version, PR400 for any other name without a working factory.
+            UnknownBackendError: PR402 for a name declared twice, PR400 for any other name
+                without a working factory. (PR404, a backend planned for a later version, is
+                retired: every backend of the design ships.)
         """
         if name in self._clashes:
             clash = self._clashes[name]
@@ -163,9 +167,6 @@ class BackendRegistry:
         source = self._sources.get(name)
         if source is not None and source.factory is not None:
             return source.factory
-        if source is None and name in PLANNED:
-            diagnostic = _planned(name, self.names(), span=span or _span(name))
-            raise UnknownBackendError(diagnostic, diagnostic.summary)
         diagnostic = _unknown(name, self.names(), broken=source, span=span or _span(name))
         raise UnknownBackendError(diagnostic, f"{diagnostic.summary}: {diagnostic.hint}")
 
@@ -192,6 +193,7 @@ def default_registry(*, environ: Mapping[str, str] | None = None,
     registry.register("offline", _offline, origin=BUILT_IN)
     registry.register("ssh", _ssh, origin=BUILT_IN)
     registry.register("mpirun", _mpirun, origin=BUILT_IN)
+    registry.register("slurm", _slurm, origin=BUILT_IN)
     if _plugins_disabled(os.environ if environ is None else environ):
         return registry
     if entry_points is None:
@@ -282,16 +284,7 @@ def _unknown(name: str, names: tuple[str, ...], *, broken: _Source | None, span:
         detail = f"'{name}' is {broken.origin}, which failed to load (see PR401)"
     else:
         detail = f"no backend named '{name}' is built in to poprun or installed as a plugin"
-    guess = did_you_mean(name, (*names, *PLANNED))  # 'sshh' is most likely 'ssh', though it comes later
+    guess = did_you_mean(name, names)
     hint = (f"did you mean '{guess}'? " if guess else "") + f"known backends: {_choices(names)}"
     return error("PR400", f"unknown backend '{name}'", detail=detail, span=span, hint=hint)
 
-
-def _planned(name: str, names: tuple[str, ...], *, span: SourceSpan) -> Diagnostic:
-    """Return the PR404 error of a backend the design plans for a later version."""
-    return error("PR404", f"backend '{name}' is not available in this version",
-                 detail=f"the {name} backend is planned for a later version of poprun; "
-                        f"this one has {_choices(names)}",
-                 span=span,
-                 hint="use --offline-mode=yes to run every instance of the plan on this machine, "
-                      f"or install a plugin that provides '{name}'")

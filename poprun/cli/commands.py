@@ -15,6 +15,7 @@ from poprun import __version__
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
@@ -22,7 +23,7 @@ from poprun.planner.load import SPEC_SUFFIXES, is_spec_path, load_spec
 from poprun.planner.option import BACKENDS
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
-from poprun.planner.spec import Spec, overlay
+from poprun.planner.spec import Sourced, Spec, overlay
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -30,6 +31,12 @@ if TYPE_CHECKING:
 
 # The text behind spans that are not files (the command line), for carets in diagnostics.
 SOURCES: dict[str, str] = {}
+PLAN_FORMATS = ("text", "json", "toml", "dot")
+DIFF_FORMATS = ("text", "json")
+RENDER_FORMATS = ("dot", "svg", "png")
+IMAGE_FORMATS = ("svg", "png")
+SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png"}
+NEW_PLAN = "the plan of this command line"
 
 
 class _Status:
@@ -97,17 +104,19 @@ def _read(args: list[str], ctx: Context, *, prog: str, allow_spec_file: bool) ->
     return command, spec
 
 
-def _reject_plan_options(command: CommandLine, where: str) -> None:
-    if command.plan_options:
-        first = command.plan_options[0]
+def _reject_plan_options(command: CommandLine, where: str, *, allowed: tuple[str, ...] = ()) -> None:
+    rejected = [o for o in command.plan_options if o.value not in allowed]
+    if rejected:
+        first = rejected[0]
         raise DiagnosticError([error("PR101", f"'{first.value}' is an option of 'poprun plan'",
                                      detail=f"{where} does not take it", span=first.origin,
                                      hint=f"use 'poprun plan {first.value} ...' to see the plan")])
 
 
-def _solve(spec: Spec, ctx: Context, *, require_program: bool) -> Solution:
+def _solve(spec: Spec, ctx: Context, *, require_program: bool, ignore: tuple[str, ...] = ()) -> Solution:
+    """Solve ``spec`` and print its warnings, but those whose codes are in ``ignore``."""
     solution = solve(spec, ctx, require_program=require_program)
-    _warn(solution.warnings)
+    _warn(tuple(w for w in solution.warnings if w.code not in ignore))
     return solution
 
 
@@ -127,12 +136,17 @@ def _check_plugin_backend(spec: Spec) -> None:
     registry.factory(spec.backend.value, span=spec.backend.origin)
 
 
-def _emit(text: str, command: CommandLine) -> None:
+def _emit(output: str | bytes, command: CommandLine) -> None:
+    """Write ``output`` to the -o file, or to standard output (bytes there only as text: SVG)."""
     if command.output is None:
-        sys.stdout.write(text)
+        sys.stdout.write(output if isinstance(output, str) else output.decode())
         return
     try:
-        Path(command.output.value).write_text(text, encoding="utf-8")
+        path = Path(command.output.value)
+        if isinstance(output, str):
+            path.write_text(output, encoding="utf-8")
+        else:
+            path.write_bytes(output)
     except OSError as exc:
         raise DiagnosticError([error("PR113", f"cannot write '{command.output.value}'",
                                      detail=exc.strerror or str(exc), span=command.output.origin,
@@ -145,9 +159,14 @@ def plan(args: list[str]) -> int:
     command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
     if command.help:
         return _help()
+    _check_format(command, PLAN_FORMATS if command.diff is None else DIFF_FORMATS,
+                  "'poprun plan --diff'" if command.diff else "'poprun plan'")
+    old = _read_plan(command.diff.value, key="--diff") if command.diff is not None else None
     solution = _solve(spec, ctx, require_program=False)
     _check_plugin_backend(spec)
-    if command.format == "json":
+    if command.diff is not None and old is not None:
+        _emit(_diff(old, solution.plan, old_name=command.diff.value, as_json=command.format == "json"), command)
+    elif command.format == "json":
         from poprun.planner.serde import to_json
 
         _emit(to_json(solution.plan), command)
@@ -155,9 +174,55 @@ def plan(args: list[str]) -> int:
         from poprun.planner.tomlspec import to_toml
 
         _emit(to_toml(spec), command)
+    elif command.format == "dot":
+        from poprun.render.graph import render_dot
+
+        _emit(render_dot(solution.plan, expand=command.expand), command)
     else:
         _emit(_text(solution.plan, explain=command.explain), command)
     return exitcode.OK
+
+
+def _read_plan(path: str, *, key: str) -> LaunchPlan:
+    """
+    Return the plan saved in ``path``.
+
+    Diagnostics:
+        PR113 (unreadable), PR114 (not a plan of this format version).
+    """
+    from poprun.planner.load import read_text
+    from poprun.planner.serde import from_json
+
+    return from_json(read_text(path, key=key), file=path)
+
+
+def _diff(old: LaunchPlan, new: LaunchPlan, *, old_name: str, as_json: bool) -> str:
+    """Return what changed from plan ``old`` to ``new`` (the command line's), as text or JSON."""
+    from poprun.render.diff import diff_plans, render_diff, render_diff_json
+
+    render = render_diff_json if as_json else render_diff
+    return render(diff_plans(old, new), old_name=old_name, new_name=NEW_PLAN)
+
+
+def _given(command: CommandLine, flag: str) -> SourceSpan | None:
+    """Return where ``flag`` (a plan-only option) was given, or None."""
+    return next((o.origin for o in command.plan_options if o.value == flag), None)
+
+
+def _check_format(command: CommandLine, formats: tuple[str, ...], what: str) -> None:
+    """
+    Raise PR115 when ``--format`` names a format that ``what`` does not write.
+
+    Diagnostics:
+        PR115.
+    """
+    span = _given(command, "--format")
+    if span is None or command.format in formats:
+        return
+    hint = ("write 'poprun render [SPEC] [options] -o topology." + command.format + "'"
+            if command.format in IMAGE_FORMATS else f"use --format {' or '.join(formats)}")
+    raise DiagnosticError([error("PR115", f"{what} cannot write {command.format}",
+                                 detail=f"{what} writes {', '.join(formats)}", span=span, hint=hint)])
 
 
 def _text(plan: LaunchPlan, *, explain: bool) -> str:
@@ -216,11 +281,9 @@ def _apply_saved(path: str, rest: list[str], ctx: Context) -> int:
         PR113 (unreadable), PR114 (not a plan of this format version), PR101 (words after
         the plan), PR403 (stale plan: every input that changed, together).
     """
-    from poprun.planner.load import read_text
-    from poprun.planner.serde import from_json
     from poprun.planner.stale import validate_plan_inputs
 
-    plan = from_json(read_text(path, key="PLAN"), file=path)
+    plan = _read_plan(path, key="PLAN")
     _reject_words_after_plan(rest)
     stale = validate_plan_inputs(plan, ctx, file=path)
     if stale:
@@ -238,12 +301,85 @@ def _reject_words_after_plan(rest: list[str]) -> None:
                                           "'poprun plan --format json -o FILE [options] PROGRAM ...'")])
 
 
-def render(_args: list[str]) -> int:
-    """``poprun render``: topology graphs are not part of this release."""
-    raise DiagnosticError([error("PR101", "'poprun render' is not available yet",
-                                 detail="topology graphs (DOT, SVG, PNG) are not implemented in this version",
-                                 span=SourceSpan.flag("render"),
-                                 hint="use 'poprun plan --print-topology=yes' for the topology table")])
+def render(args: list[str]) -> int:
+    """
+    ``poprun render [SPEC] [options] [-o FILE]``: the plan's topology as a graph, DOT, SVG or PNG.
+
+    The format is ``--format``'s, else the -o file's suffix, else DOT on standard output.
+    SVG and PNG are drawn by Graphviz's ``dot``; without it, exit 125 with PR410.
+    """
+    ctx = Context.from_process()
+    command, spec = _read(list(args), ctx, prog="poprun render", allow_spec_file=True)
+    _reject_plan_options(command, "'poprun render'", allowed=("--format", "--output", "--expand"))
+    if command.help:
+        return _help()
+    fmt = _render_format(command)
+    from poprun.render.graph import render_dot
+
+    plan = _solve(spec, ctx, require_program=False, ignore=("PR209",)).plan  # a graph needs no program
+    dot = render_dot(plan, expand=command.expand)
+    if fmt == "dot":
+        _emit(dot, command)
+        return exitcode.OK
+    try:
+        image = _image(dot, fmt)
+    except DiagnosticError as exc:  # the environment lacks Graphviz: poprun could not do its work
+        _warn(exc.diagnostics)
+        return exitcode.LAUNCH
+    _emit(image, command)
+    return exitcode.OK
+
+
+def _render_format(command: CommandLine) -> str:
+    """
+    Return the format ``poprun render`` writes: ``--format``'s, else the -o file's suffix's, else dot.
+
+    Diagnostics:
+        PR115 (a format render does not write, a suffix it does not know, PNG to standard output).
+    """
+    _check_format(command, RENDER_FORMATS, "'poprun render'")
+    fmt = command.format if _given(command, "--format") else "dot"
+    if command.output is not None and not _given(command, "--format"):
+        suffix = Path(command.output.value).suffix.lower()
+        if suffix not in SUFFIXES:
+            raise DiagnosticError([error("PR115", f"cannot tell the format of '{command.output.value}'",
+                                         detail=f"'{suffix or '(no suffix)'}' is none of {', '.join(SUFFIXES)}",
+                                         span=command.output.origin,
+                                         hint="name the file with one of these suffixes, or give --format dot, "
+                                              "svg or png")])
+        fmt = SUFFIXES[suffix]
+    if fmt == "png" and command.output is None:
+        raise DiagnosticError([error("PR115", "'poprun render' cannot write png to standard output",
+                                     detail="a PNG image is binary; only DOT and SVG go to standard output",
+                                     span=_given(command, "--format") or SourceSpan.flag("--format"),
+                                     hint="add -o topology.png")])
+    return fmt
+
+
+def _image(dot: str, fmt: str) -> bytes:
+    """
+    Return ``dot`` drawn by Graphviz's ``dot`` program as ``fmt`` (svg or png).
+
+    Diagnostics:
+        PR410 when ``dot`` is not on PATH, or fails.
+    """
+    import graphviz  # type: ignore[import-untyped]  # graphviz ships no type information
+
+    try:
+        image: bytes = graphviz.pipe("dot", fmt, dot.encode())
+    except graphviz.ExecutableNotFound as exc:
+        raise DiagnosticError([error(
+            "PR410", "Graphviz's 'dot' program not found",
+            detail=f"drawing {fmt.upper()} runs Graphviz's 'dot', which is not on PATH",
+            span=SourceSpan.environment("dot"),
+            hint="install Graphviz ('apt-get install graphviz' on Debian and Ubuntu, 'dnf install graphviz', "
+                 "'brew install graphviz'), or write DOT with -o topology.dot and draw it elsewhere")]) from exc
+    except graphviz.CalledProcessError as exc:
+        reason = (exc.stderr or b"").decode(errors="replace").strip() or f"exit status {exc.returncode}"
+        raise DiagnosticError([error("PR410", "Graphviz's 'dot' failed", detail=reason,
+                                     span=SourceSpan.environment("dot"),
+                                     hint="check 'dot -V' and that it can write " + fmt)]) from exc
+    return image
 
 
 def classic(args: list[str]) -> int:
@@ -262,12 +398,84 @@ def classic(args: list[str]) -> int:
     return _run(solution.plan, console=console, backend_span=_backend_span(spec))
 
 
+def submit(args: list[str]) -> int:
+    """
+    ``poprun submit [--dry-run] [--wait] [--nodes N] [SPEC] [options] PROGRAM [ARGS...]``: run it as a Slurm batch job.
+
+    Writes a batch script whose allocation fits the plan (its hosts as nodes, or ``--nodes N``;
+    its instances per host as tasks per node) and that runs the same poprun command inside it,
+    and submits it with ``sbatch`` (``--dry-run`` prints the script instead; ``--wait`` waits for
+    the job and exits with its status). Submit's own options come first.
+    """
+    dry_run, wait, nodes, rest = _submit_options(list(args))
+    ctx = Context.from_process()
+    ctx = evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
+    command, spec = _read(list(rest), ctx, prog="poprun submit", allow_spec_file=True)
+    _reject_plan_options(command, "'poprun submit'")
+    if command.help:
+        return _help()
+    named = spec.hosts.value if spec.hosts is not None else ()
+    if nodes is not None and spec.hosts is None and spec.host_file is None:
+        spec = evolve(spec, hosts=Sourced(tuple(f"node{i}" for i in range(1, nodes.value + 1)), nodes.origin))
+    plan = _solve(spec, ctx, require_program=True).plan
+    from poprun.planner.slurm import render_batch_script
+
+    script = render_batch_script(plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), nodelist=named)
+    if dry_run:
+        sys.stdout.write(script)
+        return exitcode.OK
+    return _sbatch(script, wait=wait)
+
+
+def _submit_options(args: list[str]) -> tuple[bool, bool, Sourced[int] | None, list[str]]:
+    """Return ``--dry-run``, ``--wait`` and ``--nodes N`` from the front of ``args``, and the rest (PR200)."""
+    dry_run = wait = False
+    nodes: Sourced[int] | None = None
+    while args and (args[0] in ("--dry-run", "--wait") or args[0].split("=")[0] == "--nodes"):
+        word = args.pop(0)
+        if word in ("--dry-run", "--wait"):
+            dry_run, wait = dry_run or word == "--dry-run", wait or word == "--wait"
+            continue
+        value = word.partition("=")[2] if "=" in word else (args.pop(0) if args else "")
+        if not value.isdigit() or int(value) < 1:
+            raise DiagnosticError([error("PR200", "value must be a positive integer",
+                                         detail=f"--nodes takes a number of nodes, not '{value}'",
+                                         span=SourceSpan.flag("--nodes"), hint="write e.g. --nodes 4")])
+        nodes = Sourced(int(value), SourceSpan.flag("--nodes"))
+    return dry_run, wait, nodes, args
+
+
+def _sbatch(script: str, *, wait: bool) -> int:
+    """Submit ``script`` with ``sbatch`` (on its standard input); return 0, or the job's status with ``wait``."""
+    import shutil
+    import subprocess
+
+    sbatch = shutil.which("sbatch")
+    if sbatch is None:
+        sys.stderr.write("poprun: sbatch not found on PATH: 'poprun submit' needs Slurm's client commands\n")
+        return exitcode.NOT_FOUND
+    proc = subprocess.Popen([sbatch, "--parsable", *(["--wait"] if wait else [])], stdin=subprocess.PIPE,  # noqa: S603
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    assert proc.stdout is not None
+    proc.stdin.write(script)
+    proc.stdin.close()
+    job = proc.stdout.readline().strip().split(";")[0]
+    if job:
+        sys.stdout.write(f"poprun: submitted batch job {job} (its output: slurm-{job}.out)\n")
+        sys.stdout.flush()
+    status = proc.wait()
+    if not job:
+        return exitcode.LAUNCH
+    return status
+
+
 def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None, console: Console | None = None) -> int:
     """
     Run ``plan`` with its backend from a new registry; return poprun's exit status.
 
     Plugins that failed to load are warned about (PR401); a backend that cannot be had exits
-    125 with its diagnostic (PR400, PR402, PR404), placed at ``backend_span`` when given.
+    125 with its diagnostic (PR400, PR402), placed at ``backend_span`` when given.
     """
     from poprun.backends.registry import default_registry
     from poprun.cli.run import run_plan
@@ -285,7 +493,7 @@ def _run(plan: LaunchPlan, *, backend_span: SourceSpan | None = None, console: C
 
 
 def _backend_span(spec: Spec) -> SourceSpan | None:
-    """Return where the spec names its backend, so that PR400 and PR404 point there."""
+    """Return where the spec names its backend, so that PR400 points there."""
     return spec.backend.origin if spec.backend is not None else None
 
 

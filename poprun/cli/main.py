@@ -1,5 +1,5 @@
 """
-``poprun``: the classic command line and the ``plan``, ``validate``, ``apply`` and ``render`` commands.
+``poprun``: the classic command line and the ``plan``, ``validate``, ``apply``, ``render`` and ``submit`` commands.
 
 Layer: ``poprun.cli``. Imports are lazy so that ``poprun --version`` starts fast.
 A subcommand is recognised only as the first argument; anything else is the classic form.
@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.core.diagnostic import Diagnostic
 
-COMMANDS = ("plan", "validate", "apply", "render")
+COMMANDS = ("plan", "validate", "apply", "render", "submit")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +67,7 @@ def _dispatch(args: list[str]) -> int:
         from poprun.cli import commands
 
         handler = {"plan": commands.plan, "validate": commands.validate, "apply": commands.apply,
-                   "render": commands.render}[command]
+                   "render": commands.render, "submit": commands.submit}[command]
         return handler(rest)
     from poprun.cli import commands
 

@@ -32,6 +32,7 @@ CODES: dict[str, str] = {
     "PR112": "option takes no value",
     "PR113": "cannot read file",
     "PR114": "invalid plan file",
+    "PR115": "output format not available",
     "PR200": "value must be a positive integer",
     "PR201": "--export-config and --import-config together",
     "PR202": "two executable caches",
@@ -49,6 +50,7 @@ CODES: dict[str, str] = {
     "PR214": "configuration file exists",
     "PR215": "empty host list",
     "PR216": "number too large",
+    "PR217": "host outside the Slurm allocation",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",
@@ -62,12 +64,13 @@ CODES: dict[str, str] = {
     "PR401": "backend plugin failed to load",
     "PR402": "backend declared twice",
     "PR403": "stale plan",
-    "PR404": "backend not available in this version",
+    # PR404 "backend not available in this version" is retired (every backend of the design ships): never reuse it.
     "PR405": "host name unknown",
     "PR406": "host unreachable",
     "PR407": "host key verification failed",
     "PR408": "permission denied by host",
     "PR409": "program missing on host",
+    "PR410": "Graphviz not available",
 }
 
 

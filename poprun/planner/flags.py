@@ -46,6 +46,8 @@ class CommandLine:
     explain: bool = False
     format: str = "text"
     output: Sourced[str] | None = None
+    diff: Sourced[str] | None = None  # plan --diff OLD.json
+    expand: bool = False  # graphs: no grouping
     plan_options: tuple[Sourced[str], ...] = ()
     text: str = ""  # the command line as one string, for carets under flag spans
     warnings: tuple[Diagnostic, ...] = ()
@@ -354,6 +356,8 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         explain="--explain" in parser.flags,
         format=actions["--format"].value if "--format" in actions else "text",
         output=actions.get("--output"),
+        diff=actions.get("--diff"),
+        expand="--expand" in parser.flags,
         plan_options=tuple(parser.plan_options),
         text=parser.text.line,
         warnings=parser.diags.warnings,

@@ -15,6 +15,7 @@ SYNC_TYPES = ("ST_POD_NATIVE_DEFAULT", "ST_C2_COMPATIBLE", "ST_POD_NATIVE")
 ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
 BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
 VERSION_FORMATS = ("text", "full-json", "full-text")
+FORMATS = ("text", "json", "toml", "dot", "svg", "png")  # plan: the first four; render: the last three
 
 
 @positional_record
@@ -143,12 +144,17 @@ OPTIONS: tuple[Option, ...] = (
     _o("--overwrite-config", None, "action", "Overwrite an existing configuration file",
        default="no", group="Configuration"),
     _o("--explain", None, "flag", "Show every decision with its source and reason", group="poprun plan"),
-    _o("--format", None, "action", "Output format: text, json or toml", default="text",
-       choices=("text", "json", "toml"), group="poprun plan"),
+    _o("--format", None, "action", "Output format: text, json, toml or dot; for 'poprun render' dot, svg or "
+       "png, chosen by the -o file's suffix when not given", default="text",
+       choices=FORMATS, group="poprun plan"),
     _o("-o --output", None, "action", "Write the output to this file instead of standard output",
        group="poprun plan"),
+    _o("--diff", None, "action", "Show what changed from the plan saved in this JSON file to the one "
+       "the command line describes (exit 0 either way)", group="poprun plan"),
+    _o("--expand", None, "flag", "Graphs: draw every host, instance and replica instead of grouping "
+       "large plans", group="poprun plan"),
 )
-PLAN_ONLY = ("--explain", "--format", "--output")
+PLAN_ONLY = ("--explain", "--format", "--output", "--diff", "--expand")
 
 BY_FLAG: dict[str, Option] = {flag: option for option in OPTIONS for flag in option.flags}
 LONG_FLAGS: tuple[str, ...] = tuple(sorted(f for f in BY_FLAG if f.startswith("--")))

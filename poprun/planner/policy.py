@@ -176,6 +176,9 @@ def backend(s: Solver, topo: p.Topology) -> p.BackendChoice:
     if is_on(s.spec.offline_mode):
         reason = "offline mode: every instance runs on this machine"
         name = "offline"
+    elif s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
+        reason = f"inside Slurm job {s.ctx.environ['SLURM_JOB_ID']}: the instances start as one srun step"
+        name = "slurm"
     elif all(h in s.ctx.local_names for h in topo.hosts):
         reason = "every host is this machine"
         name = "local"

@@ -27,6 +27,10 @@ from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
 from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.planner.slurm import Allocation
+
 
 @positional_record
 class Solution:
@@ -88,7 +92,11 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
 
 # -- topology ------------------------------------------------------------------------------
 def _hosts(s: Solver) -> tuple[tuple[str, ...], bool]:
-    """Return the hosts and whether the user gave them."""
+    """
+    Return the hosts and whether they were given (by the user, or by the Slurm allocation poprun runs in).
+
+    Diagnostics: PR208, PR215, PR103/PR113 (host file), PR217 (a host outside the allocation).
+    """
     spec = s.spec
     if spec.hosts is not None and spec.host_file is not None:
         s.fail("PR208", "hosts given twice", detail="both a host list and a host file are given",
@@ -98,14 +106,55 @@ def _hosts(s: Solver) -> tuple[tuple[str, ...], bool]:
             s.fail("PR215", "empty host list", detail="the host list names no host", span=spec.hosts.origin,
                    hint="name at least one host, e.g. --host pod1,pod2")
             return ("localhost",), False
+        _check_allocation(s, spec.hosts.value, spec.hosts.origin)
         return s.decide("hosts", spec.hosts.value, spec.hosts.origin, "as given"), True
     if spec.host_file is not None:
         hosts = _read_host_file(s, spec.host_file)
         if hosts:
+            _check_allocation(s, hosts, spec.host_file.origin)
             return s.decide("hosts", hosts, spec.host_file.origin, f"read from {spec.host_file.value}"), True
         return ("localhost",), False
+    allocation = _allocation(s)
+    if allocation is not None:
+        return s.decide("hosts", allocation.nodes, SourceSpan.env("SLURM_JOB_NODELIST"),
+                        f"not given: the nodes of {allocation.describe()}"), True
     s.decide("hosts", ("localhost",), SourceSpan.default("hosts"), "no hosts given: every instance runs on this host")
     return ("localhost",), False
+
+
+def _allocation(s: Solver) -> Allocation | None:
+    """Return the Slurm allocation poprun runs in, or None (nothing of Slurm is imported outside one)."""
+    if not s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID
+        return None
+    from poprun.planner.slurm import from_environ
+
+    return from_environ(s.ctx.environ)
+
+
+def _check_allocation(s: Solver, hosts: tuple[str, ...], origin: SourceSpan) -> None:
+    """PR217 for hosts outside the allocation, when Slurm (or mpirun through Slurm) would start the instances."""
+    allocation = _allocation(s)
+    backend = s.spec.backend.value if s.spec.backend is not None else None
+    if allocation is None or backend not in (None, "slurm", "mpirun"):
+        return
+    outside = [h for h in hosts if h not in allocation.nodes]
+    if outside:
+        shown = ", ".join(outside[:3]) + (", ..." if len(outside) > 3 else "")  # noqa: PLR2004 - three are enough
+        s.fail("PR217", "host outside the Slurm allocation",
+               detail=f"{shown} {'is' if len(outside) == 1 else 'are'} not among the nodes of "
+                      f"{allocation.describe()}", span=origin,
+               hint=f"leave --host out to use every node of the allocation, name nodes of {allocation.nodelist}, "
+                    "or run poprun outside the allocation (--backend ssh reaches other hosts)")
+
+
+def _allocation_tasks(s: Solver, hosts_given: bool) -> int | None:
+    """Return the instances of the allocation's tasks, when the hosts are its nodes and it asked for tasks."""
+    spec = s.spec
+    allocation = _allocation(s) if hosts_given and spec.hosts is None and spec.host_file is None else None
+    if allocation is None or allocation.num_tasks is None:
+        return None
+    return s.decide("num_instances", allocation.num_tasks, SourceSpan.env("SLURM_NTASKS"),
+                    f"not given: one instance per task of {allocation.describe()}")
 
 
 def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:
@@ -160,6 +209,8 @@ def _topology(s: Solver, target: Target | None) -> p.Topology | None:
     ipus = s.pick("ipus_per_replica", spec.ipus_per_replica, 1, "default: one IPU per replica")
     if spec.instances is not None:
         instances = s.decide("num_instances", spec.instances.value, spec.instances.origin, "as given")
+    elif (tasks := _allocation_tasks(s, hosts_given)) is not None:
+        instances = tasks
     elif hosts_given:
         instances = s.decide("num_instances", len(hosts), SourceSpan.derived("num_instances"),
                              "not given: one instance per host")

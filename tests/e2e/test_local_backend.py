@@ -219,12 +219,14 @@ def test_local_backend_refuses_a_host_that_is_not_this_machine() -> None:
                                                  b"".join(d for _, d in sink.written))
 
 
-def test_backend_of_a_later_version_is_a_launch_error(capsys: pytest.CaptureFixture[str]) -> None:
-    """A plan for the slurm backend exits 125 with one clear line."""
+def test_slurm_backend_outside_an_allocation_is_a_launch_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """A plan for the slurm backend, applied outside a Slurm allocation, exits 125 with one clear line."""
     plan = plan_of("--num-replicas", "1", PY, "-c", "pass")
-    status = run_plan(evolve(plan, backend=BackendChoice(name="slurm", reason="test")))
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    status = run_plan(evolve(plan, backend=BackendChoice(name="slurm", reason="test")), env_source=environ)
 
-    assert (125, "poprun: backend 'slurm' is not available in this version\n") == (status, capsys.readouterr().err)
+    assert (125, ("poprun: the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: run poprun "
+                  "under salloc or sbatch, or use 'poprun submit'\n")) == (status, capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("spec", ["hello.toml", "hello.pop"])

@@ -22,7 +22,7 @@ from poprun.planner.machine import HostTopology, load
 
 FROM_PROCESS = Context.from_process
 UPDATE = os.environ.get("POPRUN_UPDATE_GOLDEN") == "1"
-OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_")
+OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_", "SLURM_")
 
 
 def WORKSTATION() -> HostTopology:  # noqa: N802 - stands for the constant it returns
@@ -48,7 +48,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     monkeypatch.chdir(case)
     fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION, remote_probe=None,
                          local_names=("127.0.0.1", "::1", "localhost"))
-    monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda: fixed))
+    monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
     before = set(case.iterdir())
     out, err = io.StringIO(), io.StringIO()
     try:

@@ -14,7 +14,7 @@ from popdist._device import poplar_device_id
 from popdist.env import from_environ
 
 LAUNCHER_VARIABLES = [v for k, v in vars(env).items() if k.isupper() and isinstance(v, str) and k != "DEFAULT_MASTER_ADDR"]
-PUBLIC_SUBMODULES = {"compat", "config", "env", "popdist_core", "poptorch", "tensorflow", "popart"}
+PUBLIC_SUBMODULES = {"compat", "config", "env", "popdist_core", "poptorch", "tensorflow", "popart", "torch"}
 
 
 @pytest.fixture(autouse=True)

@@ -64,7 +64,7 @@ def test_plugin_is_found_and_used_by_apply(plugins, module, tmp_path, monkeypatc
     # THEN the plugin's backend ran exactly that plan
     assert (0, "") == (status, err.getvalue())
     assert (plan,) == import_module(module).SHARED.plans
-    assert ("gpu", "local", "mpirun", "offline", "ssh") == default_registry().names()
+    assert ("gpu", "local", "mpirun", "offline", "slurm", "ssh") == default_registry().names()
 
 
 def test_plugin_named_by_backend_flag_plans_and_runs(plugins, module, tmp_path, monkeypatch):
@@ -118,7 +118,7 @@ def test_plugin_that_fails_to_import_is_a_warning_and_built_ins_still_work(plugi
     assert ("reinstall or fix 'gpu-cluster-backend', or set POPRUN_NO_PLUGINS=1 to skip plugins; the other "
             "backends still work") == diag.hint
     assert ("<environment>", "entry point poprun.backends:gpu-cluster") == (diag.span.file, diag.span.key_path)
-    assert ("local", "mpirun", "offline", "ssh") == registry.names()
+    assert ("local", "mpirun", "offline", "slurm", "ssh") == registry.names()
     assert isinstance(registry.get("offline"), OfflineBackend)
 
 
@@ -136,7 +136,7 @@ def test_entry_point_that_is_not_callable_is_a_warning(plugins, module):
 
     assert f"loading it raised TypeError: {module}:NAME is a str, not a class or function" == (
         registry.warnings[0].detail.split("; ")[1])
-    assert ("local", "mpirun", "offline", "ssh") == registry.names()
+    assert ("local", "mpirun", "offline", "slurm", "ssh") == registry.names()
 
 
 def test_asking_for_a_plugin_that_failed_is_unknown_and_says_why(plugins):
@@ -159,7 +159,7 @@ def test_plugin_named_like_a_built_in_is_an_error_naming_both(plugins, module):
     assert f"'local' is built in to poprun and also declared by distribution 'fast-local 1.0' ({module}:Backend)" == (
         diag.detail)
     assert "uninstall 'fast-local', or set POPRUN_NO_PLUGINS=1 to use only the built-in backends" == diag.hint
-    assert ((), ("mpirun", "offline", "ssh")) == (registry.warnings, registry.names())
+    assert ((), ("mpirun", "offline", "slurm", "ssh")) == (registry.warnings, registry.names())
 
 
 def test_two_plugins_with_one_name_is_an_error_naming_both(plugins):
@@ -174,8 +174,8 @@ def test_two_plugins_with_one_name_is_an_error_naming_both(plugins):
         diag.hint)
 
 
-@pytest.mark.parametrize(("value", "names"), [("1", ("local", "mpirun", "offline", "ssh")), ("yes", ("local", "mpirun", "offline", "ssh")),
-                                              ("0", ("gpu", "local", "mpirun", "offline", "ssh"))])
+@pytest.mark.parametrize(("value", "names"), [("1", ("local", "mpirun", "offline", "slurm", "ssh")), ("yes", ("local", "mpirun", "offline", "slurm", "ssh")),
+                                              ("0", ("gpu", "local", "mpirun", "offline", "slurm", "ssh"))])
 def test_poprun_no_plugins_skips_discovery(plugins, module, monkeypatch, value, names):
     """POPRUN_NO_PLUGINS=1 (or yes) imports no plugin and lists only the built-ins; 0 keeps discovery."""
     plugins("gpu-backend", {"gpu": f"{module}:make"}, {module: RECORDING})
@@ -192,9 +192,9 @@ def test_unknown_name_suggests_the_nearest_and_lists_the_names():
 
     assert ("PR400", "unknown backend 'locl'") == (diag.code, diag.summary)
     assert "no backend named 'locl' is built in to poprun or installed as a plugin" == diag.detail
-    assert "did you mean 'local'? known backends: 'local', 'mpirun', 'offline', 'ssh'" == diag.hint
+    assert "did you mean 'local'? known backends: 'local', 'mpirun', 'offline', 'slurm', 'ssh'" == diag.hint
     assert isinstance(error, KeyError) and isinstance(error, DiagnosticError)
-    assert ("unknown backend 'locl': did you mean 'local'? known backends: 'local', 'mpirun', 'offline', 'ssh'",) == error.args
+    assert ("unknown backend 'locl': did you mean 'local'? known backends: 'local', 'mpirun', 'offline', 'slurm', 'ssh'",) == error.args
 
 
 def test_unknown_name_far_from_every_name_only_lists_them():
@@ -204,14 +204,11 @@ def test_unknown_name_far_from_every_name_only_lists_them():
     assert "known backends: 'local'" == diag.hint
 
 
-def test_planned_backend_is_not_available_in_this_version():
-    """'slurm' is PR404, and its KeyError message is the one line run.py prints."""
-    error = unknown(default_registry(environ={"POPRUN_NO_PLUGINS": "1"}), "slurm")
-    diag = error.diagnostics[0]
+def test_slurm_is_a_built_in_backend():
+    """'slurm' ships (PR404 is retired): the registry makes a SlurmBackend, importing its module only then."""
+    registry = default_registry(environ={"POPRUN_NO_PLUGINS": "1"})
 
-    assert ("PR404", "backend 'slurm' is not available in this version") == (diag.code, diag.summary)
-    assert "the slurm backend is planned for a later version of poprun; this one has 'local', 'mpirun', 'offline', 'ssh'" == diag.detail
-    assert "backend 'slurm' is not available in this version" == str(error) == error.args[0]
+    assert "slurm" == registry.get("slurm").name
 
 
 def test_span_given_by_the_caller_places_the_diagnostic():
@@ -258,7 +255,7 @@ def test_entry_points_can_be_given_without_a_distribution():
     registry = default_registry(environ={}, entry_points=points)
     [diag] = registry.warnings
 
-    assert (("local", "mpirun", "offline", "rec", "ssh"), RecordingBackend) == (registry.names(), type(registry.get("rec")))
+    assert (("local", "mpirun", "offline", "rec", "slurm", "ssh"), RecordingBackend) == (registry.names(), type(registry.get("rec")))
     assert ("'gone' is declared by an unknown distribution (no_such_module_anywhere:X); loading it raised "
             "ModuleNotFoundError: No module named 'no_such_module_anywhere'") == diag.detail
     assert diag.hint.startswith("reinstall or fix the plugin, ")
