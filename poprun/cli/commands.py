@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 # The text behind spans that are not files (the command line), for carets in diagnostics.
 SOURCES: dict[str, str] = {}
-PLAN_FORMATS = ("text", "json", "toml", "dot")
+PLAN_FORMATS = ("text", "json", "toml", "dot", "sbatch")
 DIFF_FORMATS = ("text", "json")
 RENDER_FORMATS = ("dot", "svg", "png")
 IMAGE_FORMATS = ("svg", "png")
@@ -154,8 +154,10 @@ def _emit(output: str | bytes, command: CommandLine) -> None:
 
 
 def plan(args: list[str]) -> int:
-    """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``."""
+    """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
     ctx = Context.from_process()
+    if _format_word(args) == "sbatch":  # planned as outside an allocation, as poprun submit does
+        ctx = evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
     command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
     if command.help:
         return _help()
@@ -178,9 +180,41 @@ def plan(args: list[str]) -> int:
         from poprun.render.graph import render_dot
 
         _emit(render_dot(solution.plan, expand=command.expand), command)
+    elif command.format == "sbatch":
+        from poprun.planner.slurm import render_batch_script
+
+        named = spec.hosts.value if spec.hosts is not None else ()
+        launch = (sys.executable, "-m", "poprun.cli.main", *_without_plan_options(args))
+        _emit(render_batch_script(solution.plan, command=launch, nodelist=named), command)
     else:
         _emit(_text(solution.plan, explain=command.explain), command)
     return exitcode.OK
+
+
+def _format_word(args: list[str]) -> str | None:
+    """Return the value of ``--format`` in ``args`` as written, or None."""
+    for i, word in enumerate(args):
+        if word.startswith("--format="):
+            return word.partition("=")[2]
+        if word == "--format" and i + 1 < len(args):
+            return args[i + 1]
+    return None
+
+
+def _without_plan_options(args: list[str]) -> list[str]:
+    """Return ``args`` without ``poprun plan``'s own options: the launch the batch script runs."""
+    from poprun.planner.option import BY_FLAG, PLAN_ONLY
+
+    rest, i = [], 0
+    while i < len(args):
+        name = args[i].partition("=")[0]
+        option = BY_FLAG.get(name)
+        if option is not None and option.name in PLAN_ONLY:
+            i += 1 if "=" in args[i] or not option.takes_value else 2
+            continue
+        rest.append(args[i])
+        i += 1
+    return rest
 
 
 def _read_plan(path: str, *, key: str) -> LaunchPlan:

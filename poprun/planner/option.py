@@ -15,7 +15,7 @@ SYNC_TYPES = ("ST_POD_NATIVE_DEFAULT", "ST_C2_COMPATIBLE", "ST_POD_NATIVE")
 ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
 BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
 VERSION_FORMATS = ("text", "full-json", "full-text")
-FORMATS = ("text", "json", "toml", "dot", "svg", "png")  # plan: the first four; render: the last three
+FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 
 @positional_record
