@@ -7,17 +7,15 @@ command, which ``poprun plan --explain`` shows too) and ``poprun.planner.plan``;
 poprun runs the one command of :func:`~poprun.planner.mpicommand.mpirun_command` (global args
 first, ``--bind-to none``, ``--tag-output``, ``-H host:slots``, one app context per instance,
 so MPI rank = instance index) as its child, in the process group of a
-:class:`~poprun.backends.watchdog.Watchdog`, and reads its two pipes. When lines carry
-mpirun's tags (``--tag-output``, given by the user or added for ``--only-output-from-instance``),
-they tell which instance wrote each line (:class:`~poprun.backends.mpiout.TagSplitter`) and
-the :class:`~poprun.backends.output.Router` forwards each instance's lines as the local
-backend does (tagged or not, only one instance's, the failure report's tail). Other lines,
-mpirun's own messages among them, are passed on as they come, on the stream they came on.
-Known limits, OpenMPI 4.1's: it forwards instance output in 4 KiB reads, so untagged lines of
-two instances can interleave mid-line; and under ``--tag-output`` it drops part of bulk output
-made of very short lines (see :mod:`poprun.planner.mpicommand`). The local and ssh backends
-have neither problem. With ``--output-filename`` in the global arguments mpirun writes the
-files itself (its layout is the one the local backend copies).
+:class:`~poprun.backends.watchdog.Watchdog`, and reads its two pipes: mpirun's tags
+(``--tag-output``, always) tell which instance wrote each line
+(:class:`~poprun.backends.mpiout.TagSplitter`), and the :class:`~poprun.backends.output.Router`
+forwards each instance's lines as the local backend does (tagged or not, only one instance's,
+the failure report's tail). mpirun's own messages are passed on as they come. Known limit,
+OpenMPI 4.1.4's: under ``--tag-output`` it drops part of bulk output made of very short lines
+(see :mod:`poprun.planner.mpicommand`); the local and ssh backends have no such problem.
+With ``--output-filename`` in the global arguments mpirun writes the files itself (its layout
+is the one the local backend copies).
 
 Lifecycle: when an instance fails, mpirun stops the others and exits; its message says which
 instance failed first and how (:func:`~poprun.backends.mpiout.parse_failure`), which becomes
@@ -68,7 +66,7 @@ class MpirunLaunch(LauncherLaunch):
         return TagSplitter(stream)
 
     def _own(self, stream: Stream, data: bytes) -> None:
-        """Untagged: mpirun's own words, or output not tagged (see mpicommand): passed on as it is."""
+        """Untagged: mpirun's own words, passed on as they are."""
         super()._own(stream, data)
         if stream == "stderr":  # mpirun's messages: kept to find the failing instance in
             self._messages += data

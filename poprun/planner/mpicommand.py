@@ -8,7 +8,7 @@ hosts, instance indices, environment, working directory and program all come fro
 The shape is that of real poprun's generated command (``reference/real-poprun-behaviour.md``
 section 3.2, evidence A and B)::
 
-    mpirun <--mpi-global-args> --bind-to none [--tag-output] [--allow-run-as-root]
+    mpirun <--mpi-global-args> --bind-to none --tag-output [--allow-run-as-root]
            [--mca oob_tcp_if_include NET --mca btl_tcp_if_include NET] -H h1:N1,h2:N2
            -np 1 --host h1:N1 -wdir CWD -x NAME=VALUE ... -x FORWARDED ... <local args> [env -u NAME --] argv
          : -np 1 --host h1:N1 ...                                  (one app context per instance)
@@ -22,8 +22,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Container, Sequence
 
-ALWAYS = ("--bind-to", "none")
-"""What poprun adds to every command after the user's global arguments (section 3.2)."""
+BIND_NONE = ("--bind-to", "none")
 TAG = "--tag-output"
 SUBNET_PARAMETERS = ("oob_tcp_if_include", "btl_tcp_if_include")
 """The MCA parameters --host-subnet sets: the control plane, then the data plane (PopRun guide 2.2.3)."""
@@ -43,15 +42,15 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     - ``--bind-to none``, unless the user gave ``--bind-to`` (with ``--process-placement
       disabled`` the user's ``--map-by`` and ``--bind-to`` stand, seed 2.5); an instance with a
       planned binding runs through :func:`bound_argv` (numactl or taskset: the role of real
-      poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing. Real poprun also always added ``--tag-output``; here it is
-      added only when poprun needs to know which instance wrote each line, which is for
-      ``--only-output-from-instance`` (the backend then strips the tags,
-      :mod:`poprun.backends.mpiout`), or when the user asked for tags. The reason: OpenMPI
-      4.1.4 loses output under ``--tag-output`` (it builds each tagged 4 KiB read in an 8 KiB
-      buffer and drops what does not fit: ``mpirun -np 1 --tag-output seq 2000 | wc -l``
-      prints about 1,300), and poprun must never lose a line it was not asked to filter.
-      A flag the global arguments already hold is not added again (evidence B shows real
-      poprun repeating ``--tag-output``).
+      poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing.
+    - ``--tag-output``, always, as real poprun did: the tags say which instance wrote each
+      line, so lines arrive whole and attributed (:mod:`poprun.backends.mpiout`) and poprun tags
+      or strips them itself as ``plan.output.tag`` says. Untagged, OpenMPI forwards 4 KiB reads
+      and the lines of two instances can interleave mid-line. Known OpenMPI 4.1.4 limit: under
+      ``--tag-output`` it drops part of bulk output made of very short lines (under about 14
+      bytes: ``mpirun -np 1 --tag-output seq 2000 | wc -l`` prints about 1,300). A flag the
+      global arguments already hold is not added again (evidence B shows real poprun
+      repeating ``--tag-output``).
     - ``--allow-run-as-root`` when ``plan.mpi.allow_run_as_root``. ``--oversubscribe`` never:
       ``-H`` gives each host as many slots as it has instances, so none is oversubscribed.
     - With ``plan.mpi.host_subnet``: ``--mca oob_tcp_if_include NET --mca btl_tcp_if_include
@@ -81,8 +80,7 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     words = [mpirun, *plan.mpi.global_args]
     given = set(plan.mpi.global_args)
     own_binding = not given.isdisjoint(("--bind-to", "-bind-to"))  # stands (--process-placement disabled)
-    flags = [*([] if own_binding else ALWAYS), *([TAG] if plan.output.only_from_instance is not None else []),
-             *(["--allow-run-as-root"] if plan.mpi.allow_run_as_root else [])]
+    flags = [*([] if own_binding else BIND_NONE), TAG, *(["--allow-run-as-root"] if plan.mpi.allow_run_as_root else [])]
     words += [flag for flag in flags if given.isdisjoint(_SPELLINGS.get(flag, ()))]
     if plan.mpi.host_subnet is not None:
         given_mca = _mca_names(plan.mpi.global_args)

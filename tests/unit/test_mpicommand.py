@@ -43,7 +43,7 @@ def test_single_host_plan():
 
     head, contexts = split(mpirun_command(plan))
 
-    assert ["mpirun", "--bind-to", "none", "-H", "localhost:2"] == head
+    assert ["mpirun", "--bind-to", "none", "--tag-output", "-H", "localhost:2"] == head
     assert 2 == len(contexts)
     for instance, context in zip(plan.instances, contexts, strict=True):
         assert ["-np", "1", "--host", "localhost:2", "-wdir", "/work"] == context[:6]
@@ -70,7 +70,7 @@ def test_the_pod64_shape_of_reference_3_2():
     head, contexts = split(mpirun_command(plan))
 
     # THEN
-    assert ["mpirun", "--mca", "btl_tcp_if_include", "eno1", "--bind-to", "none",
+    assert ["mpirun", "--mca", "btl_tcp_if_include", "eno1", "--bind-to", "none", "--tag-output",
             "-H", "10.1.3.101:4,10.1.3.102:4,10.1.3.103:4,10.1.3.104:4"] == head
     assert 16 == len(contexts)
     for index, context in enumerate(contexts):
@@ -96,17 +96,17 @@ def test_host_subnet_leaves_a_parameter_the_user_set_alone():
 
     head, _ = split(mpirun_command(plan))
 
-    assert ["mpirun", "--mca", "btl_tcp_if_include", "eno1", "--bind-to", "none",
+    assert ["mpirun", "--mca", "btl_tcp_if_include", "eno1", "--bind-to", "none", "--tag-output",
             "--mca", "oob_tcp_if_include", "10.5.0.0/16", "-H", "a:1,b:1"] == head
 
 
 def test_allow_run_as_root_follows_poprun_flags():
-    """--allow-run-as-root=yes adds the flag after --bind-to none; given in the global args, it is not repeated."""
+    """--allow-run-as-root=yes adds the flag after --tag-output; given in the global args, it is not repeated."""
     own, _ = split(mpirun_command(plan_of("--num-replicas=2", "--allow-run-as-root=yes")))
     given_, _ = split(mpirun_command(plan_of("--num-replicas=2", "--mpi-global-args=--allow-run-as-root")))
 
-    assert ["mpirun", "--bind-to", "none", "--allow-run-as-root", "-H", "localhost:1"] == own
-    assert ["mpirun", "--allow-run-as-root", "--bind-to", "none", "-H", "localhost:1"] == given_
+    assert ["mpirun", "--bind-to", "none", "--tag-output", "--allow-run-as-root", "-H", "localhost:1"] == own
+    assert ["mpirun", "--allow-run-as-root", "--bind-to", "none", "--tag-output", "-H", "localhost:1"] == given_
 
 
 def test_tag_output_in_the_global_args_is_not_repeated():
@@ -114,13 +114,6 @@ def test_tag_output_in_the_global_args_is_not_repeated():
     head, _ = split(mpirun_command(plan_of("--num-replicas=2", "--mpi-global-args=--tag-output")))
 
     assert ["mpirun", "--tag-output", "--bind-to", "none", "-H", "localhost:1"] == head
-
-
-def test_tag_output_is_added_only_to_know_whose_lines_to_show() -> None:
-    """--only-output-from-instance needs mpirun's tags; without it none are asked for (OpenMPI 4.1 loses tagged lines)."""
-    head, _ = split(mpirun_command(plan_of("--num-replicas=2", "--num-instances=2", "--only-output-from-instance=1")))
-
-    assert ["mpirun", "--bind-to", "none", "--tag-output", "-H", "localhost:2"] == head
 
 
 def test_oversubscribe_is_never_added():
@@ -210,5 +203,5 @@ def test_the_users_bind_to_stands_and_bound_instances_run_through_taskset() -> N
     bound = evolve(bound, instances=tuple(evolve(i, placement=evolve(i.placement, cpus=str(i.index)))
                                           for i in bound.instances))
 
-    assert ["mpirun", "--map-by", "core", "--bind-to", "core", "-H", "localhost:1"] == head
+    assert ["mpirun", "--map-by", "core", "--bind-to", "core", "--tag-output", "-H", "localhost:1"] == head
     assert ["poprun-bind", "1", "0", "python3", "train.py"] == list(mpirun_command(bound)[-5:])
