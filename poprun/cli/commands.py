@@ -166,6 +166,11 @@ def plan(args: list[str]) -> int:
     old = _read_plan(command.diff.value, key="--diff") if command.diff is not None else None
     solution = _solve(spec, ctx, require_program=False)
     _check_plugin_backend(spec)
+    from poprun.cli import partition
+
+    planned, seen = partition.planned(solution.plan, ctx.environ)  # a bounded look at the V-IPU server
+    _warn(seen)
+    solution = evolve(solution, plan=planned)
     if command.diff is not None and old is not None:
         _emit(_diff(old, solution.plan, old_name=command.diff.value, as_json=command.format == "json"), command)
     elif command.format == "json":
@@ -333,6 +338,13 @@ def _reject_words_after_plan(rest: list[str]) -> None:
                                      span=SourceSpan.flag(rest[0]),
                                      hint="make the plan again with the change: "
                                           "'poprun plan --format json -o FILE [options] PROGRAM ...'")])
+
+
+def vipu_server(args: list[str]) -> int:
+    """``poprun vipu-server [--host H] [--port P] [--db FILE] [--ipus N] [--ild-size N]``: the emulated V-IPU service."""
+    from poprun.partitions.emulator import main as serve
+
+    return serve(args)
 
 
 def render(args: list[str]) -> int:

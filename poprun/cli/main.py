@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.core.diagnostic import Diagnostic
 
-COMMANDS = ("plan", "validate", "apply", "render", "submit")
+COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -67,7 +67,7 @@ def _dispatch(args: list[str]) -> int:
         from poprun.cli import commands
 
         handler = {"plan": commands.plan, "validate": commands.validate, "apply": commands.apply,
-                   "render": commands.render, "submit": commands.submit}[command]
+                   "render": commands.render, "submit": commands.submit, "vipu-server": commands.vipu_server}[command]
         return handler(rest)
     from poprun.cli import commands
 

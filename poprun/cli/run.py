@@ -38,10 +38,10 @@ from poprun.backends.files import private_directory, remove_directories
 from poprun.backends.local import CACHE_PREFIX
 from poprun.backends.registry import BackendRegistry, default_registry
 from poprun.backends.watchdog import become_subreaper
-from poprun.cli import exitcode
+from poprun.cli import exitcode, partition
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
-from poprun.core.diagnostic import DiagnosticError
+from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.record import evolve
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan
@@ -209,11 +209,21 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         become_subreaper()
     reporter = _Reporter(plan, Log(plan.output.verbosity, console.log), console)
     console.on_event = reporter.event
+    environ = os.environ if env_source is None else env_source
+    released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
-        with _executable_cache(plan) as ready, _handling_signals(_Interrupts(reporter)) as interrupts:
+        if partition.wanted(plan, environ):
+            console.status("partition: acquiring it from the V-IPU service")
+        with partition.acquired(plan, environ, released) as leased, _executable_cache(leased) as ready, \
+                _handling_signals(_Interrupts(reporter)) as interrupts:
             result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts)
+    except DiagnosticError as exc:  # the partition could not be had: nothing started
+        console.close()
+        _diagnose(exc.diagnostics)
+        return exitcode.LAUNCH
     finally:
         console.close()
+        _diagnose(tuple(released))
     if isinstance(result, int):
         return result
     if result.root_cause is None and interrupts.signals:
@@ -233,9 +243,7 @@ def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | N
     except LaunchError as exc:
         console.close()
         if exc.diagnostics:
-            from poprun.render.diagnostics import render_diagnostics
-
-            sys.stderr.write(render_diagnostics(exc.diagnostics, {}))
+            _diagnose(exc.diagnostics)
         else:
             _error(exc.message)
         return exc.status
@@ -246,6 +254,14 @@ def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | N
     except BaseException:
         launch.terminate(0)
         raise
+
+
+def _diagnose(diagnostics: tuple[Diagnostic, ...]) -> None:
+    if diagnostics:
+        from poprun.render.diagnostics import render_diagnostics
+
+        sys.stderr.write(render_diagnostics(diagnostics, {}))
+        sys.stderr.flush()
 
 
 def _error(message: str) -> None:

@@ -71,6 +71,16 @@ CODES: dict[str, str] = {
     "PR408": "permission denied by host",
     "PR409": "program missing on host",
     "PR410": "Graphviz not available",
+    "PR500": "partition not found",
+    "PR501": "V-IPU server unreachable",
+    "PR502": "V-IPU server unreachable while planning",
+    "PR503": "several partitions, none named",
+    "PR504": "partition does not match",
+    "PR505": "not enough IPUs in the allocation",
+    "PR506": "partition in use",
+    "PR507": "partition not active",
+    "PR508": "partition not released at exit",
+    "PR509": "V-IPU request failed",
 }
 
 
