@@ -19,29 +19,17 @@ import argparse
 import json
 import os
 import shutil
-import socket
 import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parents[1]))
+from tests.ports import free_port_pair
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train_digits.py"
 SIZES = (1, 2, 4)
-
-
-def free_port_pair() -> int:
-    """Return a port ``p`` with ``p`` and ``p + 1`` free (torch meets on MASTER_PORT, popdist on the next)."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        with socket.socket() as other:
-            try:
-                other.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 def launch(n: int, backend: list[str], args: argparse.Namespace) -> dict[str, object]:

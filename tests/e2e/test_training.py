@@ -13,12 +13,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests.ports import free_port_pair
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
@@ -29,20 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_digits.py"
 WEIGHT_TOLERANCE = 1e-5  # float32 sums in another order: about 2e-7 is seen
 ACCURACY_THRESHOLD = 0.9  # on the 360 held-out digits; 0.93 after the example's 60 steps
-
-
-def free_port_pair() -> int:
-    """Return a port ``p`` with ``p`` and ``p + 1`` free: torch meets on MASTER_PORT, popdist on the next."""
-    while True:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = int(probe.getsockname()[1])
-        with socket.socket() as other:
-            try:
-                other.bind(("127.0.0.1", port + 1))
-            except OSError:
-                continue
-        return port
 
 
 def launch_env() -> dict[str, str]:

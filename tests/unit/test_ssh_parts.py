@@ -7,6 +7,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import IO
 
 import pytest
 from hypothesis import given, settings
@@ -57,22 +58,27 @@ def test_remote_command_run_by_a_login_shell_gives_the_values_exactly(tmp_path_f
     assert (0, [str(cwd), [arg], value]) == (proc.returncode, json.loads(out)), err
 
 
-def test_remote_program_is_killed_with_its_children_when_the_connection_ends(tmp_path: Path) -> None:
-    """The end of stdin (poprun or its ssh client gone) kills the program's whole group, grandchildren too."""
-    planned = instance(tmp_path, "sh", "-c", "sleep 30 & echo $!; wait")
+def started(planned: Instance) -> tuple[subprocess.Popen[str], IO[str], IO[str]]:
+    """Run ``planned``'s remote command as its login shell would, through its check and poprun's "G"."""
     proc = subprocess.Popen(["sh", "-c", remote_command(planned, {})], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             text=True)
-    assert proc.stdout is not None
     assert proc.stdin is not None
+    assert proc.stdout is not None
     assert "poprun-preflight ok\n" == proc.stdout.readline()
     proc.stdin.write("G\n")
     proc.stdin.flush()
-    grandchild = int(proc.stdout.readline())
+    return proc, proc.stdin, proc.stdout
 
-    proc.stdin.close()
+
+def test_remote_program_is_killed_with_its_children_when_the_connection_ends(tmp_path: Path) -> None:
+    """The end of stdin (poprun or its ssh client gone) kills the program's whole group, grandchildren too."""
+    proc, stdin, stdout = started(instance(tmp_path, "sh", "-c", "sleep 30 & echo $!; wait"))
+    grandchild = int(stdout.readline())
+
+    stdin.close()
 
     assert 128 + 9 == proc.wait(timeout=10)
-    proc.stdout.close()
+    stdout.close()
     assert _gone_within(grandchild, 2.0), f"process {grandchild} outlived the connection"
 
 
@@ -92,22 +98,16 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 def test_remote_program_gets_sigterm_on_a_t_line(tmp_path: Path) -> None:
     """A 'T' line on stdin: SIGTERM to the program, whose trap runs; the wrapper exits with its status."""
-    planned = instance(tmp_path, "sh", "-c", "trap 'echo stopped; exit 7' TERM; echo ready; while :; do sleep 0.05; done")
-    proc = subprocess.Popen(["sh", "-c", remote_command(planned, {})], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
-    assert proc.stdout is not None
-    assert proc.stdin is not None
-    assert "poprun-preflight ok\n" == proc.stdout.readline()
-    proc.stdin.write("G\n")
-    proc.stdin.flush()
-    assert "ready\n" == proc.stdout.readline()
+    proc, stdin, stdout = started(instance(tmp_path, "sh", "-c",
+                                           "trap 'echo stopped; exit 7' TERM; echo ready; while :; do sleep 0.05; done"))
+    assert "ready\n" == stdout.readline()
 
-    proc.stdin.write("T\n")
-    proc.stdin.flush()
+    stdin.write("T\n")
+    stdin.flush()
 
-    assert ("stopped\n", 7) == (proc.stdout.readline(), proc.wait(timeout=10))
-    proc.stdin.close()
-    proc.stdout.close()
+    assert ("stopped\n", 7) == (stdout.readline(), proc.wait(timeout=10))
+    stdin.close()
+    stdout.close()
 
 
 def test_remote_program_never_starts_without_go(tmp_path: Path) -> None:
