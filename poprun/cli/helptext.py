@@ -9,9 +9,13 @@ from __future__ import annotations
 from poprun.planner.option import OPTIONS
 
 USAGE = """usage: poprun [options] program [program args]
-       poprun plan [SPEC] [options] [program [args]] [--explain] [--format text|json|toml] [-o FILE]
+       poprun plan [SPEC] [options] [program [args]] [--explain] [--format text|json|toml|dot|sbatch] [-o FILE]
+       poprun plan --diff OLD.json [SPEC] [options] [program [args]] [--format text|json]
        poprun apply SPEC|PLAN.json [options] [program [args]]
+       poprun render [SPEC] [options] [-o FILE.svg|png|dot] [--expand]
+       poprun submit [--dry-run] [--wait] [--nodes N] [SPEC] [options] program [args]
        poprun validate SPEC
+       poprun vipu-server [--host H] [--port P] [--db FILE] [--ipus N] [--ild-size N]
 """
 
 

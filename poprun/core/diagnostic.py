@@ -4,7 +4,7 @@ Diagnostics: every user error and warning, with a stable code, a place and a hin
 Layer: ``poprun.core``; imports only ``poprun.core.record`` and ``poprun.core.span``.
 
 Codes are stable and never reused: ``PR1xx`` syntax (flags, TOML, DSL, host lists),
-``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply. Each code in
+``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply, ``PR5xx`` partitions. Each code in
 :data:`CODES` has a page in ``docs/errors/`` and a test that triggers it.
 """
 
