@@ -69,6 +69,9 @@ def distribute_key(keys: SshKeyDistribution, hosts: Sequence[str], *, env: Mappi
     if refused and password is None and sys.stdin.isatty():
         import getpass  # here, not at the top: only a password prompt needs it
 
+        if sys.stderr.isatty():  # clear poprun's status line, so that the prompt starts on a clean line
+            sys.stderr.write("\r\x1b[K")
+            sys.stderr.flush()
         password = getpass.getpass(f"poprun: password for {', '.join(refused)} (asked once, for ssh-copy-id): ")
     if refused and password is not None:
         refused = _copy_with_password(base, refused, dict(env), password)
