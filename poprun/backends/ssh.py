@@ -145,9 +145,15 @@ class SshClient:
         return failed
 
     def argv(self, host: str, command: str) -> list[str]:
-        """Return the command line that runs ``command`` (shell text) on ``host``, through its shared connection."""
+        """
+        Return the command line that runs ``command`` (shell text) on ``host``, through its shared connection.
+
+        Without one yet (a host of one instance: :meth:`connect` was not worth a connection of
+        its own), this session opens it and leaves it shared (``ControlMaster=auto``).
+        """
         self._hosts.add(host)
-        return [*self._base, "-o", "ControlMaster=no", "-T", host, "--", command]
+        return [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T", host,
+                "--", command]
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Close every host's shared connection and remove the control directory. Idempotent."""
@@ -333,6 +339,20 @@ def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
             os.write(pipe.fileno(), data)
 
 
+def _shared_hosts(plan: LaunchPlan) -> list[str]:
+    """
+    Return the remote hosts of several instances, in plan order: those whose shared connection is opened first.
+
+    One key exchange then serves all their sessions; a host of one instance gets its shared
+    connection from its session instead (a separate connection would cost a second exchange).
+    """
+    counts: dict[str, int] = {}
+    for instance in plan.instances:
+        if not is_this_machine(instance.host):
+            counts[instance.host] = counts.get(instance.host, 0) + 1
+    return [host for host, count in counts.items() if count > 1]
+
+
 class SshBackend:
     """Runs the instances of remote hosts through ssh, and those of this machine as child processes."""
 
@@ -366,9 +386,8 @@ class SshBackend:
 
     def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
                 sink: OutputSink) -> LocalLaunch:
-        hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
         deadline = time.monotonic() + PREFLIGHT_S
-        failed = client.connect(hosts, timeout_s=PREFLIGHT_S)
+        failed = client.connect(_shared_hosts(plan), timeout_s=PREFLIGHT_S)
         problems = [d for host, (status, err) in failed.items()
                     if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
         if problems:
