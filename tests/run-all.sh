@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=(openmpi-bin openssh-server openssh-client iproute2 util-linux graphviz slurmctld slurmd slurm-client munge libpmix-dev)
+DEBIAN_PACKAGES=(openmpi-bin openssh-server openssh-client iproute2 util-linux numactl graphviz slurmctld slurmd slurm-client munge libpmix-dev)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEBIAN_PACKAGES[@]}" >/dev/null
