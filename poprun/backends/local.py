@@ -159,9 +159,10 @@ def abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Ro
     watchdog.close()
     for proc in procs:
         proc.wait()
-        for pipe in (proc.stdout, proc.stderr):
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):  # stdin: the ssh backend's sessions have one
             if pipe is not None:
-                pipe.close()
+                with contextlib.suppress(OSError):  # a session that is gone: its input pipe is broken
+                    pipe.close()
     router.close()
 
 
