@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from poprun.backends.base import ApplyResult, Event, InstanceStarted, OutputSink
+from poprun.backends.base import ApplyResult, Event, InstanceEnded, InstanceFailure, InstanceStarted, OutputSink
 from poprun.backends.files import remove_directories
 from poprun.backends.output import Router
 from poprun.backends.watchdog import Watchdog
@@ -194,3 +194,12 @@ class LauncherLaunch:
         if self._notify is not None:
             self._router.flush()
             self._notify(event)
+
+    def _result_of(self, ends: list[InstanceEnded]) -> ApplyResult:
+        """Return the result of every instance's end, in the order seen: the first failure not caused by a stop is the root cause."""
+        failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=None,
+                                         exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
+                                         tail=self._router.tail(e.index)) for e in ends if e.status != 0)
+        statuses = tuple(e.status for e in sorted(ends, key=lambda e: e.index))
+        cause = next((f.index for f in failures if not f.stopped), None)
+        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)

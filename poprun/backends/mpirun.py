@@ -32,7 +32,7 @@ import signal
 import subprocess
 from collections.abc import Mapping
 
-from poprun.backends.base import NOT_FOUND, ApplyResult, InstanceEnded, InstanceFailure, LaunchError, OutputSink
+from poprun.backends.base import NOT_FOUND, ApplyResult, InstanceEnded, LaunchError, OutputSink
 from poprun.backends.files import which
 from poprun.backends.launcher import LauncherLaunch
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
@@ -90,12 +90,7 @@ class MpirunLaunch(LauncherLaunch):
                      for i in range(1, count)]
         for end in ends:
             self._event(end)
-        failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=None,
-                                         exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
-                                         tail=self._router.tail(e.index)) for e in ends if e.status != 0)
-        statuses = tuple(e.status for e in sorted(ends, key=lambda e: e.index))
-        cause = next((f.index for f in failures if not f.stopped), None)
-        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
+        return self._result_of(ends)
 
 
 class MpirunBackend:

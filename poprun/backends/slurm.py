@@ -68,7 +68,6 @@ from poprun.backends.base import (
     NOT_FOUND,
     ApplyResult,
     InstanceEnded,
-    InstanceFailure,
     LaunchError,
     OutputSink,
 )
@@ -351,13 +350,7 @@ class SlurmLaunch(LauncherLaunch):
                 self._ends[index] = end
                 self._order.append(index)
                 self._event(end)
-        failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=None,
-                                         exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
-                                         tail=self._router.tail(e.index))
-                         for e in (self._ends[i] for i in self._order) if e.status != 0)
-        statuses = tuple(self._ends[i].status for i in range(count))
-        cause = next((f.index for f in failures if not f.stopped), None)
-        return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)
+        return self._result_of([self._ends[i] for i in self._order])
 
 
 class SlurmBackend:
