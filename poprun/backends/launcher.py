@@ -23,12 +23,20 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
-from poprun.backends.base import ApplyResult, Event, InstanceEnded, InstanceFailure, InstanceStarted, OutputSink
+from poprun.backends.base import (
+    ApplyResult,
+    Event,
+    InstanceEnded,
+    InstanceFailure,
+    InstanceStarted,
+    LaunchError,
+    OutputSink,
+)
 from poprun.backends.files import remove_directories
 from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog
+from poprun.backends.watchdog import Watchdog, WatchdogError
 from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -49,6 +57,34 @@ if TYPE_CHECKING:
             """Return what is left at the end of the stream."""
 
 _READ = 1 << 18  # bytes read from a pipe at once
+
+
+def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: Mapping[str, str],
+                   remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = ()) -> tuple[
+                       subprocess.Popen[bytes], Watchdog]:
+    """
+    Start the launcher ``argv`` with ``env`` in the group of a new watchdog (which removes ``remove`` should poprun die).
+
+    Raises:
+        LaunchError: when the watchdog or the launcher cannot start; then nothing is left: the
+            router is closed and the directories ``cleanup`` are removed.
+    """
+    try:
+        watchdog = Watchdog(remove=remove, env=group_env)
+    except WatchdogError as exc:
+        router.close()
+        remove_directories(list(cleanup))
+        raise LaunchError(str(exc.strerror)) from exc
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+                                stderr=subprocess.PIPE, env=dict(env), process_group=watchdog.group)
+        watchdog.await_ready()
+    except (OSError, WatchdogError) as exc:
+        watchdog.close()
+        router.close()
+        remove_directories(list(cleanup))
+        raise LaunchError(f"cannot start {os.path.basename(argv[0])}: {exc.strerror}") from exc  # noqa: PTH119
+    return proc, watchdog
 
 
 class LauncherLaunch:

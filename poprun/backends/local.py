@@ -170,6 +170,7 @@ class LocalBackend:
     """Runs every instance as a child process; every instance must be planned for this machine."""
 
     name: ClassVar[str] = "local"
+    skip_foreign_bindings: ClassVar[bool] = False  # the offline backend runs plans made for other hosts
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
@@ -185,15 +186,20 @@ class LocalBackend:
         """
         Return the CPUs each instance is bound to (None: not bound), as the plan's placement says.
 
+        An instance planned for CPUs this process may not use (a plan made for another machine,
+        or a narrower cpuset now) is an error, or left unbound with ``skip_foreign_bindings``.
+
         Raises:
-            LaunchError: when an instance is planned for CPUs this process may not use (a plan
-                made for another machine, or a narrower cpuset now).
+            LaunchError: for such an instance, unless ``skip_foreign_bindings``.
         """
         allowed = _allowed_cpus()
         masks: list[set[int] | None] = []
         for instance in plan.instances:
             cpus = set(parse_cpulist(instance.placement.cpus)) if instance.placement.cpus else None
             if cpus is not None and allowed is not None and not cpus <= allowed:
+                if self.skip_foreign_bindings:
+                    masks.append(None)
+                    continue
                 raise LaunchError(f"instance {instance.index} is planned for CPUs {instance.placement.cpus}, but this "
                                   f"process may use only {cpulist(allowed)}: plan again here, or use "
                                   "--process-placement disabled")

@@ -34,11 +34,11 @@ from collections.abc import Mapping
 
 from poprun.backends.base import NOT_FOUND, ApplyResult, InstanceEnded, LaunchError, OutputSink
 from poprun.backends.files import which
-from poprun.backends.launcher import LauncherLaunch
+from poprun.backends.launcher import LauncherLaunch, start_launcher
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
 from poprun.backends.mpiout import TagSplitter, parse_failure
 from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.backends.watchdog import Watchdog
 from poprun.core.record import evolve
 from poprun.planner.mpicommand import mpirun_command
 from poprun.planner.plan import LaunchPlan
@@ -117,18 +117,6 @@ class MpirunBackend:
         remove = temporary_directories(plan)
         # mpirun writes --output-filename's files itself: the router only forwards
         router = Router(evolve(plan, output=evolve(plan.output, output_filename=None)), sink)
-        try:
-            watchdog = Watchdog(remove=remove, env=source)
-        except WatchdogError as exc:
-            router.close()
-            raise LaunchError(str(exc.strerror)) from exc
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
-                                    stderr=subprocess.PIPE, env=source, process_group=watchdog.group)
-            watchdog.await_ready()
-        except (OSError, WatchdogError) as exc:
-            watchdog.close()
-            router.close()
-            raise LaunchError(f"cannot start mpirun: {exc.strerror}") from exc
+        proc, watchdog = start_launcher(argv, env=source, group_env=source, remove=remove, router=router)
         return MpirunLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                             remove=remove)

@@ -71,11 +71,11 @@ from poprun.backends.base import (
     LaunchError,
     OutputSink,
 )
-from poprun.backends.files import private_directory, remove_directories, which
-from poprun.backends.launcher import LauncherLaunch
+from poprun.backends.files import private_directory, which
+from poprun.backends.launcher import LauncherLaunch, start_launcher
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
 from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.backends.watchdog import Watchdog
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
 
@@ -390,21 +390,8 @@ class SlurmBackend:
         env = source | {"SLURM_HOSTFILE": str(hostfile), LAUNCH: payload}
         remove = (*temporary_directories(plan), folder)
         router = Router(plan, sink)
-        try:
-            watchdog = Watchdog(remove=remove, env=source)
-        except WatchdogError as exc:
-            router.close()
-            remove_directories([folder])
-            raise LaunchError(str(exc.strerror)) from exc
-        try:
-            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
-                                    stderr=subprocess.PIPE, env=env, process_group=watchdog.group)
-            watchdog.await_ready()
-        except (OSError, WatchdogError) as exc:
-            watchdog.close()
-            router.close()
-            remove_directories([folder])
-            raise LaunchError(f"cannot start srun: {exc.strerror}") from exc
+        proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
+                                        cleanup=(folder,))
         return SlurmLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            step=(job, name), env=source, remove=remove)
 

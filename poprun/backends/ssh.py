@@ -6,10 +6,11 @@ Layer: ``poprun.backends``; imports the backend modules, ``poprun.core`` (diagno
 ``setsid`` (util-linux) on the hosts.
 
 The client runs non-interactively (``BatchMode``), with a connect timeout, and with one
-multiplexed connection per host (``ControlMaster``) that the preflight opens and every
-instance of that host reuses; ``POPRUN_SSH_CONFIG`` names an ``ssh_config`` file to use
-(``-F``), else the user's own is. Before anything starts, every host is checked in parallel
-(:func:`preflight`): a host whose name is unknown (PR405), that cannot be reached (PR406),
+multiplexed connection per host (``ControlMaster``) that every instance of that host reuses
+(:class:`SshClient`); ``POPRUN_SSH_CONFIG`` names an ``ssh_config`` file to use (``-F``), else
+the user's own is. Before anything starts, every host is checked in parallel: each instance's
+session first runs a check and waits for poprun's "G" (:class:`_Sessions`), sent only when
+every host passed. A host whose name is unknown (PR405), that cannot be reached (PR406),
 whose host key is not trusted (PR407), that refuses the key (PR408), or that lacks the working
 directory, the program or its interpreter (PR409) is reported, each with the seed's advice
 (section 2.2.1), within :data:`PREFLIGHT_S` seconds, never a hang. With ``--distribute-ssh-key``
@@ -186,14 +187,13 @@ def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
         lines.append("unset " + " ".join(instance.env.unset))
     if exports:
         lines.append("export " + exports)
-    cache = env.get(EXECUTABLE_CACHE_PATH)
-    if cache and os.path.basename(cache).startswith(CACHE_PREFIX):  # noqa: PTH119
-        lines.append(f"mkdir -p -m 700 -- {shlex.quote(cache)} && mkdir -p -m 700 -- {shlex.quote(cache + _ALIVE)} && "
-                     f": > {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}")
+    cache = env.get(EXECUTABLE_CACHE_PATH, "")
+    cleanup = ":"
+    if os.path.basename(cache).startswith(CACHE_PREFIX):  # noqa: PTH119 - a temporary cache: made and removed here
+        cache, alive, marker = (shlex.quote(p) for p in (cache, cache + _ALIVE, f"{cache}{_ALIVE}/{instance.index}"))
+        lines.append(f"mkdir -p -m 700 -- {cache} && mkdir -p -m 700 -- {alive} && : > {marker}")
+        cleanup = f"rm -f -- {marker}; rmdir -- {alive} 2>/dev/null && rm -rf -- {cache}"
     lines.append(_check_script(instance))
-    cleanup = (f"rm -f -- {shlex.quote(f'{cache}{_ALIVE}/{instance.index}')}; rmdir -- {shlex.quote(cache + _ALIVE)} "
-               f"2>/dev/null && rm -rf -- {shlex.quote(cache)}"
-               if cache and os.path.basename(cache).startswith(CACHE_PREFIX) else ":")  # noqa: PTH119
     lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(bound_argv(instance)) + "; s=$?")
     lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)

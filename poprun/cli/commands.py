@@ -156,9 +156,9 @@ def _emit(output: str | bytes, command: CommandLine) -> None:
 def plan(args: list[str]) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
     ctx = Context.from_process()
-    if _format_word(args) == "sbatch":  # planned as outside an allocation, as poprun submit does
-        ctx = evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
     command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
+    if command.format == "sbatch":  # planned as outside an allocation, as poprun submit does
+        ctx = _outside_slurm(ctx)
     if command.help:
         return _help()
     _check_format(command, PLAN_FORMATS if command.diff is None else DIFF_FORMATS,
@@ -196,14 +196,9 @@ def plan(args: list[str]) -> int:
     return exitcode.OK
 
 
-def _format_word(args: list[str]) -> str | None:
-    """Return the value of ``--format`` in ``args`` as written, or None."""
-    for i, word in enumerate(args):
-        if word.startswith("--format="):
-            return word.partition("=")[2]
-        if word == "--format" and i + 1 < len(args):
-            return args[i + 1]
-    return None
+def _outside_slurm(ctx: Context) -> Context:
+    """Return ``ctx`` without the Slurm allocation poprun may run in: a batch script plans for its own."""
+    return evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
 
 
 def _without_plan_options(args: list[str]) -> list[str]:
@@ -454,8 +449,7 @@ def submit(args: list[str]) -> int:
     the job and exits with its status). Submit's own options come first.
     """
     dry_run, wait, nodes, rest = _submit_options(list(args))
-    ctx = Context.from_process()
-    ctx = evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
+    ctx = _outside_slurm(Context.from_process())
     command, spec = _read(list(rest), ctx, prog="poprun submit", allow_spec_file=True)
     _reject_plan_options(command, "'poprun submit'")
     if command.help:

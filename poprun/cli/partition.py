@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.record import evolve
@@ -46,9 +46,12 @@ def wanted(plan: LaunchPlan, environ: Mapping[str, str]) -> bool:
 
 
 @contextlib.contextmanager
-def acquired(plan: LaunchPlan, environ: Mapping[str, str], warnings: list[Diagnostic]) -> Iterator[LaunchPlan]:
+def acquired(plan: LaunchPlan, environ: Mapping[str, str], warnings: list[Diagnostic], *,
+             status: Callable[[str], None] | None = None) -> Iterator[LaunchPlan]:
     """
     Yield ``plan`` with its partition acquired and its variables in every instance; release it after.
+
+    ``status`` hears that the partition is being acquired (the console's status line).
 
     Raises:
         DiagnosticError: PR500-PR507 or PR509, when the partition cannot be had (nothing is left behind).
@@ -60,10 +63,12 @@ def acquired(plan: LaunchPlan, environ: Mapping[str, str], warnings: list[Diagno
     from poprun.partitions.actions import acquire
     from poprun.partitions.provider import provider_for
 
+    if status is not None:
+        status("partition: acquiring it from the V-IPU service")
     lease = acquire(plan.partition, provider_for(plan.partition, environ), owner="poprun")
     try:
         with lease:
-            yield _with_variables(plan, lease.env)
+            yield plan.with_variables(lease.env)
     finally:
         warnings.extend(lease.warnings)
 
@@ -82,13 +87,3 @@ def planned(plan: LaunchPlan, environ: Mapping[str, str]) -> tuple[LaunchPlan, t
 
     actions, diagnostics = plan_actions(plan.partition, probe(plan.partition, environ))
     return evolve(plan, partition=evolve(plan.partition, actions=actions)), tuple(diagnostics)
-
-
-def _with_variables(plan: LaunchPlan, variables: Mapping[str, str]) -> LaunchPlan:
-    if not variables:
-        return plan
-    instances = []
-    for instance in plan.instances:
-        values = dict(instance.env.set) | dict(variables)
-        instances.append(evolve(instance, env=evolve(instance.env, set=tuple(sorted(values.items())))))
-    return evolve(plan, instances=tuple(instances))

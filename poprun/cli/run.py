@@ -42,9 +42,8 @@ from poprun.cli import exitcode, partition
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
-from poprun.core.record import evolve
 from poprun.planner.environment import is_secret
-from poprun.planner.plan import Instance, LaunchPlan
+from poprun.planner.plan import LaunchPlan
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when poprun is interrupted
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -150,16 +149,6 @@ def _handling_signals(interrupts: _Interrupts) -> Iterator[_Interrupts]:
             signal.signal(sig, handler)
 
 
-def _with_env(plan: LaunchPlan, name: str, value: str) -> LaunchPlan:
-    """Return ``plan`` with ``name=value`` set in every instance's environment."""
-
-    def with_value(instance: Instance) -> Instance:
-        items = dict(instance.env.set) | {name: value}
-        return evolve(instance, env=evolve(instance.env, set=tuple(sorted(items.items()))))
-
-    return evolve(plan, instances=tuple(with_value(i) for i in plan.instances))
-
-
 @contextlib.contextmanager
 def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
     """Yield ``plan`` with its temporary executable cache made (0o700) and set; remove it after."""
@@ -168,7 +157,7 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
         return
     path = private_directory(CACHE_PREFIX)  # owner-only; the backend removes it too (and its watchdog)
     try:
-        yield _with_env(plan, EXECUTABLE_CACHE_PATH, path)
+        yield plan.with_variables({EXECUTABLE_CACHE_PATH: path})
     finally:
         if plan.cache.remove_at_exit:
             remove_directories([path])
@@ -212,10 +201,8 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     environ = os.environ if env_source is None else env_source
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
-        if partition.wanted(plan, environ):
-            console.status("partition: acquiring it from the V-IPU service")
-        with partition.acquired(plan, environ, released) as leased, _executable_cache(leased) as ready, \
-                _handling_signals(_Interrupts(reporter)) as interrupts:
+        with partition.acquired(plan, environ, released, status=console.status) as leased, \
+                _executable_cache(leased) as ready, _handling_signals(_Interrupts(reporter)) as interrupts:
             result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts)
     except DiagnosticError as exc:  # the partition could not be had: nothing started
         console.close()

@@ -120,17 +120,11 @@ def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name:
         members[int(entry.name[4:])] = tuple(c for c in parse_cpulist(_read(entry / "cpulist") or "") if c in online)
     if not members:
         members = {0: online}
-    nodes = []
-    for index, cpus in sorted(members.items()):
-        by_core: dict[tuple[int, int], list[int]] = {}
-        socket = 0
-        for cpu in cpus:
-            topo = cpu_root / f"cpu{cpu}" / "topology"
-            socket = int(_read(topo / "physical_package_id") or 0)
-            core = int(_read(topo / "core_id") or cpu)
-            by_core.setdefault((socket, core), []).append(cpu)
-        if cpus:
-            nodes.append(NumaNode(index, socket, tuple(tuple(v) for _, v in sorted(by_core.items(), key=lambda kv: kv[1][0]))))
+    cores = {}
+    for cpu in (c for cpus in members.values() for c in cpus):
+        topo = cpu_root / f"cpu{cpu}" / "topology"
+        cores[cpu] = (int(_read(topo / "physical_package_id") or 0), int(_read(topo / "core_id") or cpu))
+    nodes = _nodes(members, cores)
     cpuset = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
     mems = next((parse_cpulist(line.split(":", 1)[1]) for line in (_read(Path(status)) or "").splitlines()
                  if line.startswith("Mems_allowed_list:")), None)
@@ -170,16 +164,7 @@ def from_dump(name: str, text: str) -> HostTopology:
         raise ValueError(msg)
     if not nodes:
         nodes = {0: tuple(sorted(cores))}
-    built = []
-    for index, cpus in sorted(nodes.items()):
-        by_core: dict[tuple[int, int], list[int]] = {}
-        for cpu in cpus:
-            by_core.setdefault(cores.get(cpu, (0, cpu)), []).append(cpu)
-        if by_core:
-            socket = cores.get(cpus[0], (0, 0))[0]
-            built.append(NumaNode(index, socket, tuple(tuple(v) for _, v in sorted(by_core.items(),
-                                                                                    key=lambda kv: kv[1][0]))))
-    return HostTopology(name=name, numa_nodes=tuple(built), cpuset=allowed.get("Cpus_allowed_list:"),
+    return HostTopology(name=name, numa_nodes=_nodes(nodes, cores), cpuset=allowed.get("Cpus_allowed_list:"),
                         mems=allowed.get("Mems_allowed_list:"))
 
 
@@ -255,6 +240,24 @@ def to_json(topology: HostTopology) -> str:
     if topology.mems is not None:
         data["mems"] = cpulist(topology.mems)
     return json.dumps(data, indent=1) + "\n"
+
+
+def _nodes(members: Mapping[int, tuple[int, ...]], cores: Mapping[int, tuple[int, int]]) -> tuple[NumaNode, ...]:
+    """
+    Return the NUMA nodes of ``members`` (node -> its CPUs), their CPUs grouped into cores.
+
+    ``cores`` maps a CPU to its (socket, core id); a node's socket is its first CPU's. A CPU
+    not in ``cores`` is a core of its own on socket 0; a node without CPUs is left out.
+    """
+    nodes = []
+    for index, cpus in sorted(members.items()):
+        by_core: dict[tuple[int, int], list[int]] = {}
+        for cpu in cpus:
+            by_core.setdefault(cores.get(cpu, (0, cpu)), []).append(cpu)
+        if by_core:
+            grouped = tuple(tuple(v) for _, v in sorted(by_core.items(), key=lambda kv: kv[1][0]))
+            nodes.append(NumaNode(index, cores.get(cpus[0], (0, 0))[0], grouped))
+    return tuple(nodes)
 
 
 def _read(path: Path) -> str | None:

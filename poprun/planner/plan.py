@@ -10,7 +10,9 @@ or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the
 
 from __future__ import annotations
 
-from poprun.core.record import record
+from collections.abc import Mapping
+
+from poprun.core.record import evolve, record
 
 FORMAT_VERSION = 1
 
@@ -206,3 +208,11 @@ class LaunchPlan:
     backend: BackendChoice
     explanation: tuple[Decision, ...]
     warnings: tuple[Note, ...]
+
+    def with_variables(self, variables: Mapping[str, str]) -> LaunchPlan:
+        """Return this plan with ``variables`` set in every instance's environment (values decided at apply time)."""
+        if not variables:
+            return self
+        instances = tuple(evolve(i, env=evolve(i.env, set=tuple(sorted((dict(i.env.set) | dict(variables)).items()))))
+                          for i in self.instances)
+        return evolve(self, instances=instances)

@@ -7,26 +7,15 @@ Skips where the machine cannot host them (not root, a tool missing), except unde
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.testhosts import TestHosts, TestHostsUnavailable, down, up
+from tests.e2e.helpers import session_hosts
+from tests.testhosts import TestHosts
 
 
 @pytest.fixture(scope="session")
 def test_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Bring up hosts h1..h4 once per session; tear them down at its end, whatever happened."""
-    state: Path = tmp_path_factory.mktemp("testhosts")
-    try:
-        hosts = up(4, state)
-    except TestHostsUnavailable as exc:
-        if os.environ.get("POPRUN_CI"):
-            pytest.fail(f"CI must run the test hosts: {exc}")
-        pytest.skip(str(exc))
-    try:
-        yield hosts
-    finally:
-        down(state)
+    yield from session_hosts(tmp_path_factory.mktemp("testhosts"), 4, what="the test hosts")

@@ -9,26 +9,15 @@ would hide a broken install and fails instead.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-from tests.testhosts import TestHosts, TestHostsUnavailable, down, up
+from tests.e2e.helpers import session_hosts
+from tests.testhosts import TestHosts
 
 
 @pytest.fixture(scope="session")
 def slurm_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Bring up hosts h1..h3 with a Slurm cluster once per session; tear it all down at its end, whatever happened."""
-    state: Path = tmp_path_factory.mktemp("slurmhosts")
-    try:
-        hosts = up(3, state, slurm=True)
-    except TestHostsUnavailable as exc:
-        if os.environ.get("POPRUN_CI"):
-            pytest.fail(f"CI must run the Slurm test cluster: {exc}")
-        pytest.skip(str(exc))
-    try:
-        yield hosts
-    finally:
-        down(state)
+    yield from session_hosts(tmp_path_factory.mktemp("slurmhosts"), 3, slurm=True, what="the Slurm test cluster")
