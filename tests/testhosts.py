@@ -146,6 +146,12 @@ class TestHosts:
         return subprocess.run(["ssh", "-F", str(self.ssh_config), name, command],
                               capture_output=True, text=True, timeout=timeout, check=False, stdin=subprocess.DEVNULL)
 
+    def set_link(self, name: str, *, up: bool) -> None:
+        """Take host ``name``'s network link down (it stops answering; its processes run on) or bring it up again."""
+        record = json.loads((self.state / RECORD).read_text())
+        veth = next(host["veth"] for host in record["hosts"] if host["name"] == name)
+        _ip("link", "set", veth, "up" if up else "down")
+
     def processes(self, name: str, pattern: str) -> list[str]:
         """Return ``"PID COMMAND LINE"`` of each living process on host ``name`` whose command line matches ``pattern``."""
         inode = _netns_inode(self.namespaces[name])

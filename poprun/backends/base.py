@@ -81,7 +81,8 @@ class InstanceEnded:
     """
     Instance ``index`` (process ``pid``) ended: ``exit_code``, or killed by ``signal``.
 
-    ``stopped`` as in :class:`InstanceFailure`: poprun was already stopping the launch.
+    ``stopped`` as in :class:`InstanceFailure`: poprun was already stopping the launch;
+    ``lost``: its host stopped answering (its status is then the ssh client's).
     """
 
     index: int
@@ -89,6 +90,7 @@ class InstanceEnded:
     exit_code: int | None = None
     signal: int | None = None
     stopped: bool = False
+    lost: bool = False
 
     @property
     def status(self) -> int:
@@ -113,8 +115,10 @@ class InstanceFailure:
 
     Exactly one of ``exit_code`` and ``signal`` is set. ``stopped`` is True when poprun had
     already begun stopping the launch (after another failure, or when interrupted) when this
-    instance ended, so it is a consequence, never the root cause. ``tail`` holds the last lines
-    of its output (stdout and stderr as they arrived), kept even when not shown.
+    instance ended, so it is a consequence, never the root cause. ``lost`` is True when its
+    host stopped answering: what became of the instance is unknown, and the host is to blame.
+    ``tail`` holds the last lines of its output (stdout and stderr as they arrived), kept even
+    when not shown.
     """
 
     index: int
@@ -124,6 +128,7 @@ class InstanceFailure:
     stopped: bool = False
     tail: tuple[str, ...] = ()
     pid: int | None = None  # None when the backend does not know it (a remote or simulated instance)
+    lost: bool = False
 
     @property
     def status(self) -> int:
@@ -161,8 +166,10 @@ class ApplyResult:
 
     @property
     def status(self) -> int:
-        """Return poprun's exit status: the root cause's status, else 0 (design.md section 3)."""
+        """Return poprun's exit status: the root cause's status, 125 when its host was lost, else 0 (design.md 3)."""
         cause = self.failure(self.root_cause)
+        if cause is not None and cause.lost:
+            return CANNOT_LAUNCH
         return cause.status if cause is not None else 0
 
     def failure(self, index: int | None) -> InstanceFailure | None:

@@ -3,6 +3,10 @@ The file-system chores of a launch: finding a program, making and removing priva
 
 Layer: ``poprun.backends``; standard library only.
 
+poprun removes only what it made. :func:`private_directory` records every directory it makes
+in this process, and :func:`remove_directories` removes nothing else: a path that a plan
+names, however it is spelt, is never removed unless this process made it (:func:`made_here`).
+
 ``shutil`` and ``tempfile`` do these jobs, but importing them costs poprun's start-up some
 3 ms (``shutil`` loads three compression modules), a tenth of its whole budget
 (``bench/apply_bench.py``). These are the few lines poprun needs; ``shutil.rmtree`` is still
@@ -12,6 +16,8 @@ used, imported only when a directory is not empty.
 from __future__ import annotations
 
 import os
+
+_MADE: set[str] = set()  # the directories this process made and has not removed yet: the only ones it removes
 
 
 def which(name: str, path: str) -> str | None:
@@ -36,18 +42,35 @@ def private_directory(prefix: str) -> str:
             os.mkdir(path, 0o700)  # noqa: PTH102
         except FileExistsError:
             continue
-        return os.path.abspath(path)  # noqa: PTH100
+        path = os.path.abspath(path)  # noqa: PTH100
+        _MADE.add(path)
+        return path
     raise FileExistsError(f"no free name for a temporary directory in {parent}")
 
 
+def made_here(path: str) -> bool:
+    """Return whether :func:`private_directory` made ``path`` in this process (and it was not removed yet)."""
+    return os.path.abspath(path) in _MADE  # noqa: PTH100
+
+
 def remove_directories(paths: list[str] | tuple[str, ...]) -> None:
-    """Remove each directory in ``paths`` with everything in it; a missing one is no error."""
-    for path in paths:
+    """
+    Remove each directory in ``paths`` that this process made, with everything in it; skip any other.
+
+    A missing one is no error. A path that was not made by :func:`private_directory` here is left
+    alone, whatever its name: poprun deletes only what it created, known by record.
+    """
+    for given in paths:
+        path = os.path.abspath(given)  # noqa: PTH100
+        if path not in _MADE:
+            continue
         try:
             os.rmdir(path)  # noqa: PTH106 - the common case: the cache stayed empty
         except FileNotFoundError:
-            continue
+            pass
         except OSError:
             import shutil  # here, not at the top: see the module docstring
 
             shutil.rmtree(path, ignore_errors=True)
+        if not os.path.lexists(path):
+            _MADE.discard(path)

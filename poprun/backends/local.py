@@ -12,8 +12,10 @@ poprun, even when poprun is SIGKILLed. :class:`~poprun.backends.supervisor.Local
 their output and stops the others at the first failure.
 
 The plan's temporary executable cache (``cache.mode`` ``temporary`` with ``remove_at_exit``:
-the directory named by ``POPDIST_EXECUTABLE_CACHE_PATH``, made by the caller with the name
-prefix :data:`CACHE_PREFIX`) is removed when the launch ends, and by the watchdog if poprun dies.
+the directory named by ``POPDIST_EXECUTABLE_CACHE_PATH``, made by the caller in this process
+with :func:`~poprun.backends.files.private_directory`) is removed when the launch ends, and by
+the watchdog if poprun dies. A directory is a temporary cache because this process made it
+(:func:`~poprun.backends.files.made_here`), never because of its name or the plan's say-so.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from pathlib import Path
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, OutputSink, environment
-from poprun.backends.files import which
+from poprun.backends.files import made_here, which
 from poprun.backends.output import TAIL_LINES, Router
 from poprun.backends.supervisor import LocalLaunch
 from poprun.backends.watchdog import Watchdog, WatchdogError
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from typing import ClassVar
 
 DEFAULT_GRACE_S = 5.0
-CACHE_PREFIX = "poprun-cache-"  # only directories named so are ever removed as a temporary cache
+CACHE_PREFIX = "poprun-cache-"  # the name of a temporary cache begins so (a name only: removal goes by record)
 
 __all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "abandon", "environment",
            "executable", "is_this_machine", "start_instance", "temporary_directories"]
@@ -130,11 +132,16 @@ def is_this_machine(host: str) -> bool:
 
 
 def temporary_directories(plan: LaunchPlan) -> tuple[str, ...]:
-    """Return the plan's temporary executable cache directories (to remove at the end), sorted."""
+    """
+    Return the plan's temporary executable cache directories (to remove at the end), sorted.
+
+    Only directories this process made (:func:`~poprun.backends.files.made_here`) qualify: a
+    saved plan that names a directory of the user's, whatever its name, never gets it removed.
+    """
     if plan.cache.mode != "temporary" or not plan.cache.remove_at_exit:
         return ()
     paths = {i.env.get(EXECUTABLE_CACHE_PATH) for i in plan.instances}
-    return tuple(sorted(p for p in paths if p and Path(p).name.startswith(CACHE_PREFIX)))
+    return tuple(sorted(p for p in paths if p and made_here(p)))
 
 
 def start_instance(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:

@@ -84,8 +84,8 @@ class MpirunLaunch(LauncherLaunch):
             ends += [InstanceEnded(index=i, pid=self._proc.pid, signal=signal.SIGTERM, stopped=True)
                      for i in range(count) if i != first]
         else:  # stopped by poprun, or a failure mpirun did not pin on one instance: it is mpirun's own status
-            how = {"signal": -code} if code < 0 else {"exit_code": code}
-            ends = [InstanceEnded(index=0, pid=self._proc.pid, stopped=stopped, **how)]
+            ends = [InstanceEnded(index=0, pid=self._proc.pid, stopped=stopped, signal=-code if code < 0 else None,
+                                  exit_code=code if code >= 0 else None)]
             ends += [InstanceEnded(index=i, pid=self._proc.pid, signal=signal.SIGTERM, stopped=True)
                      for i in range(1, count)]
         for end in ends:

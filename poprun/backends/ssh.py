@@ -35,18 +35,18 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import selectors
 import shlex
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
-from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends.base import LaunchError, OutputSink, environment
 from poprun.backends.files import private_directory, remove_directories
 from poprun.backends.local import (
-    CACHE_PREFIX,
     DEFAULT_GRACE_S,
     LocalLaunch,
     abandon,
@@ -70,23 +70,28 @@ SSH_CONFIG = "POPRUN_SSH_CONFIG"
 CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes: a host that has not answered by then is unreachable
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
+HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host is declared lost
+DEFAULT_HOST_TIMEOUT_S = 15.0
 _MARK = "poprun-preflight"
 _OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"
-_ALIVE = ".alive"  # beside a temporary cache on a host: one file per instance still running there
+_ALIVE = ".poprun-alive"  # in a temporary cache made on a host: one file per instance still running there
+_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the only kind that reaches a shell
 # Waits for poprun's "G" (go: every host passed the preflight; anything else, or the end of
-# stdin, and it exits 0 without starting anything), then runs the program ($1...) in its own
-# session; a "T" line on stdin stops its group with SIGTERM, the end of stdin kills it. Exits
-# with the program's status (128+N: signal N), after removing the temporary executable cache
-# $2 if it is the last of its instances there ($POPRUN_CACHE, with a marker file per instance).
-# (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
+# stdin, and it exits 0 without starting anything), then runs the program ($2...) in its own
+# session. Then it reads poprun's lines: "T" stops the program's group with SIGTERM, "H" is
+# poprun's heartbeat; the end of stdin, or no line for $1 seconds (the link to poprun is down:
+# poprun sends "H" three times in that time), kills the group. Exits with the program's status
+# (128+N: signal N). (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
 _WRAPPER = """\
 read -r go; [ "$go" = G ] || exit 0
-p=$1; shift
+t=$1; p=$2; shift 2
 command -v -- "$p" >/dev/null 2>&1 || { [ -x "./$p" ] && p=./$p; }
 exec 3<&0
 setsid -- "$p" "$@" </dev/null 3<&- &
 c=$!
-{ while read -r w; do [ "$w" = T ] && { kill -TERM -$c || kill -TERM $c; }; done
+{ while w=$(timeout "$t" sh -c 'IFS= read -r w && echo "x$w"'); do
+    [ "$w" = xT ] && { kill -TERM -$c || kill -TERM $c; }
+  done
   kill -KILL -$c || kill -KILL $c; } <&3 3<&- >/dev/null 2>&1 &
 r=$!
 exec 3<&-
@@ -94,6 +99,13 @@ wait $c; s=$?
 kill -KILL -$c 2>/dev/null
 kill $r 2>/dev/null
 exit $s"""
+# Reads the environment poprun sends before anything else (a count of lines, then that many
+# lines of `export NAME='value'`), so that no value is ever on a command line (ps shows those).
+_READ_ENV = """\
+IFS= read -r n || exit 0
+e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 0; e="$e$l
+"; n=$((n - 1)); done
+eval "$e"; unset e l n"""
 _INTERPRETERS = ("python", "python3", "bash", "sh", "perl")
 
 
@@ -112,10 +124,13 @@ class SshClient:
     ``config`` is an ``ssh_config`` file (``-F``), or None for the user's own.
     """
 
-    def __init__(self, *, config: str | None = None, ssh: str = "ssh") -> None:
+    def __init__(self, *, config: str | None = None, ssh: str = "ssh",
+                 host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> None:
         self.directory = private_directory("poprun-ssh-")  # the shared connections' sockets
+        alive = max(1, round(host_timeout_s / 3))  # three unanswered keep-alives and the connection ends
         self._base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
-                      "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ControlPath={self.directory}/%C"]
+                      "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={alive}",
+                      "-o", "ServerAliveCountMax=3", "-o", f"ControlPath={self.directory}/%C"]
         self._hosts: set[str] = set()
 
     def connect(self, hosts: Sequence[str], *, timeout_s: float) -> dict[str, tuple[int, str]]:
@@ -156,6 +171,15 @@ class SshClient:
         return [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T", host,
                 "--", command]
 
+    def connected(self, host: str, *, timeout_s: float = 2.0) -> bool:
+        """Return whether the shared connection of ``host`` is still up (asked of it here, not of the host)."""
+        try:
+            done = subprocess.run([*self._base, "-O", "check", host], stdin=subprocess.DEVNULL,  # noqa: S603
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode == 0
+
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Close every host's shared connection and remove the control directory. Idempotent."""
         procs = [subprocess.Popen([*self._base, "-O", "exit", host], stdin=subprocess.DEVNULL,  # noqa: S603
@@ -172,36 +196,69 @@ class SshClient:
         remove_directories([self.directory])
 
 
-def remote_command(instance: Instance, env: Mapping[str, str]) -> str:
+def remote_command(instance: Instance, *, cache: str | None = None, cache_instances: Sequence[int] = (),
+                   host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> str:
     """
     Return the shell text that checks, then (on poprun's "G") runs ``instance`` on its host.
 
-    ``env`` is the instance's environment as it would be here (:func:`environment`): only the
-    names the plan sets or forwards are exported; the rest of the remote environment is the
-    host's own. The check (:func:`_check_script`) prints what is missing, then ``ok``.
+    The text holds no value of the environment: the session reads them first from its input
+    (:func:`environment_input`), so that no secret is ever on a command line. Only the names the
+    plan sets or forwards are exported; the rest of the remote environment is the host's own.
+    The check (:func:`_check_script`) prints what is missing, then ``ok``.
+
+    ``cache`` is the temporary executable cache this process made (None: there is none to make
+    or remove). The first instance of a host (``cache_instances``: that host's instances, the
+    first of them when this is the one) makes it there if it does not exist, with a file per
+    instance of the host in it, and only then is it removed, by the last instance of the host to
+    end; a directory that already exists (a shared file system: the one made here) is used as it is
+    and never removed there. Anything else at that path (a link, a directory of another user but
+    root) fails the check: an instance never uses a cache that someone else could fill.
     """
-    names = [*instance.env.forward, *(k for k, _ in instance.env.set)]
-    exports = " ".join(shlex.quote(f"{k}={env[k]}") for k in dict.fromkeys(names) if k in env)
-    lines = [f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
+    lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
     if instance.env.unset:
-        lines.append("unset " + " ".join(instance.env.unset))
-    if exports:
-        lines.append("export " + exports)
-    cache = env.get(EXECUTABLE_CACHE_PATH, "")
+        lines.append("unset " + " ".join(shlex.quote(name) for name in instance.env.unset))
     cleanup = ":"
-    if os.path.basename(cache).startswith(CACHE_PREFIX):  # noqa: PTH119 - a temporary cache: made and removed here
-        cache, alive, marker = (shlex.quote(p) for p in (cache, cache + _ALIVE, f"{cache}{_ALIVE}/{instance.index}"))
-        lines.append(f"mkdir -p -m 700 -- {cache} && mkdir -p -m 700 -- {alive} && : > {marker}")
-        cleanup = f"rm -f -- {marker}; rmdir -- {alive} 2>/dev/null && rm -rf -- {cache}"
+    if cache is not None:
+        quoted, alive = shlex.quote(cache), shlex.quote(f"{cache}/{_ALIVE}")
+        if cache_instances and cache_instances[0] == instance.index:
+            markers = " && ".join(f": > {alive}/{i}" for i in cache_instances)
+            lines.append(f"if mkdir -m 700 -- {quoted} 2>/dev/null; then mkdir -m 700 -- {alive} && {markers} || "
+                         f"echo '{_MARK} cache '{quoted}\n"
+                         f"elif [ -d {quoted} ] && [ ! -h {quoted} ] && {{ [ -O {quoted} ] || "
+                         f'{{ o=$(ls -ldn -- {quoted}) && set -- $o && [ "$3" = 0 ]; }}; }}; then :\n'
+                         f"else echo '{_MARK} cache '{quoted}; fi")
+        cleanup = f"rm -f -- {alive}/{instance.index}; rmdir -- {alive} 2>/dev/null && rm -rf -- {quoted}"
     lines.append(_check_script(instance))
-    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance " + shlex.join(bound_argv(instance)) + "; s=$?")
+    lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance {host_timeout_s:g} "
+                 + shlex.join(bound_argv(instance)) + "; s=$?")
     lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)
 
 
+def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
+    """
+    Return what a session of ``instance`` reads first: its exported variables, for :data:`_READ_ENV`.
+
+    ``env`` is the instance's environment as it would be here (:func:`environment`); every value
+    is single-quoted for the remote shell, so quotes, ``$(...)``, backticks, newlines and any
+    Unicode arrive unchanged.
+
+    Raises:
+        LaunchError: for a name that is not a POSIX variable name (only a hand-made plan has one).
+    """
+    names = [name for name in dict.fromkeys([*instance.env.forward, *(k for k, _ in instance.env.set)]) if name in env]
+    bad = next((name for name in [*names, *instance.env.unset] if not _NAME.match(name)), None)
+    if bad is not None:
+        raise LaunchError(f"instance {instance.index}: {bad!r} is not a variable name")
+    exports = [f"export {shlex.quote(f'{name}={env[name]}')}" for name in names]
+    text = "\n".join(exports)
+    return f"{text.count(chr(10)) + 1 if exports else 0}\n{text}{chr(10) if exports else ''}".encode()
+
+
 def _check_script(instance: Instance) -> str:
     """Return the check of an instance's host: setsid, its program, and the script given to an interpreter."""
-    words = [f"command -v setsid >/dev/null 2>&1 || echo '{_MARK} setsid'"]
+    words = [f"command -v setsid >/dev/null 2>&1 || echo '{_MARK} setsid'",
+             f"command -v timeout >/dev/null 2>&1 || echo '{_MARK} timeout'"]
     if instance.placement.cpus:
         words.append(f"command -v taskset >/dev/null 2>&1 || echo '{_MARK} taskset'")
     argv = instance.argv
@@ -226,6 +283,9 @@ def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnosti
         for item in said[:-1]:
             kind, _, name = item.partition(" ")
             what.append({"setsid": "'setsid' (util-linux) is not installed",
+                         "timeout": "'timeout' (coreutils) is not installed",
+                         "cache": f"the temporary executable cache {name} exists there and is not this user's "
+                                  "directory, or cannot be made",
                          "taskset": "'taskset' (util-linux), which binds the instance to its CPUs, is not installed",
                          "program": f"program '{name}' is not found",
                          "script": f"'{name}' does not exist in {cwd}"}.get(kind, item))
@@ -269,14 +329,17 @@ class _Sessions:
     """
     The ssh sessions of a launch's remote instances, from their checks to the "G" that starts them.
 
-    Each session prints its check and waits; :meth:`await_checks` reads every check (at most
-    until the deadline) and returns the problems, one per host; :meth:`go` starts them all.
-    Output read past a check (a login shell's greeting) is kept for the router.
+    Each session first reads its environment (``inputs``: written here while the checks are
+    read, so that a large one cannot block), prints its check and waits; :meth:`await_checks`
+    reads every check (at most until the deadline) and returns the problems, one per host;
+    :meth:`go` starts them all. Output read past a check (a login shell's greeting) is kept for
+    the router.
     """
 
-    def __init__(self, procs: dict[int, subprocess.Popen[bytes]]) -> None:
+    def __init__(self, procs: dict[int, subprocess.Popen[bytes]], inputs: Mapping[int, bytes]) -> None:
         self.procs = procs
         self.early: dict[int, bytes] = {}  # stdout read with the check, that is not part of it
+        self._inputs = {index: memoryview(data) for index, data in inputs.items() if data}
 
     def await_checks(self, plan: LaunchPlan, deadline: float) -> list[Diagnostic]:
         """Return the problems the checks found, one per host (that of its first instance), in host order."""
@@ -304,14 +367,34 @@ class _Sessions:
             for index, proc in self.procs.items():
                 assert proc.stdout is not None
                 selector.register(proc.stdout, selectors.EVENT_READ, index)
+                if index in self._inputs and proc.stdin is not None:
+                    os.set_blocking(proc.stdin.fileno(), False)
+                    selector.register(proc.stdin, selectors.EVENT_WRITE, -1 - index)
             while pending and (left := deadline - time.monotonic()) > 0:
                 for key, _ in selector.select(left):
+                    if key.data < 0:
+                        self._write_input(selector, key)
+                        continue
                     chunk = os.read(key.fd, 65536)
                     answers[key.data] += chunk
                     if not chunk or answers[key.data].endswith(_OK):  # nothing follows ok until "G"
                         selector.unregister(key.fileobj)
                         pending.discard(key.data)
         return {index: None if index in pending else answer for index, answer in sorted(answers.items())}
+
+    def _write_input(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
+        """Write what the pipe takes of a session's environment; stop watching it once written or gone."""
+        index = -1 - key.data
+        data = self._inputs[index]
+        try:
+            written = os.write(key.fd, data[:65536])
+        except BlockingIOError:
+            return
+        except OSError:  # the session is gone: its end says why
+            written = len(data)
+        self._inputs[index] = data[written:]
+        if not self._inputs[index]:
+            selector.unregister(key.fileobj)
 
     def _failure(self, instance: Instance, answer: bytes, deadline: float) -> Diagnostic | None:
         """Return why the session of ``instance`` ended early, from its status and ssh's error text."""
@@ -377,15 +460,16 @@ class SshBackend:
 
             hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
-        client = SshClient(config=config)
+        timeout_s = host_timeout(source)
+        client = SshClient(config=config, host_timeout_s=timeout_s)
         try:
-            return self._launch(plan, envs, source, client, sink)
+            return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s)
         except BaseException:
             client.close()
             raise
 
     def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
-                sink: OutputSink) -> LocalLaunch:
+                sink: OutputSink, *, timeout_s: float) -> LocalLaunch:
         deadline = time.monotonic() + PREFLIGHT_S
         failed = client.connect(_shared_hosts(plan), timeout_s=PREFLIGHT_S)
         problems = [d for host, (status, err) in failed.items()
@@ -394,24 +478,17 @@ class SshBackend:
             raise PreflightError(problems)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
         remove = temporary_directories(plan)
-        try:  # the watchdog also removes the control directory, should poprun die
-            watchdog = Watchdog(remove=(*remove, client.directory), env=source)
-        except WatchdogError as exc:
-            raise LaunchError(str(exc.strerror)) from exc
-        try:
-            clients = Watchdog(env=source)  # the ssh sessions' group: SIGKILL, never SIGTERM
-        except WatchdogError as exc:
-            watchdog.close()
-            raise LaunchError(str(exc.strerror)) from exc
+        watchdog, clients = _watchdogs((*remove, client.directory), source)
         router = Router(plan, sink)
         procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
-            for index in sorted(remote):
-                instance = plan.instances[index]
+            inputs = {index: environment_input(plan.instances[index], envs[index]) for index in sorted(remote)}
+            cache = remove[0] if remove else None  # the temporary cache made here (by record), to make on the hosts
+            for index, command in _commands(plan, remote, cache, timeout_s).items():
                 procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
-                    client.argv(instance.host, remote_command(instance, envs[index])), stdin=subprocess.PIPE,
+                    client.argv(plan.instances[index].host, command), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
-            sessions = _Sessions(procs)
+            sessions = _Sessions(procs, inputs)
             problems = sessions.await_checks(plan, deadline)
             if problems:
                 raise PreflightError(problems)
@@ -431,6 +508,7 @@ class SshBackend:
             if early:
                 router.feed(index, "stdout", early)
         sessions.go()
+        beat = _Heartbeat([procs[index] for index in sorted(remote)], interval_s=timeout_s / 3)
 
         def stop(sig: int) -> None:
             if sig == signal.SIGKILL:
@@ -439,7 +517,11 @@ class SshBackend:
             for index in sorted(remote):
                 _send(procs[index], b"T\n")
 
+        def lost(index: int) -> bool:
+            return index in remote and not client.connected(plan.instances[index].host)
+
         def finish() -> None:
+            beat.stop()
             clients.close()
             for index in sorted(remote):
                 with contextlib.suppress(OSError, ValueError):
@@ -448,4 +530,80 @@ class SshBackend:
             client.close()
 
         return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           remove=remove, stop=stop, remote=remote, finish=finish)
+                           remove=remove, stop=stop, remote=remote, finish=finish, lost=lost)
+
+
+def _watchdogs(remove: tuple[str, ...], env: Mapping[str, str]) -> tuple[Watchdog, Watchdog]:
+    """
+    Return the launch's watchdog (which removes ``remove`` should poprun die) and its ssh sessions' own.
+
+    The sessions' group gets SIGKILL, never SIGTERM: see the module docstring.
+
+    Raises:
+        LaunchError: when a watchdog cannot start.
+    """
+    try:
+        watchdog = Watchdog(remove=remove, env=env)
+    except WatchdogError as exc:
+        raise LaunchError(str(exc.strerror)) from exc
+    try:
+        return watchdog, Watchdog(env=env)
+    except WatchdogError as exc:
+        watchdog.close()
+        raise LaunchError(str(exc.strerror)) from exc
+
+
+def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeout_s: float) -> dict[int, str]:
+    """Return the :func:`remote_command` of each remote instance, by index."""
+    on_host: dict[str, list[int]] = {}
+    for index in sorted(remote):
+        on_host.setdefault(plan.instances[index].host, []).append(index)
+    return {index: remote_command(plan.instances[index], cache=cache, cache_instances=on_host[plan.instances[index].host],
+                                  host_timeout_s=timeout_s) for index in sorted(remote)}
+
+
+def host_timeout(env: Mapping[str, str]) -> float:
+    """
+    Return how long a host may not answer before it is declared lost: ``POPRUN_HOST_TIMEOUT``, else 15 s.
+
+    Raises:
+        LaunchError: when the variable is not a number of seconds from 3 to 3600.
+    """
+    text = env.get(HOST_TIMEOUT, "").strip()
+    if not text:
+        return DEFAULT_HOST_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 3 <= value <= 3600:  # noqa: PLR2004 - ssh counts keep-alives in whole seconds, three per timeout
+        raise LaunchError(f"{HOST_TIMEOUT}={text!r} is not a number of seconds from 3 to 3600")
+    return value
+
+
+class _Heartbeat:
+    """
+    Sends "H" to every remote session every ``interval_s`` seconds, until :meth:`stop`.
+
+    A remote wrapper that hears nothing for three intervals takes the link to poprun as lost and
+    kills its program: so no instance outlives a launch that cannot reach it any more.
+    """
+
+    def __init__(self, procs: list[subprocess.Popen[bytes]], *, interval_s: float) -> None:
+        self._procs, self._interval_s = procs, interval_s
+        self._stopped = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="poprun-heartbeat", daemon=True)
+        if procs:
+            self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stopped.wait(self._interval_s):
+            for proc in self._procs:
+                if proc.returncode is None:
+                    _send(proc, b"H\n")
+
+    def stop(self) -> None:
+        """Send no more heartbeats; return once none is being sent (the sessions' pipes may then close)."""
+        self._stopped.set()
+        if self._thread.is_alive():
+            self._thread.join()

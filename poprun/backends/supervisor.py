@@ -45,6 +45,7 @@ _DRAIN_READS = 64  # reads of one pipe at most when draining it while its writer
 _DRAIN_S = 0.5  # how long output may keep flowing once the group is killed (a process outside it holds a pipe)
 _SIGNALLED = 128  # a POSIX shell reports death by signal N as status 128+N
 _MAX_SIGNAL = 64
+_SSH_FAILED = 255  # ssh's status when it, not the remote command, failed (or the command's own 255)
 _Key = tuple[int, Stream] | int | None  # a pipe, an instance's pidfd, the wake-up pipe
 
 
@@ -54,7 +55,7 @@ class LocalLaunch:
     def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
                  stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
-                 finish: Callable[[], None] | None = None) -> None:
+                 finish: Callable[[], None] | None = None, lost: Callable[[int], bool] | None = None) -> None:
         """
         Supervise ``procs`` (one per instance, in the launch's process group) until they end.
 
@@ -63,11 +64,12 @@ class LocalLaunch:
         their ssh connections, and kills those connections). The exit status of an
         instance in ``remote`` is its remote program's, 128+N meaning killed by signal N.
         ``finish`` runs once every process of the launch is gone (the ssh backend closes its
-        connections).
+        connections). ``lost(index)``, asked when a remote instance ends with ssh's status 255,
+        says whether its host stopped answering (then the host, not the instance, is to blame).
         """
         self._plan, self._procs, self._watchdog, self._router = plan, tuple(procs), watchdog, router
         self._grace_s, self._remove = grace_s, tuple(remove)
-        self._stop, self._remote, self._finish = stop, remote, finish
+        self._stop, self._remote, self._finish, self._lost = stop, remote, finish, lost
         self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)  # an EventSink
         self._lock = threading.RLock()  # reentrant: a second Ctrl-C may interrupt terminate()
         self._stopping = self._finished = False
@@ -205,8 +207,9 @@ class LocalLaunch:
             stopped = self._stopping
         if index in self._remote and _SIGNALLED < code <= _SIGNALLED + _MAX_SIGNAL:
             code = _SIGNALLED - code  # the remote shell's 128+N: killed by signal N there
+        lost = code == _SSH_FAILED and self._lost is not None and self._lost(index)
         end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
-                            signal=-code if code < 0 else None, stopped=stopped)
+                            signal=-code if code < 0 else None, stopped=stopped, lost=lost)
         self._ends.append(end)
         self._event(end)
         if end.status != 0 and not stopped:
@@ -284,8 +287,10 @@ class LocalLaunch:
         """Return the result of the ends seen, in the order seen."""
         failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=e.pid,
                                          exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
-                                         tail=self._router.tail(e.index))
+                                         tail=self._router.tail(e.index), lost=e.lost)
                          for e in self._ends if e.status != 0)
         statuses = tuple(e.status for e in sorted(self._ends, key=lambda e: e.index))
-        cause = next((f.index for f in failures if not f.stopped), None)
+        cause = next((f.index for f in failures if f.lost and not f.stopped), None)  # a lost host explains the rest
+        if cause is None:
+            cause = next((f.index for f in failures if not f.stopped), None)
         return ApplyResult(statuses=statuses, failures=failures, root_cause=cause)

@@ -75,7 +75,9 @@ class _Reporter:
             self._running -= 1
             how = f"exit code {event.exit_code}" if event.signal is None else f"signal {signal_name(event.signal)}"
             self.verbose.info(f"Instance {event.index} (PID {event.pid}) terminated with {how}")
-            if event.status != 0 and not event.stopped:
+            if event.lost:
+                self.stopping(f"host {instance.host} stopped answering")
+            elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
         self._show()
 
@@ -258,6 +260,8 @@ def _error(message: str) -> None:
 
 def describe(failure: InstanceFailure) -> str:
     """Return how an instance ended: ``exited with status 3``, ``killed by SIGKILL (...)``."""
+    if failure.lost:
+        return f"lost: host {failure.host} stopped answering"
     if failure.signal is None:
         text = f"exited with status {failure.exit_code}"
     else:
@@ -283,7 +287,10 @@ def render_failures(result: ApplyResult) -> str:
         pid = f" (PID {failure.pid})" if failure.pid is not None else ""
         lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")
         lines.extend(f"    | {line}" for line in failure.tail)
-    if cause is not None:
+    if cause is not None and cause.lost:
+        lines.append(f"Root cause: error[PR411]: host {cause.host} stopped answering (instance {cause.index} ran "
+                     "there); every other instance was stopped")
+    elif cause is not None:
         lines.append(f"Root cause: instance {cause.index} on {cause.host} {describe(cause)}")
     return "\n".join(lines) + "\n"
 

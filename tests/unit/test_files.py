@@ -47,13 +47,40 @@ def test_private_directory_is_new_owner_only_and_in_tmpdir(tmp_path: Path, monke
         assert path.name.startswith("poprun-test-")
 
 
-def test_remove_directories_removes_empty_full_and_missing_ones(tmp_path: Path) -> None:
-    """An empty directory, one with files in subdirectories, and one that does not exist: no error, none left."""
-    empty, full, missing = tmp_path / "empty", tmp_path / "full", tmp_path / "missing"
-    empty.mkdir()
+def test_remove_directories_removes_empty_full_and_missing_ones(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Directories made here, empty, with files in subdirectories, or already gone: no error, none left."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    empty, full, missing = (Path(private_directory(f"poprun-{name}-")) for name in ("empty", "full", "missing"))
     (full / "sub").mkdir(parents=True)
     (full / "sub" / "file").write_text("x")
+    missing.rmdir()
 
     remove_directories([str(empty), str(full), str(missing)])
 
     assert [] == list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("name", ["poprun-cache-0123456789ab", "poprun-ssh-x", "anything"])
+def test_remove_directories_never_removes_what_this_process_did_not_make(tmp_path: Path, name: str) -> None:
+    """A directory that private_directory did not make here is kept, whatever its name says."""
+    mine = tmp_path / name
+    mine.mkdir()
+    (mine / "precious").write_text("keep")
+
+    remove_directories([str(mine), str(tmp_path / name / ".." / name)])
+
+    assert "keep" == (mine / "precious").read_text()
+
+
+def test_a_directory_is_removed_once_even_if_remade_under_its_name(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once removed, the record is gone: a directory made again at that path by someone else is not removed."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    path = Path(private_directory("poprun-cache-"))
+    remove_directories([str(path)])
+    path.mkdir()  # someone else's now
+    (path / "theirs").write_text("keep")
+
+    remove_directories([str(path)])
+
+    assert (path / "theirs").exists()

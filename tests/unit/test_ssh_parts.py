@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poprun.backends.base import LaunchError
-from poprun.backends.ssh import _diagnose, remote_command
+from poprun.backends.ssh import _diagnose, environment_input, host_timeout, remote_command
 from poprun.backends.sshkey import key_to_distribute
 from poprun.core.record import evolve
 from poprun.planner.context import Context
@@ -44,11 +44,13 @@ def test_remote_command_run_by_a_login_shell_gives_the_values_exactly(tmp_path_f
     env = {"PATH": "/usr/bin:/bin", "V": value} | dict(planned.env.set)
 
     # stdin stays open, as poprun's end of the ssh connection does: its end would stop the program
-    proc = subprocess.Popen(["sh", "-c", remote_command(planned, env)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+    proc = subprocess.Popen(["sh", "-c", remote_command(planned)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     assert proc.stderr is not None
     assert proc.stdin is not None
+    proc.stdin.write(environment_input(planned, env).decode())
+    proc.stdin.flush()
     assert "poprun-preflight ok\n" == proc.stdout.readline()
     proc.stdin.write("G\n")
     proc.stdin.flush()
@@ -58,12 +60,14 @@ def test_remote_command_run_by_a_login_shell_gives_the_values_exactly(tmp_path_f
     assert (0, [str(cwd), [arg], value]) == (proc.returncode, json.loads(out)), err
 
 
-def started(planned: Instance) -> tuple[subprocess.Popen[str], IO[str], IO[str]]:
+def started(planned: Instance, command: str | None = None) -> tuple[subprocess.Popen[str], IO[str], IO[str]]:
     """Run ``planned``'s remote command as its login shell would, through its check and poprun's "G"."""
-    proc = subprocess.Popen(["sh", "-c", remote_command(planned, {})], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            text=True)
+    proc = subprocess.Popen(["sh", "-c", command or remote_command(planned)], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
     assert proc.stdin is not None
     assert proc.stdout is not None
+    proc.stdin.write("0\n")  # no variables to export
+    proc.stdin.flush()
     assert "poprun-preflight ok\n" == proc.stdout.readline()
     proc.stdin.write("G\n")
     proc.stdin.flush()
@@ -113,7 +117,7 @@ def test_remote_program_gets_sigterm_on_a_t_line(tmp_path: Path) -> None:
 def test_remote_program_never_starts_without_go(tmp_path: Path) -> None:
     """The end of stdin before "G" (another host failed its check): the check ran, the program did not."""
     planned = instance(tmp_path, "sh", "-c", "echo started")
-    done = subprocess.run(["sh", "-c", remote_command(planned, {})], input="", capture_output=True, text=True,
+    done = subprocess.run(["sh", "-c", remote_command(planned)], input="0\n", capture_output=True, text=True,
                           check=False)
 
     assert (0, "poprun-preflight ok\n") == (done.returncode, done.stdout)
@@ -123,7 +127,8 @@ def test_remote_command_in_a_missing_directory_exits_125(tmp_path: Path) -> None
     """The working directory is entered first; when it is missing the command exits 125 (the preflight's sign)."""
     planned = instance(tmp_path / "gone", "true")
 
-    assert 125 == subprocess.run(["sh", "-c", remote_command(planned, {})], capture_output=True, check=False).returncode
+    assert 125 == subprocess.run(["sh", "-c", remote_command(planned)], input=b"0\n", capture_output=True,
+                                 check=False).returncode
 
 
 @pytest.mark.parametrize(("status", "err", "code"), [
@@ -167,3 +172,117 @@ def test_key_to_distribute_makes_a_key_of_the_type_asked_for(tmp_path: Path) -> 
 
     assert (folder / "id_ed25519.pub", True) == (public, (folder / "id_ed25519").is_file())
     assert public.read_text().startswith("ssh-ed25519 ")
+
+
+def test_no_value_of_the_environment_is_in_the_remote_command_line(tmp_path: Path) -> None:
+    """Forwarded and set values travel on the session's input, never in the command text that ps shows."""
+    planned = instance(tmp_path, "true")
+    planned = evolve(planned, env=evolve(planned.env, forward=("TOKEN",), set=(*planned.env.set, ("V", "s3cr3t-v"))))
+    env = {"TOKEN": "s3cr3t-token", "V": "s3cr3t-v"}
+
+    command = remote_command(planned)
+    given = environment_input(planned, env).decode()
+
+    assert ("s3cr3t" not in command, "s3cr3t-token" in given, "s3cr3t-v" in given) == (True, True, True)
+
+
+@pytest.mark.parametrize("name", ["A;touch pwned", "$(touch pwned)", "-f", "A B", "A\nB", ""])
+def test_a_name_that_is_not_a_variable_name_never_reaches_the_shell(tmp_path: Path, name: str) -> None:
+    """A hand-made plan's forwarded, set or unset name that is not a POSIX name is refused before ssh runs."""
+    planned = instance(tmp_path, "true")
+    for env in (evolve(planned.env, forward=(name,)), evolve(planned.env, unset=(name,)),
+                evolve(planned.env, set=((name, "1"),))):
+        with pytest.raises(LaunchError, match="is not a variable name"):
+            environment_input(evolve(planned, env=env), {name: "1"})
+
+
+def _run_with_cache(planned: Instance, cache: Path, *, go: bool = True) -> subprocess.CompletedProcess[str]:
+    """Run ``planned``'s remote command as the only instance of its host, with ``cache`` as the temporary cache."""
+    command = remote_command(planned, cache=str(cache), cache_instances=(planned.index,))
+    proc = subprocess.Popen(["sh", "-c", command], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None
+    proc.stdin.write("0\nG\n" if go else "0\n")
+    proc.stdin.flush()
+    if go:
+        proc.wait(timeout=30)  # stdin stays open until the program ends, as poprun's end of the connection does
+    out, err = proc.communicate(timeout=30)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_a_temporary_cache_made_on_the_host_is_removed_there_at_the_end(tmp_path: Path) -> None:
+    """A cache that does not exist on the host is made there (0700), used, and removed by the last instance."""
+    cache = tmp_path / "poprun-cache-0123456789ab"
+    planned = instance(tmp_path, "sh", "-c", f"ls -ld {cache} | cut -c1-10; touch {cache}/made")
+
+    done = _run_with_cache(planned, cache)
+
+    assert (0, "drwx------\n", False) == (done.returncode, done.stdout.split("ok\n")[-1], cache.exists())
+
+
+def test_a_cache_that_already_exists_on_the_host_is_never_removed_whatever_its_name(tmp_path: Path) -> None:
+    """A directory of the user's at the cache's path (even named poprun-cache-*) is used as it is and kept."""
+    cache = tmp_path / "poprun-cache-0123456789ab"
+    cache.mkdir(mode=0o700)
+    (cache / "precious").write_text("keep me")
+    planned = instance(tmp_path, "true")
+
+    done = _run_with_cache(planned, cache)
+
+    assert (0, "keep me") == (done.returncode, (cache / "precious").read_text())
+
+
+def test_a_link_planted_at_the_cache_path_fails_the_check_and_nothing_runs(tmp_path: Path) -> None:
+    """A symbolic link where the cache is to be made is refused: the check says so, and nothing is followed."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    cache = tmp_path / "poprun-cache-0123456789ab"
+    cache.symlink_to(target)
+    planned = instance(tmp_path, "touch", str(cache / "followed"))
+
+    done = _run_with_cache(planned, cache, go=False)
+
+    assert f"poprun-preflight cache {cache}" in done.stdout
+    assert (_diagnose("h1", 0, done.stdout, "", str(tmp_path)) or pytest.fail("no problem found")).code == "PR409"
+    assert (cache.is_symlink(), list(target.iterdir())) == (True, [])
+
+
+def test_the_remote_program_is_killed_when_poprun_falls_silent(tmp_path: Path) -> None:
+    """No line from poprun for the host timeout (the link is down): the wrapper kills the program's group."""
+    planned = instance(tmp_path, "sh", "-c", "sleep 30 & echo $!; wait")
+    proc, stdin, stdout = started(planned, remote_command(planned, host_timeout_s=1))
+    grandchild = int(stdout.readline())
+
+    assert 128 + 9 == proc.wait(timeout=15)  # stdin is still open: only the silence ended it
+    stdin.close()
+    stdout.close()
+    assert _gone_within(grandchild, 2.0), f"process {grandchild} outlived the silence"
+
+
+def test_heartbeats_keep_the_remote_program_running(tmp_path: Path) -> None:
+    """Lines of "H" within the host timeout: the program runs to its own end."""
+    planned = instance(tmp_path, "sh", "-c", "sleep 2.5; echo done")
+    proc, stdin, stdout = started(planned, remote_command(planned, host_timeout_s=1))
+    for _ in range(10):
+        time.sleep(0.4)
+        stdin.write("H\n")
+        stdin.flush()
+        if proc.poll() is not None:
+            break
+
+    assert ("done\n", 0) == (stdout.readline(), proc.wait(timeout=10))
+    stdin.close()
+    stdout.close()
+
+
+@pytest.mark.parametrize(("value", "expected"), [("", 15.0), ("30", 30.0), (" 4.5 ", 4.5)])
+def test_host_timeout_comes_from_the_environment(value: str, expected: float) -> None:
+    """POPRUN_HOST_TIMEOUT sets the host timeout; unset or empty, it is 15 s."""
+    assert expected == host_timeout({"POPRUN_HOST_TIMEOUT": value})
+
+
+@pytest.mark.parametrize("value", ["0", "2", "1e9", "nan", "inf", "ten", "-5"])
+def test_a_host_timeout_out_of_range_is_refused(value: str) -> None:
+    """A timeout that is not 3 to 3600 seconds is a LaunchError naming the variable."""
+    with pytest.raises(LaunchError, match="POPRUN_HOST_TIMEOUT"):
+        host_timeout({"POPRUN_HOST_TIMEOUT": value})

@@ -1,0 +1,134 @@
+"""The ssh backend when a host fails mid-run, and what it must never do to a user's data and secrets."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.hosts.test_ssh_backend import PY, SLEEPER, marked_anywhere, poprun, wait_for
+from tests.golden.harness import assert_golden
+from tests.testhosts import TestHosts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+GOLDEN = Path(__file__).parent / "golden"
+HOST_TIMEOUT_S = 3  # POPRUN_HOST_TIMEOUT in these tests: a lost host is noticed in 3 s and a few more
+
+
+def command_lines() -> dict[int, bytes]:
+    """Return {pid: argv as it is in /proc} of every process on this machine (the hosts' too: one PID namespace)."""
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
+            except OSError:
+                continue
+    return found
+
+
+def running(mark: str) -> str:
+    """Return the pattern of SLEEPER's child with ``mark``: there only once the program runs (not in a shell's text)."""
+    return f"^sh -c sleep 60; : {mark}-child"
+
+
+@pytest.fixture
+def link_down(test_hosts: TestHosts) -> Iterator[list[str]]:
+    """Yield a list to put host names in whose links the test took down; bring them up again after."""
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        for name in names:
+            test_hosts.set_link(name, up=True)
+        for name in names:  # the session's hosts must answer again for the tests after this one
+            assert wait_for(lambda n=name: test_hosts.ssh(n, "true", timeout=10).returncode == 0, within_s=20)
+
+
+def test_a_forwarded_secret_is_on_no_command_line_here_or_on_the_hosts(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """-x TOKEN and an -x set value: while the instances run, no process anywhere has either value in its argv."""
+    secret, other = f"tok-{uuid.uuid4().hex}", f"val-{uuid.uuid4().hex}"
+    program = 'printf "%s %s\\n" "$TOKEN" "$OTHER_SECRET"; echo ready; sleep 3'
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-instances", "3",
+                             "--num-replicas", "3", "--mpi-global-args", "-x TOKEN",
+                             "--mpi-local-args", "-x OTHER_SECRET=" + other, "sh", "-c", program],
+                            cwd=tmp_path, env=os.environ | test_hosts.env() | {"TOKEN": secret},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    lines = [proc.stdout.readline() for _ in range(6)]
+    assert 3 == lines.count("ready\n"), lines
+    seen = {pid: line for pid, line in command_lines().items()
+            if (secret.encode() in line or other.encode() in line) and pid != proc.pid}
+    _, err = proc.communicate(timeout=30)
+
+    assert {} == seen
+    assert (0, 3) == (proc.returncode, lines.count(f"{secret} {other}\n")), err
+
+
+def test_a_fixed_cache_named_like_a_temporary_one_survives_on_every_host(test_hosts: TestHosts,
+                                                                           tmp_path: Path) -> None:
+    """--executable-cache-path DIR/poprun-cache-mine holding a file: after a launch on 4 hosts, it is all there."""
+    cache = tmp_path / "poprun-cache-mine"
+    cache.mkdir()
+    (cache / "model.popef").write_text("compiled")
+    done = poprun(test_hosts, "--host", ",".join(test_hosts.names), "--num-instances", "4", "--num-replicas", "4",
+                  f"--executable-cache-path={cache}", "sh", "-c", 'test -d "$POPDIST_EXECUTABLE_CACHE_PATH"',
+                  cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert "compiled" == (cache / "model.popef").read_text()
+    for name in test_hosts.names:
+        assert "compiled" == test_hosts.ssh(name, f"cat {cache}/model.popef").stdout
+
+
+def test_a_host_whose_link_goes_down_is_named_and_everything_else_stops(test_hosts: TestHosts, tmp_path: Path,
+                                                                          link_down: list[str]) -> None:
+    """h2's link goes down mid-run: PR411 names h2, exit 125, and no process of the launch is left anywhere."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-instances", "3",
+                             "--num-replicas", "3", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 3, within_s=20), "the instances never ran"
+    link_down.append("h2")
+    test_hosts.set_link("h2", up=False)
+    cut = time.monotonic()
+    _, err = proc.communicate(timeout=60)
+    noticed = time.monotonic() - cut
+
+    root = next(line for line in err.splitlines() if line.startswith("Root cause:"))
+    assert_golden(GOLDEN / "PR411_host_link_down_mid_run", f"{root}\nexit {proc.returncode}\n")
+    assert re.search(r"instance 1 on h2 \(PID \d+\): lost: host h2 stopped answering", err), err
+    assert noticed < HOST_TIMEOUT_S + 10, noticed
+    # h2's instance is killed there too: its wrapper heard no heartbeat for the host timeout
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+        marked_anywhere(test_hosts, mark)
+
+
+def test_interrupt_while_a_host_is_unreachable_ends_within_the_grace_period(test_hosts: TestHosts, tmp_path: Path,
+                                                                             link_down: list[str]) -> None:
+    """Ctrl-C right after h2's link went down: poprun ends within its 5 s grace and a few seconds, nothing left."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2", "--num-instances", "2",
+                             "--num-replicas", "2", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 2, within_s=20), "the instances never ran"
+    link_down.append("h2")
+    test_hosts.set_link("h2", up=False)
+    proc.send_signal(signal.SIGINT)
+    interrupted = time.monotonic()
+    proc.communicate(timeout=60)
+
+    assert 130 == proc.returncode
+    assert time.monotonic() - interrupted < 5 + 4
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+        marked_anywhere(test_hosts, mark)
