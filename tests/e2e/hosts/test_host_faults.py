@@ -53,20 +53,24 @@ def link_down(test_hosts: TestHosts) -> Iterator[list[str]]:
             assert wait_for(lambda n=name: test_hosts.ssh(n, "true", timeout=10).returncode == 0, within_s=20)
 
 
-def test_a_forwarded_secret_is_on_no_command_line_here_or_on_the_hosts(test_hosts: TestHosts, tmp_path: Path) -> None:
-    """-x TOKEN and an -x set value: while the instances run, no process anywhere has either value in its argv."""
+@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
+def test_a_forwarded_secret_is_on_no_command_line_here_or_on_the_hosts(test_hosts: TestHosts, tmp_path: Path,
+                                                                        backend: str) -> None:
+    """-x TOKEN, and a set value given in a file: while the instances run, no process anywhere shows either."""
     secret, other = f"tok-{uuid.uuid4().hex}", f"val-{uuid.uuid4().hex}"
     program = 'printf "%s %s\\n" "$TOKEN" "$OTHER_SECRET"; echo ready; sleep 3'
-    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-instances", "3",
-                             "--num-replicas", "3", "--mpi-global-args", "-x TOKEN",
-                             "--mpi-local-args", "-x OTHER_SECRET=" + other, "sh", "-c", program],
+    spec = tmp_path / "launch.toml"
+    spec.write_text(f'[env]\nforward = ["TOKEN"]\nset = {{ OTHER_SECRET = "{other}" }}\n')
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "apply", str(spec), "--backend", backend,
+                             "--host", "h1,h2,h3", "--num-instances", "3", "--num-replicas", "3", "sh", "-c", program],
                             cwd=tmp_path, env=os.environ | test_hosts.env() | {"TOKEN": secret},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     lines = [proc.stdout.readline() for _ in range(6)]
     assert 3 == lines.count("ready\n"), lines
+    secrets = (secret, other) if backend == "ssh" else (secret,)  # mpirun: set values by -x NAME=VALUE (its argv)
     seen = {pid: line for pid, line in command_lines().items()
-            if (secret.encode() in line or other.encode() in line) and pid != proc.pid}
+            if any(s.encode() in line for s in secrets) and pid != proc.pid}
     _, err = proc.communicate(timeout=30)
 
     assert {} == seen
