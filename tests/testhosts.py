@@ -152,6 +152,22 @@ class TestHosts:
         veth = next(host["veth"] for host in record["hosts"] if host["name"] == name)
         _ip("link", "set", veth, "up" if up else "down")
 
+    def stop_sshd(self, name: str) -> None:
+        """Kill every sshd of host ``name`` (its listener and the sessions' own): its connections end at once."""
+        inode = _netns_inode(self.namespaces[name])
+        for pid, (_, line) in _processes_in({inode} if inode else set()).items():
+            if line.startswith(("sshd", SSHD)):
+                _kill(pid)
+
+    def start_sshd(self, name: str, *, timeout_s: float = 10.0) -> None:
+        """Start host ``name``'s sshd again (after :meth:`stop_sshd`); return once it answers."""
+        config = self.state / f"sshd_{name}.conf"
+        daemon = (f"hostname {name}; exec {SSHD} -f {shlex.quote(str(config))} "
+                  f"-E {shlex.quote(str(self.state))}/sshd_{name}.log")
+        subprocess.run(["ip", "netns", "exec", self.namespaces[name], "unshare", "--uts", "sh", "-c", daemon],
+                       stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=True)
+        _wait_listening([self.addresses[name]], deadline=time.monotonic() + timeout_s)
+
     def processes(self, name: str, pattern: str) -> list[str]:
         """Return ``"PID COMMAND LINE"`` of each living process on host ``name`` whose command line matches ``pattern``."""
         inode = _netns_inode(self.namespaces[name])

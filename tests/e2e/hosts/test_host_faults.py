@@ -136,3 +136,26 @@ def test_interrupt_while_a_host_is_unreachable_ends_within_the_grace_period(test
     assert time.monotonic() - interrupted < 5 + 4
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
         marked_anywhere(test_hosts, mark)
+
+
+def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """h3's sshd is killed mid-run: poprun names h3 (PR411) well within the host timeout, nothing is left anywhere."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h3", "--num-instances", "4",
+                             "--num-replicas", "4", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        assert wait_for(lambda: sum(map(len, marked_anywhere(test_hosts, running(mark)).values())) == 4,
+                        within_s=20), "the instances never ran"
+        test_hosts.stop_sshd("h3")
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        noticed = time.monotonic() - cut
+    finally:
+        test_hosts.start_sshd("h3")
+
+    assert 125 == proc.returncode, err
+    assert "Root cause: error[PR411]: host h3 stopped answering" in err
+    assert noticed < 5 + 3, noticed  # at once: the connection closed, then the others' grace period
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=3), marked_anywhere(test_hosts, mark)
