@@ -142,7 +142,7 @@ class SshClient:
         answered within ``timeout_s`` fails with status -1.
         """
         procs = {host: subprocess.Popen(  # noqa: S603 - ssh, options of our own
-            [*self._base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", host],
+            [*self._base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", "--", host],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
             for host in hosts}
         self._hosts.update(hosts)
@@ -168,13 +168,13 @@ class SshClient:
         its own), this session opens it and leaves it shared (``ControlMaster=auto``).
         """
         self._hosts.add(host)
-        return [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T", host,
-                "--", command]
+        return [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T", "--", host,
+                command]
 
     def connected(self, host: str, *, timeout_s: float = 2.0) -> bool:
         """Return whether the shared connection of ``host`` is still up (asked of it here, not of the host)."""
         try:
-            done = subprocess.run([*self._base, "-O", "check", host], stdin=subprocess.DEVNULL,  # noqa: S603
+            done = subprocess.run([*self._base, "-O", "check", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return False
@@ -182,7 +182,7 @@ class SshClient:
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """Close every host's shared connection and remove the control directory. Idempotent."""
-        procs = [subprocess.Popen([*self._base, "-O", "exit", host], stdin=subprocess.DEVNULL,  # noqa: S603
+        procs = [subprocess.Popen([*self._base, "-O", "exit", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for host in sorted(self._hosts)]
         self._hosts.clear()

@@ -82,7 +82,7 @@ def distribute_key(keys: SshKeyDistribution, hosts: Sequence[str], *, env: Mappi
 
 def _copy(argv: list[str], hosts: Sequence[str], env: dict[str, str]) -> list[str]:
     """Run ssh-copy-id for every host at once; return the hosts where it failed."""
-    procs = {host: subprocess.Popen([*argv, host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # noqa: S603
+    procs = {host: subprocess.Popen([*argv, "--", host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # noqa: S603
                                     stderr=subprocess.DEVNULL, env=env) for host in hosts}
     failed = []
     for host, proc in procs.items():

@@ -41,6 +41,9 @@ class Context:
     probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
     # Other hosts' topologies, read when placement needs them (through ssh: poprun.backends.ssh.probe_topologies).
     remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
+    # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
+    mpi_probe: Callable[[tuple[str, ...], str], str | None] | None = field(default=None, eq=False)
+    mpirun: Callable[[], str | None] | None = field(default=None, eq=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "environ", _sorted(self.environ))
@@ -57,9 +60,23 @@ class Context:
         config, where = _read_vipu_config()
         from poprun.planner.machine import discover
 
-        return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
+        environ = dict(os.environ)
+        return cls(environ=environ, cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
                    remote_probe=_probe_over_ssh if probe_hosts else None,
+                   mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
+
+
+def _mpi_probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | None:
+    from poprun.planner.mpiuse import probe
+
+    return probe(argv, cwd, environ)
+
+
+def _mpirun(environ: Mapping[str, str]) -> str | None:
+    from poprun.planner.mpiuse import mpirun_path
+
+    return mpirun_path(environ)
 
 
 def _probe_over_ssh(hosts: tuple[str, ...]) -> Mapping[str, HostTopology | str]:

@@ -182,7 +182,7 @@ def probe_over_ssh(hosts: tuple[str, ...], *, environ: Mapping[str, str], timeou
 
     config = environ.get("POPRUN_SSH_CONFIG")
     base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-T"]
-    procs = {host: subprocess.Popen([*base, host, "--", "sh -c " + shlex.quote(DUMP_SCRIPT)],  # noqa: S603
+    procs = {host: subprocess.Popen([*base, "--", host, "sh -c " + shlex.quote(DUMP_SCRIPT)],  # noqa: S603
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     text=True, errors="replace", env=dict(environ)) for host in hosts}
     deadline = time.monotonic() + timeout_s

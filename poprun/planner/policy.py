@@ -168,11 +168,23 @@ def program(s: Solver, *, require_program: bool) -> tuple[str, ...]:
     return ()
 
 
-def backend(s: Solver, topo: p.Topology) -> p.BackendChoice:
-    """Return the backend that runs the plan, and why."""
+def backend(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str = "/") -> p.BackendChoice:
+    """
+    Return the backend that runs the plan, and why.
+
+    A program that will call MPI (:mod:`poprun.planner.mpiuse`) runs under ``mpirun``, as every
+    program did under real PopRun, so that its instances form one MPI world; without ``mpirun``
+    it is PR313 (a warning: each instance would be an MPI world of one).
+    """
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
+    uses_mpi = (s.ctx.mpi_probe(argv, cwd) if s.ctx.mpi_probe is not None and topo.num_instances > 1
+                and not s.ctx.environ.get("SLURM_JOB_ID") else None)
+    if uses_mpi is not None:
+        choice = _mpi_backend(s, topo, uses_mpi)
+        if choice is not None:
+            return choice
     if is_on(s.spec.offline_mode):
         reason = "offline mode: every instance runs on this machine"
         name = "offline"
@@ -189,5 +201,24 @@ def backend(s: Solver, topo: p.Topology) -> p.BackendChoice:
         name = "ssh"
     s.decide("backend", name, SourceSpan.derived("backend"), reason)
     return p.BackendChoice(name=name, reason=reason)
+
+
+def _mpi_backend(s: Solver, topo: p.Topology, why: str) -> p.BackendChoice | None:
+    """Return ``mpirun`` for a program that calls MPI (``why`` says how that is known), or None with PR313."""
+    offline_elsewhere = is_on(s.spec.offline_mode) and any(h not in s.ctx.local_names for h in topo.hosts)
+    found = s.ctx.mpirun() if s.ctx.mpirun is not None and not offline_elsewhere else None
+    if found is None:
+        instead = ("offline mode runs the instances of other hosts here, where mpirun would start them there"
+                   if offline_elsewhere else "Open MPI's mpirun is not on PATH")
+        s.warn("PR313", "the program calls MPI but will not run under mpirun",
+               detail=f"{why}, and {instead}: each of the {topo.num_instances} instances will be an MPI world of 1",
+               span=SourceSpan.derived("backend"),
+               hint="install Open MPI (apt-get install openmpi-bin) so that poprun starts the instances with mpirun, "
+                    "as PopRun did, or give --backend to choose (--backend local keeps them apart on purpose)")
+        return None
+    reason = (f"the program calls MPI ({why}): mpirun starts the instances as one MPI world, as PopRun did "
+              "(--backend chooses another)")
+    s.decide("backend", "mpirun", SourceSpan.derived("backend"), reason)
+    return p.BackendChoice(name="mpirun", reason=reason)
 
 

@@ -73,7 +73,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         for i in range(topology.num_instances)
     )
     instances = bind(s, instances, placement)
-    backend = policy.backend(s, topology)
+    backend = policy.backend(s, topology, argv=argv, cwd=cwd)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),

@@ -42,5 +42,7 @@ def test_each_case_triggers_the_code_it_is_named_for(monkeypatch):
     """A case named PRxxx shows a PRxxx diagnostic."""
     for case in CASE_DIRS:
         code = case.name.split("_")[0]
+        with monkeypatch.context() as patched:  # one case's environment never leaks into the next
+            text = stderr_of(case, patched)
 
-        assert f"[{code}]" in stderr_of(case, monkeypatch), case.name
+        assert f"[{code}]" in text, case.name

@@ -286,3 +286,20 @@ def test_a_host_timeout_out_of_range_is_refused(value: str) -> None:
     """A timeout that is not 3 to 3600 seconds is a LaunchError naming the variable."""
     with pytest.raises(LaunchError, match="POPRUN_HOST_TIMEOUT"):
         host_timeout({"POPRUN_HOST_TIMEOUT": value})
+
+
+def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Path) -> None:
+    """A host '-oProxyCommand=...' (a hand-made plan) reaches the real ssh as a name after '--': nothing runs."""
+    from poprun.backends.ssh import SshClient
+
+    planted = tmp_path / "pwned"
+    client = SshClient(config=str(tmp_path / "no_config"))
+    (tmp_path / "no_config").write_text("")
+    try:
+        failed = client.connect([f"-oProxyCommand=touch {planted}"], timeout_s=5)
+        session = subprocess.run(client.argv(f"-oProxyCommand=touch {planted}", "true"), capture_output=True,
+                                 timeout=10, check=False, stdin=subprocess.DEVNULL)
+    finally:
+        client.close()
+
+    assert (1, 255, False) == (len(failed), session.returncode, planted.exists())
