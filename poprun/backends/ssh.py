@@ -181,7 +181,13 @@ class SshClient:
         return done.returncode == 0
 
     def close(self, *, timeout_s: float = 2.0) -> None:
-        """Close every host's shared connection and remove the control directory. Idempotent."""
+        """
+        Close every host's shared connection and remove the control directory. Idempotent.
+
+        A connection that does not close when asked (its host stopped answering: it would wait
+        for its keep-alives to fail, or for the link to come back) is killed: no ssh process of
+        the launch outlives it.
+        """
         procs = [subprocess.Popen([*self._base, "-O", "exit", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for host in sorted(self._hosts)]
@@ -193,7 +199,26 @@ class SshClient:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait()
+        _kill_naming(self.directory)
         remove_directories([self.directory])
+
+
+def _kill_naming(directory: str) -> None:
+    """SIGKILL every process whose command line names ``directory`` (poprun's own: a shared connection's socket)."""
+    needle, me = os.fsencode(directory) + b"/", os.getpid()
+    try:
+        entries = os.listdir("/proc")  # noqa: PTH208 - pathlib is slower here
+    except OSError:  # not Linux: connections end with their keep-alives, or ControlPersist
+        return
+    for entry in entries:
+        if entry.isdigit() and int(entry) != me:
+            try:
+                with open(f"/proc/{entry}/cmdline", "rb") as file:  # noqa: PTH123
+                    if needle not in file.read():
+                        continue
+                os.kill(int(entry), signal.SIGKILL)
+            except OSError:
+                continue
 
 
 def remote_command(instance: Instance, *, cache: str | None = None, cache_instances: Sequence[int] = (),

@@ -40,6 +40,11 @@ def running(mark: str) -> str:
     return f"^sh -c sleep 60; : {mark}-child"
 
 
+def ssh_clients_left() -> dict[int, bytes]:
+    """Return the ssh clients of poprun still alive here (their ControlPath is in poprun's private directory)."""
+    return {pid: line for pid, line in command_lines().items() if b"/poprun-ssh-" in line}
+
+
 @pytest.fixture
 def link_down(test_hosts: TestHosts) -> Iterator[list[str]]:
     """Yield a list to put host names in whose links the test took down; bring them up again after."""
@@ -112,6 +117,7 @@ def test_a_host_whose_link_goes_down_is_named_and_everything_else_stops(test_hos
     assert_golden(GOLDEN / "PR411_host_link_down_mid_run", f"{root}\nexit {proc.returncode}\n")
     assert re.search(r"instance 1 on h2 \(PID \d+\): lost: host h2 stopped answering", err), err
     assert noticed < HOST_TIMEOUT_S + 10, noticed
+    assert wait_for(lambda: not ssh_clients_left(), within_s=2), ssh_clients_left()
     # h2's instance is killed there too: its wrapper heard no heartbeat for the host timeout
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
         marked_anywhere(test_hosts, mark)
@@ -158,4 +164,5 @@ def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tm
     assert 125 == proc.returncode, err
     assert "Root cause: error[PR411]: host h3 stopped answering" in err
     assert noticed < 5 + 3, noticed  # at once: the connection closed, then the others' grace period
+    assert wait_for(lambda: not ssh_clients_left(), within_s=2), ssh_clients_left()
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=3), marked_anywhere(test_hosts, mark)
