@@ -114,9 +114,13 @@ class EmulatedProvider:
     def get(self, name: str) -> PartitionInfo | None:
         """Return the partition ``name``, or None."""
         try:
-            return self._call("GET", _path(name), parse=wire.partition_from_json)
+            info = self._call("GET", _path(name), parse=wire.partition_from_json)
         except NotFoundError:
             return None
+        if info.name != name:
+            msg = f"GET {_path(name)}: asked for partition '{wire.printable(name, 60)}', got '{info.name}'"
+            raise MalformedAnswerError(msg)
+        return info
 
     def create(self, request: PartitionRequest, *, owner: Owner | None = None) -> PartitionInfo:
         """Create a partition, leased to ``owner`` (whose token is kept)."""

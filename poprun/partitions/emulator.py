@@ -43,6 +43,7 @@ from poprun.partitions.store import DEFAULT_TTL_S, Inventory, Store
 
 REQUEST_TIMEOUT_S = 10.0  # to read one request in total (also an idle connection's life), and to write its answer
 MAX_REQUEST = 64 * 1024  # bytes of a request's body
+MAX_IPUS = 65536  # IPUs of an inventory: a thousand Pod64s, and a bound on every placement loop
 # Each route's path shape -> the methods it answers; anything else is 404 or 405.
 _ROUTES: tuple[tuple[tuple[str | None, ...], tuple[str, ...]], ...] = (
     (("v1", "version"), ("GET",)),
@@ -299,9 +300,12 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the server; return its exit status (0 after SIGINT/SIGTERM, 2 for bad arguments)."""
     args = _parser().parse_args(argv)
-    if args.ipus < 1 or args.ild_size < 1 or args.ipus % args.ild_size:
+    if not 0 <= args.port <= 65535:  # noqa: PLR2004 - the TCP port range
+        sys.stderr.write(f"poprun vipu-server: --port {args.port} must be from 0 to 65535\n")
+        return 2
+    if not 1 <= args.ild_size <= args.ipus <= MAX_IPUS or args.ipus % args.ild_size:
         sys.stderr.write(f"poprun vipu-server: --ipus {args.ipus} must be a positive multiple of --ild-size "
-                         f"{args.ild_size}\n")
+                         f"{args.ild_size}, at most {MAX_IPUS}\n")
         return 2
     if not 0 < args.request_timeout <= 3600:  # noqa: PLR2004 - an hour: longer is surely a mistake
         sys.stderr.write(f"poprun vipu-server: --request-timeout {args.request_timeout:g} must be above 0 and at "

@@ -215,9 +215,21 @@ def _attribute(attributes: dict[str, Any], key: str) -> str | None:
     return value
 
 
+def name_argument(name: str) -> str:
+    """
+    Return ``name`` as a word of a vipu command line: never one the tool could take for an option.
+
+    Raises ProviderError for a name that starts with ``-`` (from a saved plan, or listed by the server).
+    """
+    if name.startswith("-"):
+        msg = f"partition name '{printable(name, 60)}' starts with '-': the vipu tool would read it as an option"
+        raise ProviderError(msg)
+    return name
+
+
 def create_argv(request: PartitionRequest) -> list[str]:
-    """Return the words after ``vipu`` that create ``request``."""
-    argv = ["create", "partition", request.name, "--size", str(request.size), "--num-gcds", str(request.num_gcds)]
+    """Return the words after ``vipu`` that create ``request``. Raises ProviderError (a name like an option)."""
+    argv = ["create", "partition", name_argument(request.name), "--size", str(request.size), "--num-gcds", str(request.num_gcds)]
     if request.num_ilds:
         argv += ["--num-ilds", str(request.num_ilds)]
     for flag, value in (("--allocation", request.allocation), ("--sync-type", request.sync_type),
@@ -286,8 +298,9 @@ class VipuProvider:
         info = next((i for i in self.list() if i.name == name), None)
         if info is None:
             return None
+        word = name_argument(name)
         try:
-            config = self._vipu("get", "partition", name, "--gcd", "0", "--ipuof-configs")
+            config = self._vipu("get", "partition", word, "--gcd", "0", "--ipuof-configs")
         except (UnreachableError, MalformedAnswerError):
             raise
         except ProviderError:
@@ -313,12 +326,12 @@ class VipuProvider:
 
     def reset(self, name: str) -> PartitionInfo:
         """Reset the partition (``vipu reset partition NAME``)."""
-        self._vipu("reset", "partition", name)
+        self._vipu("reset", "partition", name_argument(name))
         return self._must_get(name)
 
     def remove(self, name: str, *, owner: Owner | None = None) -> None:  # noqa: ARG002
         """Remove the partition (``vipu remove partition NAME``)."""
-        self._vipu("remove", "partition", name)
+        self._vipu("remove", "partition", name_argument(name))
 
     def lease(self, name: str, owner: Owner, *, ttl_s: float) -> None:
         """Do nothing: the real V-IPU server has no leases."""

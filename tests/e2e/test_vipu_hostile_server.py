@@ -63,6 +63,15 @@ MALFORMED = {
 }
 
 
+def test_an_answer_about_another_partition_is_malformed():
+    """GET /v1/partitions/p16 answered with another partition: MalformedAnswerError, not that partition."""
+    body = json.dumps({"partition": with_(name="other")}).encode()
+    with HostileServer(reply(http("200 OK", body))) as server, pytest.raises(MalformedAnswerError) as caught:
+        EmulatedProvider("127.0.0.1", server.port, timeout_s=5).get("p16")
+
+    assert "GET /v1/partitions/p16: asked for partition 'p16', got 'other'" == caught.value.message
+
+
 @pytest.mark.parametrize("case", MALFORMED, ids=list(MALFORMED))
 def test_a_malformed_answer_is_a_malformed_answer_error(case):
     """Each answer of the wrong shape or encoding is MalformedAnswerError naming what is wrong."""

@@ -159,3 +159,19 @@ def test_an_idle_connection_is_closed(server):
     """A connection that sends nothing is closed after the request timeout (no thread waits for ever)."""
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as idle:
         assert b"" == idle.recv(1)
+
+
+@pytest.mark.parametrize(("args", "words"), [
+    (["--port", "70000"], "--port 70000 must be from 0 to 65535"),
+    (["--ipus", "1000000000000"], "--ipus 1000000000000 must be a positive multiple of --ild-size 16, at most 65536"),
+    (["--request-timeout", "0"], "--request-timeout 0 must be above 0 and at most 3600 seconds"),
+    (["--inventory", "inventory.json"], "cannot read the inventory inventory.json: JSONDecodeError"),
+])
+def test_bad_arguments_are_one_line_and_exit_2(tmp_path, args, words):
+    """The server's own bad arguments: one line naming the problem, exit 2, never an internal error."""
+    (tmp_path / "inventory.json").write_text("[1", encoding="utf-8")
+    done = subprocess.run([sys.executable, "-m", "poprun.cli.main", "vipu-server", "--db", str(tmp_path / "db"), *args],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=20, check=False)
+
+    assert (2, 1) == (done.returncode, len(done.stderr.splitlines())), done.stderr
+    assert words in done.stderr
