@@ -175,3 +175,19 @@ def test_an_impossible_service_is_pr501_not_an_internal_error(tmp_path, args, en
     assert "error[PR501]" in done.stderr
     assert words in done.stderr
     assert "internal error" not in done.stderr
+
+
+def test_planning_against_a_hostile_server_warns_and_plans(tmp_path):
+    """`poprun plan` with a server answering nonsense: the PR502 warning with the reason, and the plan (exit 0)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("IPUOF_", "POPRUN_"))}
+    with HostileServer(reply(http("200 OK", b"[]"))) as server:
+        done = subprocess.run(
+            [sys.executable, "-m", "poprun.cli.main", "plan", "--vipu-server-host", "127.0.0.1", "--vipu-server-port",
+             str(server.port), "--vipu-partition", "p16", "--num-replicas", "4", "true"], cwd=tmp_path,
+            env=env | {"POPRUN_PARTITION_PROVIDER": "emulated"}, capture_output=True, text=True, timeout=20,
+            check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert "warning[PR502]" in done.stderr
+    assert "GET /v1/partitions: $: expected an object, got a list" in done.stderr
+    assert "Traceback" not in done.stderr
