@@ -107,7 +107,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Stay quiet: the emulator is used in tests and by poprun itself."""
 
     def handle_one_request(self) -> None:
-        """Read and answer one request, all of it within the server's request timeout."""
+        """Read one request within the server's request timeout (its answer then has as long again), and answer it."""
         self.connection.start(self.server.request_timeout_s)
         super().handle_one_request()
 
