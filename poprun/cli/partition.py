@@ -54,18 +54,17 @@ def acquired(plan: LaunchPlan, environ: Mapping[str, str], warnings: list[Diagno
     ``status`` hears that the partition is being acquired (the console's status line).
 
     Raises:
-        DiagnosticError: PR500-PR507 or PR509, when the partition cannot be had (nothing is left behind).
+        DiagnosticError: PR500-PR507, PR509 or PR510, when the partition cannot be had (nothing is left behind).
     """
     if not wanted(plan, environ):
         yield plan
         return
     assert plan.partition is not None
-    from poprun.partitions.actions import acquire
-    from poprun.partitions.provider import provider_for
+    from poprun.partitions.actions import acquire, connect
 
     if status is not None:
         status("partition: acquiring it from the V-IPU service")
-    lease = acquire(plan.partition, provider_for(plan.partition, environ), owner="poprun")
+    lease = acquire(plan.partition, connect(plan.partition, environ), owner="poprun")
     try:
         with lease:
             yield plan.with_variables(lease.env)

@@ -83,6 +83,7 @@ CODES: dict[str, str] = {
     "PR507": "partition not active",
     "PR508": "partition not released at exit",
     "PR509": "V-IPU request failed",
+    "PR510": "V-IPU answer not understood",
 }
 
 

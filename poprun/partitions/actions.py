@@ -40,6 +40,7 @@ from poprun.partitions.provider import (
     CapacityError,
     ExistsError,
     InUseError,
+    MalformedAnswerError,
     NotFoundError,
     Owner,
     PartitionInfo,
@@ -207,7 +208,8 @@ def acquire(partition: plan.Partition, provider: Provider, *, owner: str | Owner
 
     Diagnostics:
         PR500, PR503, PR504 (the decision); PR501 server unreachable; PR505 not enough IPUs;
-        PR506 in use by another launch; PR507 not active after create/reset; PR509 other refusals.
+        PR506 in use by another launch; PR507 not active after create/reset; PR509 other refusals;
+        PR510 an answer that is not a V-IPU answer (wrong shape, encoding or size).
     """
     who = owner if isinstance(owner, Owner) else Owner.this_process(owner)
     address, held, made = provider.address, "", [False]  # made[0]: this call created the partition
@@ -229,6 +231,19 @@ def acquire(partition: plan.Partition, provider: Provider, *, owner: str | Owner
         if isinstance(exc, ProviderError):
             raise DiagnosticError([_diagnose(exc, partition, address)]) from exc
         raise
+
+
+def connect(partition: plan.Partition, environ: Mapping[str, str]) -> Provider:
+    """
+    Return the provider of the plan's partition (:func:`~poprun.partitions.provider.provider_for`).
+
+    Diagnostics:
+        PR501: the in-process emulated service cannot be opened (its inventory or database).
+    """
+    try:
+        return provider_for(partition, environ)
+    except ProviderError as exc:
+        raise DiagnosticError([_diagnose(exc, partition, f"{partition.server_host}:{partition.server_port}")]) from exc
 
 
 def _act(partition: plan.Partition, provider: Provider, decision: Decision, owner: Owner, *,
@@ -290,6 +305,8 @@ def _diagnose(exc: ProviderError, partition: plan.Partition, address: str) -> Di
     name = partition.name or "(the only one)"
     if isinstance(exc, UnreachableError):
         return report.unreachable(address, partition.timeout_s, exc.message)
+    if isinstance(exc, MalformedAnswerError):
+        return report.malformed(address, exc.message)
     if isinstance(exc, InUseError):
         return report.in_use(name, exc.holder)
     if isinstance(exc, ExistsError):  # another launch created it between our look and our create
@@ -320,7 +337,12 @@ def probe(partition: plan.Partition, environ: Mapping[str, str], *, timeout_s: f
     Diagnostics:
         PR502 (warning, in ``Probe.warnings``): unreachable; the partition actions are left to apply.
     """
-    chosen = provider or provider_for(partition, environ, timeout_s=timeout_s)
+    try:
+        chosen = provider or provider_for(partition, environ, timeout_s=timeout_s)
+    except ProviderError as exc:
+        address = f"{partition.server_host}:{partition.server_port}"
+        return Probe(address=address, reachable=False, message=exc.message,
+                     warnings=(report.unreachable_at_planning(address, timeout_s, exc.message),))
     outcome: list[tuple[PartitionInfo, ...] | ProviderError] = []
 
     def look() -> None:

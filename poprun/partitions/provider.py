@@ -133,6 +133,10 @@ class UnreachableError(ProviderError):
     """The server could not be contacted (refused, timed out, no route, tool missing)."""
 
 
+class MalformedAnswerError(ProviderError):
+    """The server (or the ``vipu`` tool) answered, but not with a V-IPU answer: wrong shape, encoding or size."""
+
+
 class NotFoundError(ProviderError):
     """The named partition does not exist."""
 
@@ -211,6 +215,9 @@ def provider_for(partition: plan.Partition, environ: Mapping[str, str], *,
     ``POPRUN_VIPU_EMULATOR_INVENTORY`` set, the emulated service runs in this process on that
     SQLite file (``:memory:`` when only the inventory is given): no server, used by tests.
     ``timeout_s`` bounds each request (default: the plan's V-IPU server timeout).
+
+    Raises:
+        UnreachableError: the in-process service's inventory or database cannot be read.
     """
     timeout = float(partition.timeout_s) if timeout_s is None else timeout_s
     choice = environ.get(PROVIDER_ENV, "auto").strip().lower() or "auto"
@@ -221,10 +228,17 @@ def provider_for(partition: plan.Partition, environ: Mapping[str, str], *,
         return VipuProvider(partition.server_host, partition.server_port, timeout_s=timeout, path=path)
     db, inventory = environ.get(EMULATOR_DB_ENV), environ.get(EMULATOR_INVENTORY_ENV)
     if db or inventory:
+        import sqlite3
+
         from poprun.partitions.store import Inventory, Store
 
-        return Store(db or ":memory:", Inventory.from_file(inventory) if inventory else Inventory(),
-                     address=f"{partition.server_host}:{partition.server_port}")
+        try:
+            return Store(db or ":memory:", Inventory.from_file(inventory) if inventory else Inventory(),
+                         address=f"{partition.server_host}:{partition.server_port}")
+        except (OSError, ValueError, KeyError, TypeError, AttributeError, sqlite3.Error) as exc:
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
+            msg = f"cannot open the in-process emulated V-IPU service ({EMULATOR_INVENTORY_ENV}, {EMULATOR_DB_ENV}): {why}"
+            raise UnreachableError(msg) from exc
     from poprun.partitions.emulated import EmulatedProvider
 
     return EmulatedProvider(partition.server_host, partition.server_port, timeout_s=timeout)

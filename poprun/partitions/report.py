@@ -1,5 +1,5 @@
 """
-The partition diagnostics, ``PR500``-``PR509``: one function per code, with the seed's advice.
+The partition diagnostics, ``PR500``-``PR510``: one function per code, with the seed's advice.
 
 Layer: ``poprun.partitions``; imports ``poprun.core`` and :mod:`poprun.partitions.provider`.
 
@@ -130,3 +130,13 @@ def request_failed(step: str, address: str, message: str) -> Diagnostic:
                  span=_server(address),
                  hint="compare the request with 'vipu list partitions' and the V-IPU server's log; the "
                       "partition flags (--num-ilds, --sync-type, routing types) must be ones the server accepts")
+
+
+def malformed(address: str, message: str) -> Diagnostic:
+    """PR510: the V-IPU server (or the ``vipu`` tool) answered, but not with a V-IPU answer."""
+    return error("PR510", "V-IPU answer not understood",
+                 detail=f"the V-IPU server at {address} answered, but not as a V-IPU server does: {message}",
+                 span=_server(address),
+                 hint="check that --vipu-server-host and --vipu-server-port (or IPUOF_VIPU_API_HOST and "
+                      "IPUOF_VIPU_API_PORT) name the V-IPU server itself, not a proxy or another service, and "
+                      "that the 'vipu' on PATH is Graphcore's tool; the server's log may say more")

@@ -13,6 +13,13 @@ one partition cannot both get it). Every change is one ``BEGIN IMMEDIATE`` trans
 racing processes on one file are serialised by SQLite itself. A lease ends when released, when
 its time to live passes without renewal, or when its owner process (on this host) is gone.
 
+A lease is held by a secret, not by a name: granting one makes a token
+(``secrets.token_urlsafe``) that goes to the holder alone, and only its SHA-256 is stored.
+Renewing, releasing, updating or removing a leased partition needs the token (the ``*_as``
+methods, which the HTTP server calls); the owner id that anyone may read (``leased_by``) is
+never enough. Used directly as a :class:`Provider` (in-process), a Store keeps the tokens it
+granted per partition and owner, as the HTTP client does.
+
 ``faults`` inject failures for tests: ``create-error`` / ``reset-error`` leave the partition
 in ``PS_ERROR``; ``create-refused`` / ``remove-refused`` make the request fail.
 """
@@ -20,8 +27,11 @@ in ``PS_ERROR``; ``create-refused`` / ``remove-refused`` make the request fail.
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import hmac
 import json
 import os
+import secrets
 import socket
 import sqlite3
 import threading
@@ -51,8 +61,10 @@ CREATE TABLE IF NOT EXISTS partitions (
     sync_type TEXT NOT NULL, reconfigurable INTEGER NOT NULL, state TEXT NOT NULL, ipus TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS leases (
     partition TEXT PRIMARY KEY, owner TEXT NOT NULL, host TEXT NOT NULL, pid INTEGER NOT NULL,
-    expires REAL NOT NULL);
+    expires REAL NOT NULL, token_hash TEXT NOT NULL DEFAULT '');
 """
+# A database made before leases had tokens: its leases get an empty hash, which no token matches.
+_MIGRATE = "ALTER TABLE leases ADD COLUMN token_hash TEXT NOT NULL DEFAULT ''"
 
 
 @record
@@ -124,6 +136,9 @@ class Store:
         self._lock = threading.Lock()  # one connection per Store, shared by the server's threads
         self._db = sqlite3.connect(path, timeout=10.0, isolation_level=None, check_same_thread=False)
         self._db.executescript(_SCHEMA)
+        if "token_hash" not in {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}:
+            self._db.execute(_MIGRATE)
+        self._tokens: dict[tuple[str, str], str] = {}  # (partition, owner id) -> token, as a Provider
         self.inventory = Inventory()  # until the database's own is read
         self._init(inventory or Inventory())
 
@@ -160,7 +175,7 @@ class Store:
         if known:
             return
         for seed in inventory.seeds:
-            self.create(seed.request, owner=seed.leased_by, state=seed.state, ttl_s=365 * 86400.0)
+            self.create_as(seed.request, owner=seed.leased_by, state=seed.state, ttl_s=365 * 86400.0)  # no holder
 
     def _load_inventory(self) -> Inventory:
         with self._lock:
@@ -187,30 +202,78 @@ class Store:
             row = self._db.execute(_SELECT + " WHERE p.name = ?", (name,)).fetchone()
         return None if row is None else _info(row, inv)
 
-    # Changing ------------------------------------------------------------------------------
+    # Changing, as a Provider (in-process: the tokens this Store granted are kept here) ------
 
     def create(self, request: PartitionRequest, *, owner: Owner | None = None,
                state: PartitionState | None = None, ttl_s: float = DEFAULT_TTL_S) -> PartitionInfo:
         """Create a partition, leased to ``owner`` in the same transaction."""
+        info, token = self.create_as(request, owner=owner, state=state, ttl_s=ttl_s)
+        self._keep(request.name, owner, token)
+        return info
+
+    def update(self, request: PartitionRequest, *, owner: Owner | None = None,
+               ttl_s: float = DEFAULT_TTL_S) -> PartitionInfo:
+        """Remove the partition (if any) and create it again, in one transaction: a failure keeps the old one."""
+        info, token = self.update_as(request, owner=owner, token=self._token(request.name, owner), ttl_s=ttl_s)
+        self._keep(request.name, owner, token)
+        return info
+
+    def remove(self, name: str, *, owner: Owner | None = None) -> None:
+        """Remove the partition, unless another live owner leases it."""
+        self.remove_as(name, token=self._token(name, owner))
+        self._keep(name, owner, None)
+
+    def lease(self, name: str, owner: Owner, *, ttl_s: float = DEFAULT_TTL_S) -> None:
+        """Lease (or renew) the partition for ``owner``; InUseError when another live owner has it."""
+        self._keep(name, owner, self.lease_as(name, owner, token=self._token(name, owner), ttl_s=ttl_s))
+
+    def release(self, name: str, owner: Owner) -> None:
+        """End ``owner``'s lease on the partition, if it holds one."""
+        token = self._token(name, owner)
+        if token is not None:
+            self.release_as(name, token=token)
+            self._keep(name, owner, None)
+
+    def _token(self, name: str, owner: Owner | None) -> str | None:
+        with self._lock:
+            return None if owner is None else self._tokens.get((name, owner.id))
+
+    def _keep(self, name: str, owner: Owner | None, token: str | None) -> None:
+        if owner is None:
+            return
+        with self._lock:
+            if token is None:
+                self._tokens.pop((name, owner.id), None)
+            else:
+                self._tokens[(name, owner.id)] = token
+
+    # Changing, as the holder of a token (the HTTP server's calls) --------------------------
+
+    def create_as(self, request: PartitionRequest, *, owner: Owner | None = None,
+                  state: PartitionState | None = None,
+                  ttl_s: float = DEFAULT_TTL_S) -> tuple[PartitionInfo, str | None]:
+        """Create a partition, leased to ``owner``; return it and the lease's token (None without an owner)."""
         inv = self.inventory
         if self._fault(request.name, "create-refused"):
             raise ProviderError(f"create partition {request.name}: refused (injected fault)")
         with self._tx() as db:
             if db.execute("SELECT 1 FROM partitions WHERE name = ?", (request.name,)).fetchone():
                 raise ExistsError(f"partition {request.name} already exists")
-            self._insert(db, request, inv, state=state, owner=owner, ttl_s=ttl_s)
-        return self._must_get(request.name)
+            self._insert(db, request, inv, state=state)
+            token = None if owner is None else _grant(db, request.name, owner, ttl_s, None)
+        return self._must_get(request.name), token
 
-    def update(self, request: PartitionRequest, *, owner: Owner | None = None,
-               ttl_s: float = DEFAULT_TTL_S) -> PartitionInfo:
-        """Remove the partition (if any) and create it again, in one transaction: a failure keeps the old one."""
+    def update_as(self, request: PartitionRequest, *, owner: Owner | None = None, token: str | None = None,
+                  ttl_s: float = DEFAULT_TTL_S) -> tuple[PartitionInfo, str | None]:
+        """Remove and create again (needs the token if it is leased); return it and the new lease's token."""
         inv = self.inventory
         with self._tx() as db:
-            self._check_lease(db, request.name, owner)
+            held = _check_holder(db, request.name, token)
             db.execute("DELETE FROM leases WHERE partition = ?", (request.name,))
             db.execute("DELETE FROM partitions WHERE name = ?", (request.name,))
-            self._insert(db, request, inv, state=None, owner=owner, ttl_s=ttl_s)
-        return self._must_get(request.name)
+            self._insert(db, request, inv, state=None)
+            granted = None if owner is None else _grant(db, request.name, owner, ttl_s, token if held else None)
+        return self._must_get(request.name), granted
 
     def reset(self, name: str) -> PartitionInfo:
         """Reset the partition: it becomes PS_ACTIVE (PS_ERROR under the ``reset-error`` fault)."""
@@ -220,29 +283,32 @@ class Store:
                 raise NotFoundError(f"partition {name} not found")
         return self._must_get(name)
 
-    def remove(self, name: str, *, owner: Owner | None = None) -> None:
-        """Remove the partition, unless another live owner leases it."""
+    def remove_as(self, name: str, *, token: str | None = None) -> None:
+        """Remove the partition; a leased one only with its lease's token."""
         if self._fault(name, "remove-refused"):
             raise ProviderError(f"remove partition {name}: refused (injected fault)")
         with self._tx() as db:
-            self._check_lease(db, name, owner)
+            _check_holder(db, name, token)
             db.execute("DELETE FROM leases WHERE partition = ?", (name,))
             if db.execute("DELETE FROM partitions WHERE name = ?", (name,)).rowcount == 0:
                 raise NotFoundError(f"partition {name} not found")
 
-    def lease(self, name: str, owner: Owner, *, ttl_s: float = DEFAULT_TTL_S) -> None:
-        """Lease (or renew) the partition for ``owner``; InUseError when another live owner has it."""
+    def lease_as(self, name: str, owner: Owner, *, token: str | None = None, ttl_s: float = DEFAULT_TTL_S) -> str:
+        """Renew the lease ``token`` holds, or lease a free partition to ``owner``; return the token in effect."""
         with self._tx() as db:
             if not db.execute("SELECT 1 FROM partitions WHERE name = ?", (name,)).fetchone():
                 raise NotFoundError(f"partition {name} not found")
-            self._check_lease(db, name, owner)
-            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)",
-                       (name, owner.id, owner.host, owner.pid, time.time() + ttl_s))
+            if _check_holder(db, name, token):
+                db.execute("UPDATE leases SET expires = ? WHERE partition = ?", (time.time() + ttl_s, name))
+                assert token is not None
+                return token
+            return _grant(db, name, owner, ttl_s, None)
 
-    def release(self, name: str, owner: Owner) -> None:
-        """End ``owner``'s lease on the partition, if it holds one."""
+    def release_as(self, name: str, *, token: str | None) -> None:
+        """End the lease ``token`` holds; InUseError when another live holder has the partition."""
         with self._tx() as db:
-            db.execute("DELETE FROM leases WHERE partition = ? AND owner = ?", (name, owner.id))
+            if _check_holder(db, name, token, step="release it"):
+                db.execute("DELETE FROM leases WHERE partition = ?", (name,))
 
     # Helpers -------------------------------------------------------------------------------
 
@@ -252,19 +318,8 @@ class Store:
             raise NotFoundError(f"partition {name} not found")
         return info
 
-    @staticmethod
-    def _check_lease(db: sqlite3.Connection, name: str, owner: Owner | None) -> None:
-        """Raise InUseError when a live owner other than ``owner`` leases ``name``; drop a dead one's lease."""
-        row = db.execute("SELECT owner, host, pid, expires FROM leases WHERE partition = ?", (name,)).fetchone()
-        if row is None or (owner is not None and row[0] == owner.id):
-            return
-        if row[3] < time.time() or not _alive(row[1], row[2]):
-            db.execute("DELETE FROM leases WHERE partition = ?", (name,))
-            return
-        raise InUseError(f"partition {name} is in use by {row[0]}", holder=row[0])
-
     def _insert(self, db: sqlite3.Connection, request: PartitionRequest, inv: Inventory, *,
-                state: PartitionState | None, owner: Owner | None, ttl_s: float) -> None:
+                state: PartitionState | None) -> None:
         used = {ipu for (ipus,) in db.execute("SELECT ipus FROM partitions") for ipu in json.loads(ipus)}
         ilds, ipus = _place(request, inv, used)
         if state is None:
@@ -275,9 +330,37 @@ class Store:
             request.name, request.size, request.num_gcds, ilds, request.num_gcds,
             (request.ipu_link_routing_type or "DEFAULT").upper(), (request.gw_link_routing_type or "DEFAULT").upper(),
             sync.upper(), int(request.reconfigurable), state.value, json.dumps(ipus)))
-        if owner is not None:
-            db.execute("INSERT OR REPLACE INTO leases VALUES (?, ?, ?, ?, ?)",
-                       (request.name, owner.id, owner.host, owner.pid, time.time() + ttl_s))
+
+
+def _hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def _grant(db: sqlite3.Connection, name: str, owner: Owner, ttl_s: float, token: str | None) -> str:
+    """Lease ``name`` to ``owner`` (with ``token``, or a new one); return the token. Only its hash is stored."""
+    token = token or secrets.token_urlsafe(32)
+    db.execute("INSERT OR REPLACE INTO leases (partition, owner, host, pid, expires, token_hash) "
+               "VALUES (?, ?, ?, ?, ?, ?)", (name, owner.id, owner.host, owner.pid, time.time() + ttl_s, _hash(token)))
+    return token
+
+
+def _check_holder(db: sqlite3.Connection, name: str, token: str | None, *, step: str = "") -> bool:
+    """
+    Return whether ``token`` holds the live lease on ``name``; False when no one holds it (a dead lease is dropped).
+
+    Raises InUseError when someone else holds it (``step``: what the refused caller wanted, for the message).
+    """
+    row = db.execute("SELECT owner, host, pid, expires, token_hash FROM leases WHERE partition = ?",
+                     (name,)).fetchone()
+    if row is None:
+        return False
+    if row[3] < time.time() or not _alive(row[1], row[2]):
+        db.execute("DELETE FROM leases WHERE partition = ?", (name,))
+        return False
+    if token is not None and row[4] and hmac.compare_digest(row[4], _hash(token)):
+        return True
+    why = f"; only its holder can {step}" if step else ""
+    raise InUseError(f"partition {name} is in use by {row[0]}{why}", holder=row[0])
 
 
 _SELECT = ("SELECT p.name, p.size, p.num_gcds, p.num_ilds, p.num_replicas, p.ipu_link_routing_type, "

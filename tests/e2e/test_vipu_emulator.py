@@ -4,6 +4,11 @@ The partition actions against a running emulated V-IPU server (a real process, H
 The emulated server stands in for Graphcore's V-IPU server, which cannot run here (design.md 10).
 """
 
+import contextlib
+import hashlib
+import http.client
+import json
+import sqlite3
 import subprocess
 import sys
 import threading
@@ -16,7 +21,7 @@ from poprun.core.diagnostic import DiagnosticError
 from poprun.core.record import evolve
 from poprun.partitions.actions import Lease, acquire, probe
 from poprun.partitions.emulated import EmulatedProvider
-from poprun.partitions.provider import PROVIDER_ENV, PartitionRequest
+from poprun.partitions.provider import PROVIDER_ENV, Owner, PartitionRequest
 from poprun.planner import plan
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
@@ -146,3 +151,61 @@ def test_a_restart_keeps_the_partitions(server, tmp_path):
         assert (True, ["pod16"]) == (seen.reachable, [p.name for p in seen.partitions])
     finally:
         again.stop()
+
+
+def call(port: int, method: str, path: str, doc: dict[str, object] | None = None) -> tuple[int, dict[str, object]]:
+    """One raw request to the server, as any client on the network may send it."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+    try:
+        conn.request(method, path, body=None if doc is None else json.dumps(doc).encode())
+        response = conn.getresponse()
+        return response.status, json.loads(response.read())
+    finally:
+        conn.close()
+
+
+def test_a_lease_is_held_by_its_token_not_by_the_name_anyone_can_read(server):
+    """Knowing leased_by (shown by GET) is not enough to renew, release, update or remove someone's lease."""
+    # GIVEN a partition leased by a launch, through the client (which keeps its token)
+    holder = client(server)
+    owner = Owner(label="launch", host="pod7", pid=1)
+    holder.create(PartitionRequest(name="pod16", size=16, num_gcds=1, num_ilds=1), owner=owner)
+    status, listed = call(server.port, "GET", "/v1/partitions")
+    (shown,) = listed["partitions"]  # type: ignore[misc]
+    token = holder._tokens[("pod16", owner.id)]
+    as_holder = {"owner": {"label": "launch", "host": "pod7", "pid": 1}}
+
+    # WHEN another client presents the holder's name, or a guessed token
+    attempts = {
+        "renew": call(server.port, "PUT", "/v1/partitions/pod16/lease", as_holder),
+        "renew with a guess": call(server.port, "PUT", "/v1/partitions/pod16/lease", {**as_holder, "token": "x" * 43}),
+        "release": call(server.port, "DELETE", "/v1/partitions/pod16/lease", as_holder),
+        "update": call(server.port, "PUT", "/v1/partitions/pod16", {"request": {"size": 8}, **as_holder}),
+        "remove": call(server.port, "DELETE", "/v1/partitions/pod16", as_holder),
+    }
+
+    # THEN each is refused as in use, the lease stays, and no GET shows the token
+    assert dict.fromkeys(attempts, (409, "in_use")) == {w: (s, d["error"]) for w, (s, d) in attempts.items()}
+    assert (200, "launch@pod7:1") == (status, shown["leased_by"])  # type: ignore[index]
+    assert token not in json.dumps(listed) + json.dumps(call(server.port, "GET", "/v1/partitions/pod16")[1])
+    info = holder.get("pod16")
+    assert info is not None
+    assert (16, "launch@pod7:1") == (info.size, info.leased_by)
+
+
+def test_the_holder_renews_and_releases_with_its_token(server):
+    """The holder's token renews (the same token back) and releases; only its hash is in the database."""
+    holder = client(server)
+    owner = Owner(label="launch", host="pod7", pid=1)
+    holder.create(PartitionRequest(name="pod16", size=16, num_gcds=1, num_ilds=1), owner=owner)
+    token = holder._tokens[("pod16", owner.id)]
+    with contextlib.closing(sqlite3.connect(server.db)) as db:
+        stored = db.execute("SELECT token_hash FROM leases").fetchall()
+
+    assert [(hashlib.sha256(token.encode()).hexdigest(),)] == stored
+    assert (200, {"token": token}) == call(server.port, "PUT", "/v1/partitions/pod16/lease",
+                                           {"owner": {"label": "x", "host": "y", "pid": 2}, "token": token})
+    assert (200, {}) == call(server.port, "DELETE", "/v1/partitions/pod16/lease", {"token": token})
+    info = holder.get("pod16")
+    assert info is not None
+    assert info.leased_by is None

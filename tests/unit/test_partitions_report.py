@@ -1,4 +1,4 @@
-"""Every partition diagnostic (PR500-PR509), rendered: the exact text users see."""
+"""Every partition diagnostic (PR500-PR510), rendered: the exact text users see."""
 
 import pytest
 
@@ -61,6 +61,12 @@ CASES = {
                "  --> V-IPU server 10.3.7.150:8090\n"
                "   = partition 'my_partition' at 10.3.7.150:8090: invalid partition: size 24 must be a power of 2\n"
                "   = hint: compare the request with 'vipu list partitions' and the V-IPU server's log; the partition flags (--num-ilds, --sync-type, routing types) must be ones the server accepts\n")),
+    "PR510": (lambda: r.malformed("10.3.7.150:8090", "GET /v1/partitions: $.partitions[0].size: expected an integer "
+                                                     "from 0 to 2147483647, got -16"),
+              ("error[PR510]: V-IPU answer not understood\n"
+               "  --> V-IPU server 10.3.7.150:8090\n"
+               "   = the V-IPU server at 10.3.7.150:8090 answered, but not as a V-IPU server does: GET /v1/partitions: $.partitions[0].size: expected an integer from 0 to 2147483647, got -16\n"
+               "   = hint: check that --vipu-server-host and --vipu-server-port (or IPUOF_VIPU_API_HOST and IPUOF_VIPU_API_PORT) name the V-IPU server itself, not a proxy or another service, and that the 'vipu' on PATH is Graphcore's tool; the server's log may say more\n")),
 }
 
 

@@ -148,3 +148,17 @@ def test_a_missing_tool_or_a_silent_server_is_unreachable():
         VipuProvider("h", 1, run=missing).list()
     with pytest.raises(UnreachableError, match="no answer within 3 s"):
         VipuProvider("h", 1, timeout_s=3, run=silent).list()
+
+
+@pytest.mark.parametrize("name", ["--force", "-h"])
+def test_a_name_like_an_option_never_reaches_the_tool(name):
+    """A partition name starting with '-' (from a saved plan or the server) is refused before any command runs."""
+    fake = FakeVipu({"list partitions": (0, recorded("list-partitions-seed.txt").replace("part1", name.ljust(5)), "")})
+    vipu = VipuProvider("h", 1, run=fake)
+
+    for attempt in (lambda: vipu.remove(name), lambda: vipu.reset(name), lambda: vipu.get(name),
+                    lambda: vipu.create(PartitionRequest(name=name, size=4, num_gcds=1, num_ilds=0))):
+        with pytest.raises(ProviderError, match="starts with '-': the vipu tool would read it as an option"):
+            attempt()
+
+    assert [] == [c for c in fake.calls if name in c]
