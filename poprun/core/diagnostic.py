@@ -71,6 +71,7 @@ CODES: dict[str, str] = {
     "PR408": "permission denied by host",
     "PR409": "program missing on host",
     "PR410": "Graphviz not available",
+    "PR430": "output files cannot be written safely",
     "PR500": "partition not found",
     "PR501": "V-IPU server unreachable",
     "PR502": "V-IPU server unreachable while planning",
