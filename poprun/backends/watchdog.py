@@ -5,7 +5,8 @@ Layer: ``poprun.backends``; standard library only (no plan, no spec). Linux.
 
 Every process of a launch lives in one process group, led by a tiny watchdog that poprun starts
 first (``/bin/sh``, about a millisecond). The watchdog ignores the signals poprun sends the group
-to stop it gracefully (SIGTERM) and those of the terminal, and blocks reading a pipe whose write
+to stop it gracefully (SIGTERM) and those of the terminal (job control included: Ctrl-Z stops
+the instances, never the watchdog), and blocks reading a pipe whose write
 end only poprun holds (it is close-on-exec, and every child is started with ``close_fds``). The
 instances join its group before they exec, so there is no moment at which an instance runs
 outside it. Then:
@@ -49,7 +50,7 @@ from pathlib import Path
 # The watchdog. It ignores the signals sent to stop the group, tells poprun it does (the byte on
 # stdout, which poprun awaits before it sends any), then waits for EOF on stdin (poprun's
 # death) and hands over to the clean-up. $1 is Python, $2 the clean-up code, the rest paths.
-_SCRIPT = ('trap "" HUP INT QUIT TERM; printf x; exec >/dev/null; read -r _; '
+_SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null; read -r _; '
            'p=$1; c=$2; shift 2; exec "$p" -I -S -c "$c" "$@"')
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
 # killing it (the watchdog, now this Python, goes with the instances), then removes the paths.
