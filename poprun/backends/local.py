@@ -30,7 +30,7 @@ from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, Launc
 from poprun.backends.files import which
 from poprun.backends.output import TAIL_LINES, Router
 from poprun.backends.supervisor import LocalLaunch
-from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.backends.watchdog import Watchdog, WatchdogError, starting_in
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -166,6 +166,7 @@ def start_instance(instance: Instance, env: dict[str, str], program: str, group:
         LaunchError: 127, 126 or 125 when the program cannot be started.
     """
     stdin = forwarded_stdin() if instance.index == 0 else None
+    starting_in(group)  # the launch's cgroup, where there is one
     try:
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
             instance.argv, executable=program, cwd=instance.cwd, env=env,

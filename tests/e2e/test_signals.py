@@ -1,7 +1,8 @@
 """
 Signals to poprun, through the real CLI, checked in the process table (``/proc``).
 
-SIGHUP (and ``nohup``), Ctrl-Z, and a signal while the partition is being acquired. Every launch runs in
+SIGHUP (and ``nohup``), Ctrl-Z, a signal while the partition is being acquired, and a daemon
+that an instance starts in a session of its own when poprun is SIGKILLed. Every launch runs in
 a ``marked`` environment, so that each of its processes can be found by its marker.
 """
 
@@ -16,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from poprun.backends.cgroup import Cgroup
 from tests.conftest import Marked
 from tests.e2e.test_lifecycle import READY, RUN_WITH_GRANDCHILD, await_ready, finish, start
 
@@ -113,4 +115,29 @@ def test_sigterm_while_the_partition_is_acquired_exits_143_without_a_traceback(t
     # THEN
     assert (143, "poprun: stopped by SIGTERM", {}) == (status, err.splitlines()[-1], marked.alive())
     assert "Traceback" not in err
+
+
+def test_daemon_in_a_session_of_its_own_dies_with_a_sigkilled_poprun(tmp_path: Path, marked: Marked) -> None:
+    """An instance's ``setsid`` daemon leaves every process group; the launch's cgroup still ends it with poprun."""
+    # GIVEN
+    probe = Cgroup.make()
+    if probe is None:
+        pytest.skip("cgroup v2 is not writable here: poprun cannot hold a daemon that leaves its process group "
+                    "once poprun itself is SIGKILLed (the README's documented limit)")
+    probe.remove()
+    proc = start(marked, tmp_path, f"setsid sh -c 'sleep 300' & {READY}; sleep 60", instances=2)
+    ready = await_ready(proc, 2)
+    cgroup = Path(f"/proc/{ready[0][0]}/cgroup").read_text().splitlines()[-1].split("::", 1)[1]
+    deadline = time.monotonic() + 5
+    while sum("sleep 300" in c for c in marked.alive().values()) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+
+    # WHEN
+    proc.kill()
+    finish(proc)
+
+    # THEN
+    assert {} == marked.survivors(within_s=3.0)
+    assert "/poprun-" in cgroup
+    assert not Path(probe.parent, Path(cgroup).name).exists()
 
