@@ -32,7 +32,7 @@ from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, Launc
 from poprun.backends.files import made_here, which
 from poprun.backends.output import TAIL_LINES, Router
 from poprun.backends.supervisor import LocalLaunch
-from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.backends.watchdog import Watchdog, WatchdogError, starting_in
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -44,7 +44,7 @@ DEFAULT_GRACE_S = 5.0
 CACHE_PREFIX = "poprun-cache-"  # the name of a temporary cache begins so (a name only: removal goes by record)
 
 __all__ = ["CACHE_PREFIX", "DEFAULT_GRACE_S", "TAIL_LINES", "LocalBackend", "LocalLaunch", "abandon", "environment",
-           "executable", "is_this_machine", "start_instance", "temporary_directories"]
+           "executable", "forwarded_stdin", "is_this_machine", "start_instance", "temporary_directories"]
 
 
 def executable(instance: Instance, env: Mapping[str, str]) -> str:
@@ -144,16 +144,40 @@ def temporary_directories(plan: LaunchPlan) -> tuple[str, ...]:
     return tuple(sorted(p for p in paths if p and made_here(p)))
 
 
+def forwarded_stdin() -> int | None:
+    """
+    Return the descriptor of poprun's stdin when instance 0 is to read it, else None.
+
+    mpirun's convention: instance 0 reads poprun's standard input when it is a pipe or a file;
+    a terminal is never read (it stays the shell's), and a closed one is nothing to read. The
+    other instances read ``/dev/null``. A backend that runs instance 0 elsewhere (ssh) copies
+    from this descriptor to it.
+    """
+    try:
+        if os.isatty(0):
+            return None
+        os.fstat(0)
+    except OSError:  # closed
+        return None
+    return 0
+
+
 def start_instance(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
     """
-    Start ``instance`` as a child process in process group ``group``, output piped, stdin empty.
+    Start ``instance`` as a child process in process group ``group``, output piped.
+
+    Its stdin is poprun's for instance 0 when :func:`forwarded_stdin` says so (the same open
+    file: the end of it reaches the instance as it is), ``/dev/null`` otherwise.
 
     Raises:
         LaunchError: 127, 126 or 125 when the program cannot be started.
     """
+    stdin = forwarded_stdin() if instance.index == 0 else None
+    starting_in(group)  # the launch's cgroup, where there is one
     try:
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
-            instance.argv, executable=program, cwd=instance.cwd, env=env, stdin=subprocess.DEVNULL,
+            instance.argv, executable=program, cwd=instance.cwd, env=env,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=group)
     except OSError as exc:  # EMFILE, EAGAIN: poprun cannot launch (each instance holds 3 descriptors here)
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}

@@ -16,8 +16,10 @@ stream when the reader calls :meth:`Router.flush`. One thread feeds a router.
 from __future__ import annotations
 
 import collections
+import contextlib
+import errno
 import os
-from pathlib import Path
+import stat
 
 from poprun.backends.base import LaunchError, OutputSink, Stream
 from poprun.planner.plan import LaunchPlan
@@ -39,8 +41,13 @@ class Router:
     (mpirun's layout). mpirun 4.1 still echoes output to the terminal with
     ``--output-filename``, and so does poprun.
 
+    The files are made safely (:func:`_open_files`). Should writing one fail later (a full
+    disk), every file is closed where it is and one warning line goes to the sink's stderr:
+    the output still reaches the sink, and the launch goes on.
+
     Raises:
-        LaunchError: (125) when an output file cannot be made.
+        LaunchError: (125) when an output file cannot be made; with a PR430 diagnostic when a
+            path there is a symbolic link, not a regular file or directory, or another user's.
     """
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
@@ -54,13 +61,17 @@ class Router:
         self._tails = {i: collections.deque[bytes](maxlen=TAIL_LINES) for i in indices}
         self._ready: dict[Stream, list[bytes | memoryview]] = {"stdout": [], "stderr": []}
         self._ready_bytes = 0
-        self._files = _open_files(plan.output.output_filename, indices)
+        self._directory = plan.output.output_filename
+        self._files = _open_files(self._directory, indices)
 
     def feed(self, index: int, stream: Stream, chunk: bytes) -> None:
         """Take ``chunk``, just read from ``stream`` of instance ``index``."""
         fd = self._files.get((index, stream))
         if fd is not None:
-            _write_all(fd, chunk)
+            try:
+                _write_all(fd, chunk)
+            except OSError as exc:
+                self._file_failed(index, stream, exc)
         key = (index, stream)
         rest = self._pending.pop(key, b"")
         cut = chunk.rfind(b"\n") + 1
@@ -75,6 +86,19 @@ class Router:
             self._pending[key] = chunk[cut:]
             chunk = chunk[:cut]
         self._lines(index, stream, rest + chunk if rest else chunk)
+
+    def _file_failed(self, index: int, stream: Stream, exc: OSError) -> None:
+        """Take a failed write of an output file (ENOSPC): close them all, say so once on stderr, go on."""
+        self._close_files()
+        self.flush()
+        self._sink.write("stderr", (f"poprun: warning: cannot write {self._directory}/1/rank.{index}/{stream} "
+                                    f"({exc.strerror or exc}): the output files stop here; the output still "
+                                    "reaches the terminal\n").encode(errors="replace"))
+
+    def _close_files(self) -> None:
+        for fd in self._files.values():
+            os.close(fd)
+        self._files.clear()
 
     def end(self, index: int, stream: Stream) -> None:
         """Take the end of ``stream`` of instance ``index``: a last line without newline gets one."""
@@ -120,9 +144,7 @@ class Router:
         for index, stream in list(self._pending):
             self.end(index, stream)
         self.flush()
-        for fd in self._files.values():
-            os.close(fd)
-        self._files.clear()
+        self._close_files()
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -132,19 +154,109 @@ def _write_all(fd: int, data: bytes) -> None:
 
 
 def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, Stream], int]:
-    """Return a file descriptor for each instance's stdout and stderr under ``directory`` (mpirun's layout)."""
+    """
+    Return a file descriptor for each instance's stdout and stderr under ``directory`` (mpirun's layout).
+
+    Nothing here is followed through a symbolic link or written in another user's place: the
+    user's ``directory`` is made (0o700) if missing and must be this user's; ``1/`` and
+    ``rank.N/`` below it are made fresh (0o700) or, left by an earlier run, must be real
+    directories of this user; each file is opened ``O_NOFOLLOW`` (``O_EXCL`` in a fresh
+    directory), must be this user's regular file with one link, and only then is truncated.
+    """
     files: dict[tuple[int, Stream], int] = {}
     if directory is None:
         return files
+    fds: list[int] = []
     try:
+        top = _user_directory(directory)
+        fds.append(top)
+        one, _ = _own_directory(top, "1", directory)
+        fds.append(one)
         for index in indices:
-            folder = Path(directory) / "1" / f"rank.{index}"
-            folder.mkdir(parents=True, exist_ok=True)
+            rank, fresh = _own_directory(one, f"rank.{index}", f"{directory}/1")
+            fds.append(rank)
             for stream in _STREAMS:
-                files[index, stream] = os.open(folder / stream, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC,
-                                               0o644)
-    except OSError as exc:
+                files[index, stream] = _own_file(rank, stream, f"{directory}/1/rank.{index}", fresh=fresh)
+    except (OSError, _UnsafeError) as exc:
         for fd in files.values():
             os.close(fd)
+        if isinstance(exc, _UnsafeError):
+            raise LaunchError(exc.diagnostic.detail, diagnostics=(exc.diagnostic,)) from None
         raise LaunchError(f"cannot write output files under '{directory}': {exc.strerror}") from exc
+    finally:
+        for fd in fds:
+            os.close(fd)
     return files
+
+
+class _UnsafeError(Exception):
+    """A path of the output files is not safe to write (PR430)."""
+
+    def __init__(self, path: str, what: str) -> None:
+        from poprun.core.diagnostic import error
+        from poprun.core.span import SourceSpan
+
+        super().__init__(what)
+        self.diagnostic = error(
+            "PR430", "output files cannot be written safely", detail=f"'{path}' {what}",
+            span=SourceSpan.environment(path),
+            hint="poprun never writes output files through a symbolic link or in another user's directory: remove "
+                 "it, or give --output-filename a directory of your own")
+
+
+_DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
+
+
+def _user_directory(path: str) -> int:
+    """Return a descriptor of ``path`` (made 0o700 if missing); it must belong to this user."""
+    with contextlib.suppress(FileExistsError):
+        os.makedirs(path, 0o700)  # noqa: PTH103 - pathlib is slower here
+    fd = os.open(path, _DIR_FLAGS)
+    _check_owner(fd, path)
+    return fd
+
+
+def _own_directory(parent: int, name: str, where: str) -> tuple[int, bool]:
+    """Return a descriptor of directory ``name`` in ``parent`` and whether it was made now (0o700)."""
+    path = f"{where}/{name}"
+    try:
+        os.mkdir(name, 0o700, dir_fd=parent)
+        fresh = True
+    except FileExistsError:
+        fresh = False
+    try:
+        fd = os.open(name, _DIR_FLAGS | os.O_NOFOLLOW, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise _UnsafeError(path, "is a symbolic link or not a directory") from exc
+        raise
+    _check_owner(fd, path)
+    return fd, fresh
+
+
+def _own_file(parent: int, name: str, where: str, *, fresh: bool) -> int:
+    """Return ``name`` in ``parent`` opened for writing, never through a link; emptied if it was there."""
+    path = f"{where}/{name}"
+    flags = os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (os.O_EXCL if fresh else 0)
+    try:
+        fd = os.open(name, flags, 0o644, dir_fd=parent)
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.EEXIST, errno.ENXIO):  # a link, a file planted in a fresh dir, a FIFO
+            raise _UnsafeError(path, "is a symbolic link or not a regular file of its own") from exc
+        raise
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1:
+        os.close(fd)
+        raise _UnsafeError(path, "is not a regular file of its own (a device, a FIFO or a hard link)")
+    _check_owner(fd, path)
+    os.set_blocking(fd, True)
+    os.ftruncate(fd, 0)
+    return fd
+
+
+def _check_owner(fd: int, path: str) -> None:
+    """Raise :class:`_UnsafeError` (closing ``fd``) when ``fd`` is not this user's."""
+    owner = os.fstat(fd).st_uid
+    if owner != os.geteuid():
+        os.close(fd)
+        raise _UnsafeError(path, f"belongs to another user (uid {owner})")

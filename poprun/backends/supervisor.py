@@ -102,6 +102,12 @@ class LocalLaunch:
                 self._kill_at = time.monotonic() + grace_s
             self._wake()
 
+    def forward(self, sig: int) -> None:
+        """Send ``sig`` (SIGTSTP, SIGCONT) to the instances on this machine and their group; nothing once ended."""
+        with self._lock:
+            if not self._finished:
+                self._watchdog.signal(sig)
+
     def _signal(self, sig: int) -> None:
         self._watchdog.signal(sig)
         if self._stop is not None:

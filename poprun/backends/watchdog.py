@@ -1,11 +1,13 @@
 """
 No orphan, ever: the watchdog of a local launch, and poprun as the reaper of its descendants.
 
-Layer: ``poprun.backends``; standard library only (no plan, no spec). Linux.
+Layer: ``poprun.backends``; standard library and :mod:`poprun.backends.cgroup` only (no plan, no
+spec). Linux.
 
 Every process of a launch lives in one process group, led by a tiny watchdog that poprun starts
 first (``/bin/sh``, about a millisecond). The watchdog ignores the signals poprun sends the group
-to stop it gracefully (SIGTERM) and those of the terminal, and blocks reading a pipe whose write
+to stop it gracefully (SIGTERM) and those of the terminal (job control included: Ctrl-Z stops
+the instances, never the watchdog), and blocks reading a pipe whose write
 end only poprun holds (it is close-on-exec, and every child is started with ``close_fds``). The
 instances join its group before they exec, so there is no moment at which an instance runs
 outside it. Then:
@@ -22,10 +24,14 @@ outside it. Then:
 A descendant that leaves the group (``setsid``, a daemon) is out of reach of ``killpg``. poprun's
 command line makes itself a child subreaper (:func:`become_subreaper`), so such a process is
 re-parented to poprun when its parent dies, and the end of each launch kills and reaps every
-process re-parented to poprun since the launch began (:func:`kill_adopted`).
+process re-parented to poprun since the launch began (:func:`kill_adopted`). Where cgroup v2
+is writable, each watchdog also makes a cgroup for its launch (:mod:`poprun.backends.cgroup`;
+the watchdog itself stays outside it): :func:`starting_in` has what poprun starts in the
+group begin in that cgroup too, and ``cgroup.kill`` ends it with the group, at the end of
+the launch and from the clean-up when poprun dies; so even such a descendant outlives no one.
 
-Known limits: a process that leaves the group and outlives poprun's own SIGKILL is out of reach
-(only a cgroup could hold it; poprun makes none); so are the instances if the watchdog itself
+Known limits: without a writable cgroup v2, a process that leaves the group and outlives
+poprun's own SIGKILL is out of reach; so are the instances if the watchdog itself
 is SIGKILLed first (by the OOM killer, say) and then poprun; and the temporary directories stay
 if poprun is SIGKILLed in the moment between killing the group at the end and removing them
 (they are removed once before and once after). ``PR_SET_PDEATHSIG`` is not used: it needs a
@@ -46,21 +52,39 @@ import time
 from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
+from poprun.backends.cgroup import Cgroup
+
 # The watchdog. It ignores the signals sent to stop the group, tells poprun it does (the byte on
 # stdout, which poprun awaits before it sends any), then waits for EOF on stdin (poprun's
-# death) and hands over to the clean-up. $1 is Python, $2 the clean-up code, the rest paths.
-_SCRIPT = ('trap "" HUP INT QUIT TERM; printf x; exec >/dev/null; read -r _; '
+# death) and hands over to the clean-up. $1 is Python, $2 the clean-up code, $3 the launch's
+# cgroup ("" for none), the rest paths.
+_SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null; read -r _; '
            'p=$1; c=$2; shift 2; exec "$p" -I -S -c "$c" "$@"')
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
-# killing it (the watchdog, now this Python, goes with the instances), then removes the paths.
+# killing it (the watchdog, now this Python, goes with the instances), kills the group and the
+# cgroup (the watchdog is not in it), removes the cgroup once empty, then removes the paths.
 _CLEANUP = """\
-import os, shutil, signal, sys
+import os, shutil, signal, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM})
 group = os.getpgid(0)
 if os.fork() == 0:
     os.setpgid(0, 0)
     os.killpg(group, signal.SIGKILL)
-    for path in sys.argv[1:]:
+    cgroup = sys.argv[1]
+    if cgroup:
+        try:
+            with open(cgroup + "/cgroup.kill", "w") as file:
+                file.write("1")
+            for _ in range(1000):
+                with open(cgroup + "/cgroup.events") as file:
+                    if "populated 0" in file.read():
+                        break
+                time.sleep(0.001)
+            for folder, _, _ in os.walk(cgroup, topdown=False):
+                os.rmdir(folder)
+        except OSError:
+            pass
+    for path in sys.argv[2:]:
         shutil.rmtree(path, ignore_errors=True)
     os._exit(0)
 os.wait()
@@ -69,6 +93,7 @@ _READY_S = 5.0  # the longest launch() waits for the watchdog to be ready
 _PR_SET_CHILD_SUBREAPER = 36
 _STARTTIME = 19  # field 22 of /proc/PID/stat, counted after the command name
 _subreaper = False  # whether become_subreaper() succeeded in this process
+_cgroups: dict[int, Cgroup] = {}  # the process group of each open watchdog that has a cgroup -> that cgroup
 
 
 class WatchdogError(OSError):
@@ -80,7 +105,8 @@ class Watchdog:
     The leader of a launch's process group; see the module docstring.
 
     ``remove`` names the directories to remove if poprun dies (the temporary executable cache).
-    ``group`` is the process group every instance must join (``process_group=``).
+    ``group`` is the process group every instance must join (``process_group=``); ``cgroup``
+    the launch's cgroup, or None where cgroup v2 cannot be written.
 
     Raises:
         WatchdogError: when ``/bin/sh`` cannot be started.
@@ -89,13 +115,17 @@ class Watchdog:
     def __init__(self, *, remove: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
         read_end, self._write_end = os.pipe()  # both close-on-exec: only poprun holds the write end
         self._ready_fd, ready_write = os.pipe()
+        self.cgroup = Cgroup.make()
         try:
             self._proc = subprocess.Popen(  # noqa: S603 - a fixed script
-                ["/bin/sh", "-c", _SCRIPT, "poprun-watchdog", sys.executable or "python3", _CLEANUP, *remove],
+                ["/bin/sh", "-c", _SCRIPT, "poprun-watchdog", sys.executable or "python3", _CLEANUP,
+                 self.cgroup.path if self.cgroup else "", *remove],
                 stdin=read_end, stdout=ready_write, stderr=subprocess.DEVNULL, process_group=0,
                 env=None if env is None else dict(env))
         except OSError as exc:
             self._close_fds()
+            if self.cgroup is not None:
+                self.cgroup.remove()
             raise WatchdogError(exc.errno, f"cannot start the watchdog: {exc.strerror}") from exc
         finally:
             os.close(read_end)
@@ -103,14 +133,19 @@ class Watchdog:
         self.group = self.pid = self._proc.pid
         self.started = _start_time(self.pid)
         self._closed = False
+        if self.cgroup is not None:
+            _cgroups[self.group] = self.cgroup
 
     def await_ready(self) -> None:
         """
-        Return once the watchdog ignores the signals that stop a launch.
+        Return once the watchdog ignores the signals that stop a launch; poprun leaves the cgroup now.
 
         Raises:
             WatchdogError: when it died or did not become ready in time.
         """
+        if self.cgroup is not None:
+            with contextlib.suppress(OSError):
+                self.cgroup.leave()
         with selectors.DefaultSelector() as selector:  # not select(): the descriptor may be above 1023
             selector.register(self._ready_fd, selectors.EVENT_READ)
             ready = selector.select(_READY_S)
@@ -124,18 +159,35 @@ class Watchdog:
                 os.killpg(self.group, sig)
 
     def close(self) -> None:
-        """Kill the group, the watchdog with it, and reap the watchdog. Idempotent."""
+        """Kill the group, the watchdog with it, and the cgroup; reap the watchdog; remove the cgroup. Idempotent."""
         if self._closed:
             return
         self.signal(signal.SIGKILL)
+        if self.cgroup is not None:
+            self.cgroup.kill()
         self._closed = True
         self._proc.wait()
         self._close_fds()
+        if self.cgroup is not None:
+            _cgroups.pop(self.group, None)
+            self.cgroup.remove()
 
     def _close_fds(self) -> None:
         for fd in (self._write_end, self._ready_fd):
             with contextlib.suppress(OSError):
                 os.close(fd)
+
+
+def starting_in(group: int) -> None:
+    """
+    Have what this process starts from now on begin in the cgroup of the launch whose group is ``group``.
+
+    This process moves into that cgroup (no move where it has none, or where the move is
+    refused) until the watchdog is ready or closed: call it before starting each instance.
+    """
+    cgroup = _cgroups.get(group)
+    if cgroup is not None and not cgroup.enter():
+        _cgroups.pop(group)  # refused: the launch goes on without it
 
 
 def _start_time(pid: int) -> int:

@@ -53,7 +53,18 @@ def entry() -> None:
     interpreter's own clean-up (tearing down every imported module, some 6 ms: an eighth of
     poprun's start-up budget) has nothing left to do; the output streams are flushed and the
     process exits without it. A traceback asked for with ``POPRUN_DEBUG`` still prints.
+
+    A standard descriptor that is closed (``poprun ... <&-``, ``>&-``) is opened on ``/dev/null``
+    first, so that no pipe or file poprun opens takes its number (instance 0 would read it as
+    stdin, poprun's output would go into it).
     """
+    for fd, name in enumerate(("stdin", "stdout", "stderr")):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
+        if getattr(sys, name) is None:  # Python found it closed
+            setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))  # noqa: SIM115 - kept for good
     status = main()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it

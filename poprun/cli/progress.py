@@ -14,10 +14,17 @@ On a terminal (stderr is a tty and ``TERM`` is not ``dumb``) a status line lives
 by the ticker at most :data:`REDRAW_S` apart. When stderr is not a terminal, none of it is ever
 written (changelog 2.0). A command may make the console before planning, show ``planning``
 with :meth:`Console.status`, and hand it to :func:`poprun.cli.run.run_plan`.
+
+A stream whose reader is gone (``EPIPE``: ``poprun ... | head -1``) is dropped and
+``on_broken`` hears of it once, so that the launch can be stopped as a tool that SIGPIPE kills
+would be. A stream that fails otherwise (``ENOSPC``: stdout on a full disk, ``EIO``) is dropped
+with a one-line warning on stderr (while it works); :attr:`Console.failed` keeps why, so that
+the exit status can say the output was lost.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import select
 import sys
@@ -30,6 +37,7 @@ from poprun.backends.base import Event, Stream
 REDRAW_S = 0.25  # the status line is redrawn at most this often
 _CLEAR = b"\r\x1b[K"
 _FDS: dict[Stream, int] = {"stdout": 1, "stderr": 2}
+_GONE = (errno.EPIPE, errno.ECONNRESET)  # nobody reads the stream any more
 
 
 def status_wanted() -> bool:
@@ -45,13 +53,17 @@ class Console:
     poprun's stdout and stderr during a launch; an :class:`~poprun.backends.base.EventSink`.
 
     ``status`` None decides by :func:`status_wanted`. ``on_event`` hears the backend's events.
-    A stream that is closed (a broken pipe, a vanished terminal) is dropped, not an error.
+    A stream that is closed (a broken pipe) is dropped and ``on_broken`` is told, once per
+    stream; one that fails otherwise (a full disk) is dropped with a warning, and ``failed``
+    maps it to why. Neither is an error.
     """
 
     def __init__(self, *, status: bool | None = None, on_event: Callable[[Event], None] | None = None) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         self.on_event = on_event
+        self.on_broken: Callable[[Stream], None] | None = None
+        self.failed: dict[Stream, str] = {}  # stream -> why it could not be written (not a broken pipe)
         self._lock = threading.RLock()  # reentrant: a signal handler may log while the main thread writes
         self._closed: set[Stream] = set()
         self._enabled = status_wanted() if status is None else status
@@ -136,5 +148,18 @@ class Console:
                     view = view[os.write(fd, view):]
                 except BlockingIOError:  # an inherited non-blocking descriptor: wait until writable
                     select.select([], [fd], [])
-        except OSError:  # EPIPE, EIO: nobody reads this stream any more
+        except OSError as exc:
             self._closed.add(stream)
+            self._lost(stream, exc)
+
+    def _lost(self, stream: Stream, exc: OSError) -> None:
+        """``stream`` cannot be written any more: tell ``on_broken``, or warn on stderr."""
+        if exc.errno in _GONE:
+            if self.on_broken is not None:
+                self.on_broken(stream)
+            return
+        self.failed[stream] = why = exc.strerror or str(exc)
+        if stream == "stdout":
+            self._clear()
+            self._write("stderr", f"poprun: warning: cannot write to stdout ({why}): the rest of the "
+                                  "instances' output to it is lost\n".encode(errors="replace"))

@@ -2,7 +2,9 @@
 Running a plan: the apply step of the CLI.
 
 Layer: ``poprun.cli``. Picks the plan's backend, makes the temporary executable cache, stops
-the launch on SIGINT/SIGTERM/SIGHUP (a second one kills), shows progress and log lines
+the launch on SIGINT/SIGTERM/SIGHUP (a second one kills; one ignored on entry, as under
+``nohup``, stays ignored) or when its stdout or stderr is closed (SIGPIPE semantics: exit
+141), passes Ctrl-Z (SIGTSTP) on to the instances, shows progress and log lines
 (:mod:`poprun.cli.progress`, :mod:`poprun.cli.log`) and prints the failure report. The
 backend only executes the plan; what this module adds to it (the cache path) is added to the
 plan first. poprun makes itself a child subreaper here, so that descendants of instances that
@@ -32,6 +34,7 @@ from poprun.backends.base import (
     InstanceStarted,
     Launch,
     LaunchError,
+    Stream,
     signal_name,
 )
 from poprun.backends.files import private_directory, remove_directories
@@ -116,34 +119,94 @@ class _Reporter:
             self._console.status(f"running {self._running} of {_plural(total, 'instance')}", since=self._since)
 
 
+class _Stopped(BaseException):  # like KeyboardInterrupt: it unwinds the steps before the launch
+    """A stop signal came before anything was launched (the partition step, the cache)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
 class _Interrupts:
-    """A SIGINT/SIGTERM/SIGHUP handler: the first stops the launch gracefully, a second kills it."""
+    """
+    What stops a launch: SIGINT, SIGTERM or SIGHUP (a second one kills), or a closed output stream.
+
+    Before the launch begins a stop signal unwinds the steps before it (:class:`_Stopped`);
+    once it has, it stops the launch. A stream whose reader is gone (``poprun ... | head -1``)
+    stops the launch as a SIGPIPE would, once; ``signals`` lists what came, SIGPIPE included.
+    """
 
     def __init__(self, reporter: _Reporter) -> None:
         self.signals: list[int] = []
         self.launch: Launch | None = None
         self._reporter = reporter
+        self._launching = False
+        self._stops = 0  # stop signals received: the second kills
 
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
+        self._stops += 1
+        if not self._launching:
+            raise _Stopped(signum)
         self._reporter.stopping(f"received {signal_name(signum)}")
         if self.launch is not None:
-            self.launch.terminate(GRACE_S if len(self.signals) == 1 else 0)
+            self.launch.terminate(self._grace())
+
+    def broken(self, stream: Stream) -> None:
+        """``stream`` has no reader any more: stop the launch, as SIGPIPE stops a tool (from any thread)."""
+        if signal.SIGPIPE in self.signals:
+            return
+        self.signals.append(signal.SIGPIPE)
+        self._reporter.stopping(f"{stream} was closed")
+        if self.launch is not None:
+            self.launch.terminate(GRACE_S)
+
+    def launching(self) -> None:
+        """Note that the backend starts launching: from now on a signal stops the launch, not the steps."""
+        self._launching = True
 
     def started(self, launch: Launch) -> None:
         """Remember ``launch``; stop it at once if a signal came while it was starting."""
         self.launch = launch
         if self.signals:
-            launch.terminate(GRACE_S if len(self.signals) == 1 else 0)
+            launch.terminate(self._grace())
+
+    def _grace(self) -> float:
+        return GRACE_S if self._stops <= 1 else 0
+
+    def suspend(self, _signum: int, _frame: FrameType | None) -> None:
+        """Ctrl-Z (SIGTSTP): stop the instances too, then poprun itself; continue them when poprun continues."""
+        forward = getattr(self.launch, "forward", None)  # a LocalLaunch can signal its instances
+        if forward is not None:
+            forward(signal.SIGTSTP)
+        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
+        try:
+            os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
+        finally:
+            signal.signal(signal.SIGTSTP, previous)
+        if forward is not None:
+            forward(signal.SIGCONT)
+
+
+def _handled(sig: int) -> bool:
+    """Return whether poprun may take ``sig`` over: not when it was ignored on entry (``nohup``, ``&``)."""
+    return signal.getsignal(sig) is not signal.SIG_IGN
 
 
 @contextlib.contextmanager
 def _handling_signals(interrupts: _Interrupts) -> Iterator[_Interrupts]:
-    """Install ``interrupts`` for SIGINT, SIGTERM and SIGHUP while running; restore afterwards."""
+    """
+    Install ``interrupts`` for SIGINT, SIGTERM, SIGHUP and SIGTSTP while running; restore afterwards.
+
+    A signal that was ignored when poprun started stays ignored, as ``nohup`` and a shell's
+    ``&`` expect, and the instances inherit it ignored.
+    """
     if threading.current_thread() is not threading.main_thread():
+        interrupts.launching()
         yield interrupts
         return
-    previous = {sig: signal.signal(sig, interrupts) for sig in _STOP_SIGNALS}
+    handlers = dict.fromkeys(_STOP_SIGNALS, interrupts) | {signal.SIGTSTP: interrupts.suspend}
+    previous = {sig: signal.signal(sig, handler) for sig, handler in handlers.items() if _handled(sig)}
     try:
         yield interrupts
     finally:
@@ -184,8 +247,9 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     Run ``plan`` with its backend; return poprun's exit status (design.md section 3).
 
     That is the root-cause instance's status (128+N for signal N), 128+N when poprun was
-    stopped by signal N, 125 when the backend is unavailable or cannot launch, and 126/127
-    when the program is not executable / not found. With ``subreaper`` (the command line),
+    stopped by signal N (141, SIGPIPE's, when its stdout or stderr was closed), 1 when the
+    instances succeeded but their output could not be written, 125 when the backend is
+    unavailable or cannot launch, and 126/127 when the program is not executable / not found. With ``subreaper`` (the command line),
     this process becomes a child subreaper (see the module docstring). ``console`` is one the
     caller made earlier (to show ``planning`` on the status line); it is closed here.
     """
@@ -200,25 +264,45 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         become_subreaper()
     reporter = _Reporter(plan, Log(plan.output.verbosity, console.log), console)
     console.on_event = reporter.event
+    interrupts = _Interrupts(reporter)
+    console.on_broken = interrupts.broken
     environ = os.environ if env_source is None else env_source
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
-        with partition.acquired(plan, environ, released, status=console.status) as leased, \
-                _executable_cache(leased) as ready, _handling_signals(_Interrupts(reporter)) as interrupts:
+        with _handling_signals(interrupts), partition.acquired(plan, environ, released, status=console.status) \
+                as leased, _executable_cache(leased) as ready:
             result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts)
     except DiagnosticError as exc:  # the partition could not be had: nothing started
         console.close()
         _diagnose(exc.diagnostics)
         return exitcode.LAUNCH
+    except _Stopped as exc:  # before anything started
+        console.close()
+        _error(f"stopped by {signal_name(exc.signum)}")
+        return 128 + exc.signum
     finally:
         console.close()
         _diagnose(tuple(released))
     if isinstance(result, int):
         return result
-    if result.root_cause is None and interrupts.signals:
-        _error(f"stopped by {signal_name(interrupts.signals[0])}")
-        return 128 + interrupts.signals[0]
+    return _status(result, interrupts.signals, console.failed)
+
+
+def _status(result: ApplyResult, signals: list[int], failed: Mapping[Stream, str]) -> int:
+    """
+    Report how the launch ended; return poprun's status.
+
+    Stopped by a signal with no instance to blame: 128+N (141 when stdout or stderr was
+    closed, as for a tool killed by SIGPIPE, without a word: the reader left). The instances'
+    status otherwise; 1 when they succeeded but their output could not be written (``failed``).
+    """
+    if result.root_cause is None and signals:
+        if signals[0] != signal.SIGPIPE:
+            _error(f"stopped by {signal_name(signals[0])}")
+        return 128 + signals[0]
     _report(result)
+    if result.status == 0 and failed:
+        return exitcode.FAILURE
     return result.status
 
 
@@ -227,6 +311,7 @@ def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | N
     """Launch and wait; return the result, or poprun's status when nothing could start."""
     _log_plan(plan, reporter.verbose)
     reporter.starting()
+    interrupts.launching()
     try:
         launch = backend.launch(plan, env_source=os.environ if env_source is None else env_source, sink=console)
     except LaunchError as exc:
@@ -249,13 +334,18 @@ def _diagnose(diagnostics: tuple[Diagnostic, ...]) -> None:
     if diagnostics:
         from poprun.render.diagnostics import render_diagnostics
 
-        sys.stderr.write(render_diagnostics(diagnostics, {}))
-        sys.stderr.flush()
+        _to_stderr(render_diagnostics(diagnostics, {}))
 
 
 def _error(message: str) -> None:
-    sys.stderr.write(f"poprun: {message}\n")
-    sys.stderr.flush()
+    _to_stderr(f"poprun: {message}\n")
+
+
+def _to_stderr(text: str) -> None:
+    """Write ``text`` to stderr; a closed or full stderr is no error (nothing more can be said)."""
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
 
 
 def describe(failure: InstanceFailure) -> str:
@@ -298,6 +388,6 @@ def render_failures(result: ApplyResult) -> str:
 def _report(result: ApplyResult) -> None:
     text = render_failures(result)
     if text:
-        sys.stdout.flush()
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        with contextlib.suppress(OSError, ValueError):
+            sys.stdout.flush()
+        _to_stderr(text)

@@ -73,6 +73,7 @@ CODES: dict[str, str] = {
     "PR409": "program missing on host",
     "PR410": "Graphviz not available",
     "PR411": "host stopped answering",
+    "PR430": "output files cannot be written safely",
     "PR500": "partition not found",
     "PR501": "V-IPU server unreachable",
     "PR502": "V-IPU server unreachable while planning",

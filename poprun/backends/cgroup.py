@@ -1,0 +1,120 @@
+"""
+A cgroup (v2) per launch: what a process group cannot hold, a cgroup does.
+
+Layer: ``poprun.backends``; standard library only. Linux with a cgroup v2 hierarchy that this
+user may write to (a delegated systemd slice, a container, root) and ``cgroup.kill`` (Linux
+5.14). Anywhere else :meth:`Cgroup.make` returns None and nothing changes.
+
+A process that leaves the launch's process group (``setsid``, a daemon's double fork) is out
+of reach of ``killpg``, and once poprun is SIGKILLed it is not re-parented to poprun either.
+It stays in its cgroup, though: a child begins in the cgroup of the process that forks it,
+and only a writer of ``cgroup.procs`` moves it. So each launch gets a child cgroup of
+poprun's own (``poprun-<random>``), poprun moves itself into it while it starts the
+instances (every instance is born inside, with no moment outside) and back out before they
+run long (:meth:`Cgroup.leave`), and ``cgroup.kill`` ends everything in it: at the end of the
+launch, and from the watchdog when poprun dies. Only the directory this launch made is ever
+removed (with the empty cgroups that nested launches left in it), by its record here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+
+_KILL_WAIT_S = 1.0  # the longest kill() waits for the cgroup to empty
+_own: list[str | None] = []  # this process's own cgroup directory, once looked up
+
+
+def _own_directory() -> str | None:
+    """Return the directory of this process's own cgroup v2 (looked up once), or None when there is none."""
+    if not _own:
+        _own.append(_find_own_directory())
+    return _own[0]
+
+
+def _find_own_directory() -> str | None:
+    try:
+        with open("/proc/self/cgroup", encoding="utf-8") as file:  # noqa: PTH123 - pathlib costs start-up
+            own = next((line[3:].rstrip("\n") for line in file if line.startswith("0::")), None)
+        with open("/proc/self/mountinfo", encoding="utf-8") as file:  # noqa: PTH123
+            mounts = [line.split() for line in file if " - cgroup2 " in line]
+    except OSError:
+        return None
+    if own is None or not mounts:
+        return None
+    for fields in mounts:
+        root, point = fields[3], fields[4]
+        if own == root or own.startswith(root.rstrip("/") + "/"):
+            return point + own[len(root.rstrip("/")):].rstrip("/") if own != root else point
+    return None
+
+
+def _write(path: str, text: str) -> None:
+    fd = os.open(path, os.O_WRONLY | os.O_CLOEXEC)
+    try:
+        os.write(fd, text.encode())
+    finally:
+        os.close(fd)
+
+
+class Cgroup:
+    """One launch's cgroup, made by :meth:`make`; ``path`` is its directory, ``parent`` poprun's own cgroup."""
+
+    def __init__(self, path: str, parent: str) -> None:
+        self.path, self.parent = path, parent
+        self._inside = False
+
+    @classmethod
+    def make(cls) -> Cgroup | None:
+        """Make a new cgroup under this process's own; return it, or None where that cannot be done."""
+        parent = _own_directory()
+        if parent is None:
+            return None
+        path = os.path.join(parent, "poprun-" + os.urandom(6).hex())  # noqa: PTH118 - pathlib is slower
+        try:
+            os.mkdir(path, 0o755)  # noqa: PTH102
+        except OSError:  # read-only, another user's, no such hierarchy
+            return None
+        made = cls(path, parent)
+        if not os.path.exists(os.path.join(path, "cgroup.kill")):  # noqa: PTH110, PTH118 - Linux < 5.14
+            made.remove()
+            return None
+        return made
+
+    def enter(self) -> bool:
+        """Move this process into the cgroup (what it starts then begins inside); return whether it is inside."""
+        if not self._inside:
+            try:
+                _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+            except OSError:
+                return False
+            self._inside = True
+        return True
+
+    def leave(self) -> None:
+        """Move this process back to its own cgroup (what it started stays inside)."""
+        if self._inside:
+            _write(os.path.join(self.parent, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+            self._inside = False
+
+    def kill(self) -> None:
+        """SIGKILL every process in the cgroup and wait (a little) until it is empty; never this process."""
+        with contextlib.suppress(OSError):
+            self.leave()
+        if self._inside:  # could not leave: killing the cgroup would kill poprun
+            return
+        with contextlib.suppress(OSError):
+            _write(os.path.join(self.path, "cgroup.kill"), "1")  # noqa: PTH118
+            deadline = time.monotonic() + _KILL_WAIT_S
+            while time.monotonic() < deadline:
+                with open(os.path.join(self.path, "cgroup.events"), encoding="ascii") as file:  # noqa: PTH118, PTH123
+                    if "populated 0" in file.read():
+                        return
+                time.sleep(0.001)
+
+    def remove(self) -> None:
+        """Remove the cgroup, and the empty cgroups left in it (nested launches); a busy one stays."""
+        for folder, _, _ in os.walk(self.path, topdown=False):
+            with contextlib.suppress(OSError):
+                os.rmdir(folder)  # noqa: PTH106 - cgroupfs: rmdir removes an empty cgroup, files and all
