@@ -51,6 +51,7 @@ from poprun.backends.local import (
     LocalLaunch,
     abandon,
     executable,
+    forwarded_stdin,
     is_this_machine,
     start_instance,
     temporary_directories,
@@ -82,12 +83,18 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the on
 # poprun's heartbeat; the end of stdin, or no line for $1 seconds (the link to poprun is down:
 # poprun sends "H" three times in that time), kills the group. Exits with the program's status
 # (128+N: signal N). (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
+# With a directory $2 (not "-"), the program reads a FIFO made in it, which poprun's second
+# session for the instance (:data:`_STDIN`) fills with poprun's own standard input; the wrapper
+# made the directory (it fails if the directory exists), so it removes it at the end.
 _WRAPPER = """\
 read -r go; [ "$go" = G ] || exit 0
-t=$1; p=$2; shift 2
+t=$1; f=$2; p=$3; shift 3
 command -v -- "$p" >/dev/null 2>&1 || { [ -x "./$p" ] && p=./$p; }
 exec 3<&0
-setsid -- "$p" "$@" </dev/null 3<&- &
+if [ "$f" = - ]; then setsid -- "$p" "$@" </dev/null 3<&- &
+else mkdir -m 700 -- "$f" && mkfifo -m 600 -- "$f/in" || exit 125
+  setsid -- "$p" "$@" <"$f/in" 3<&- &
+fi
 c=$!
 { while w=$(timeout "$t" sh -c 'IFS= read -r w && echo "x$w"'); do
     [ "$w" = xT ] && { kill -TERM -$c || kill -TERM $c; }
@@ -98,7 +105,14 @@ exec 3<&-
 wait $c; s=$?
 kill -KILL -$c 2>/dev/null
 kill $r 2>/dev/null
+[ "$f" = - ] || rm -rf -- "$f"
 exit $s"""
+# The second session of an instance that reads poprun's standard input: once the wrapper has
+# made the FIFO ($1/in, waited for 10 s at most), copy this session's input into it.
+_STDIN = """\
+i=0; while [ ! -p "$1/in" ]; do [ $i -lt 200 ] || exit 0; sleep 0.05; i=$((i + 1)); done
+exec cat > "$1/in"
+"""
 # Reads the environment poprun sends before anything else (a count of lines, then that many
 # lines of `export NAME='value'`), so that no value is ever on a command line (ps shows those).
 _READ_ENV = """\
@@ -222,7 +236,7 @@ def _kill_naming(directory: str) -> None:
 
 
 def remote_command(instance: Instance, *, cache: str | None = None, cache_instances: Sequence[int] = (),
-                   host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> str:
+                   host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, stdin_directory: str | None = None) -> str:
     """
     Return the shell text that checks, then (on poprun's "G") runs ``instance`` on its host.
 
@@ -238,6 +252,9 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
     end; a directory that already exists (a shared file system: the one made here) is used as it is
     and never removed there. Anything else at that path (a link, a directory of another user but
     root) fails the check: an instance never uses a cache that someone else could fill.
+
+    ``stdin_directory``: the program reads its standard input from a FIFO that its wrapper makes
+    in this new directory there, and :func:`stdin_command`'s session fills (None: /dev/null).
     """
     lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
     if instance.env.unset:
@@ -255,9 +272,14 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
         cleanup = f"rm -f -- {alive}/{instance.index}; rmdir -- {alive} 2>/dev/null && rm -rf -- {quoted}"
     lines.append(_check_script(instance))
     lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance {host_timeout_s:g} "
-                 + shlex.join(bound_argv(instance)) + "; s=$?")
+                 f"{shlex.quote(stdin_directory or '-')} " + shlex.join(bound_argv(instance)) + "; s=$?")
     lines.append(f"{cleanup}; exit $s")
     return "\n".join(lines)
+
+
+def stdin_command(directory: str) -> str:
+    """Return the shell text of the session that copies poprun's standard input to the FIFO in ``directory``."""
+    return f"sh -c {shlex.quote(_STDIN)} poprun-stdin {shlex.quote(directory)}"
 
 
 def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
@@ -509,7 +531,9 @@ class SshBackend:
         try:
             inputs = {index: environment_input(plan.instances[index], envs[index]) for index in sorted(remote)}
             cache = remove[0] if remove else None  # the temporary cache made here (by record), to make on the hosts
-            for index, command in _commands(plan, remote, cache, timeout_s).items():
+            stdin = forwarded_stdin() if 0 in remote else None  # instance 0 reads poprun's stdin (mpirun's way)
+            stdin_directory = f"/tmp/poprun-stdin-{os.urandom(6).hex()}" if stdin is not None else None  # noqa: S108
+            for index, command in _commands(plan, remote, cache, timeout_s, stdin_directory).items():
                 procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
                     client.argv(plan.instances[index].host, command), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
@@ -534,6 +558,7 @@ class SshBackend:
                 router.feed(index, "stdout", early)
         sessions.go()
         beat = _Heartbeat([procs[index] for index in sorted(remote)], interval_s=timeout_s / 3)
+        feeder = _feed(client, plan.instances[0].host, stdin, stdin_directory, env=source, group=clients.group)
 
         def stop(sig: int) -> None:
             if sig == signal.SIGKILL:
@@ -548,6 +573,8 @@ class SshBackend:
         def finish() -> None:
             beat.stop()
             clients.close()
+            if feeder is not None:
+                feeder.wait()
             for index in sorted(remote):
                 with contextlib.suppress(OSError, ValueError):
                     if procs[index].stdin is not None:
@@ -556,6 +583,18 @@ class SshBackend:
 
         return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            remove=remove, stop=stop, remote=remote, finish=finish, lost=lost)
+
+
+def _feed(client: SshClient, host: str, stdin: int | None, directory: str | None, *, env: Mapping[str, str],
+          group: int) -> subprocess.Popen[bytes] | None:
+    """Start the session that copies ``stdin`` (poprun's) to instance 0's FIFO in ``directory`` on ``host``, or None."""
+    if stdin is None or directory is None:
+        return None
+    try:
+        return subprocess.Popen(client.argv(host, stdin_command(directory)), stdin=stdin,  # noqa: S603 - our own
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, process_group=group)
+    except OSError:  # no copy of stdin: instance 0 waits for it until the launch ends
+        return None
 
 
 def _watchdogs(remove: tuple[str, ...], env: Mapping[str, str]) -> tuple[Watchdog, Watchdog]:
@@ -578,13 +617,15 @@ def _watchdogs(remove: tuple[str, ...], env: Mapping[str, str]) -> tuple[Watchdo
         raise LaunchError(str(exc.strerror)) from exc
 
 
-def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeout_s: float) -> dict[int, str]:
-    """Return the :func:`remote_command` of each remote instance, by index."""
+def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeout_s: float,
+              stdin_directory: str | None) -> dict[int, str]:
+    """Return the :func:`remote_command` of each remote instance, by index (instance 0 with ``stdin_directory``)."""
     on_host: dict[str, list[int]] = {}
     for index in sorted(remote):
         on_host.setdefault(plan.instances[index].host, []).append(index)
     return {index: remote_command(plan.instances[index], cache=cache, cache_instances=on_host[plan.instances[index].host],
-                                  host_timeout_s=timeout_s) for index in sorted(remote)}
+                                  host_timeout_s=timeout_s, stdin_directory=stdin_directory if index == 0 else None)
+            for index in sorted(remote)}
 
 
 def host_timeout(env: Mapping[str, str]) -> float:

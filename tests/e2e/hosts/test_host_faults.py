@@ -166,3 +166,16 @@ def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tm
     assert noticed < 5 + 3, noticed  # at once: the connection closed, then the others' grace period
     assert wait_for(lambda: not ssh_clients_left(), within_s=2), ssh_clients_left()
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=3), marked_anywhere(test_hosts, mark)
+
+
+def test_piped_stdin_reaches_instance_0_on_another_host_and_no_other(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """printf ... | poprun: instance 0 on h1 reads every byte to its end; instance 1 on h2 reads nothing."""
+    data = "".join(f"line {i} 'quoted' $(not run)\n" for i in range(2000)) + "no newline at the end"
+    program = 'n=$(wc -c); echo "instance $POPDIST_INSTANCE_INDEX read $n bytes"'
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2", "--num-instances", "2", "--num-replicas",
+                           "2", "sh", "-c", program], cwd=tmp_path, env=os.environ | test_hosts.env(), input=data,
+                          capture_output=True, text=True, timeout=60, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert {f"instance 0 read {len(data.encode())} bytes", "instance 1 read 0 bytes"} == set(done.stdout.splitlines())
+    assert [] == [p for p in Path("/tmp").glob("poprun-stdin-*")], "the FIFO's directory is left on the host"
