@@ -19,7 +19,7 @@ from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
-from poprun.planner.load import SPEC_SUFFIXES, is_spec_path, load_spec
+from poprun.planner.load import is_plan_path, is_spec_path, load_spec
 from poprun.planner.option import BACKENDS
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 SOURCES: dict[str, str] = {}
 PLAN_FORMATS = ("text", "json", "toml", "dot", "sbatch")
 DIFF_FORMATS = ("text", "json")
+SAVED_PLAN_FORMATS = ("text", "json", "dot")
 RENDER_FORMATS = ("dot", "svg", "png")
 IMAGE_FORMATS = ("svg", "png")
 SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png"}
@@ -156,6 +157,9 @@ def _emit(output: str | bytes, command: CommandLine) -> None:
 def plan(args: list[str]) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
     ctx = Context.from_process()
+    args = _file_first(list(args))
+    if args and is_plan_path(args[0]):
+        return _plan_saved(args[0], args[1:])
     command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
     if command.format == "sbatch":  # planned as outside an allocation, as poprun submit does
         ctx = _outside_slurm(ctx)
@@ -193,6 +197,57 @@ def plan(args: list[str]) -> int:
         _emit(render_batch_script(solution.plan, command=launch, nodelist=named), command)
     else:
         _emit(_text(solution.plan, explain=command.explain), command)
+    return exitcode.OK
+
+
+def _file_first(args: list[str]) -> list[str]:
+    """
+    Return ``args`` with a lone last word that names a spec or saved plan moved first.
+
+    ``poprun plan --explain PLAN.json`` explains the saved plan, as ``poprun plan PLAN.json
+    --explain`` does: the only word after the options is a file, not a program of that name.
+    """
+    if len(args) < 2 or is_plan_path(args[0]) or is_spec_path(args[0]):  # noqa: PLR2004 - options, then the word
+        return args
+    last = args[-1]
+    if not (is_plan_path(last) or is_spec_path(last)):
+        return args
+    from poprun.planner.flags import parse_flags as parse
+
+    try:
+        program = parse(args, prog="poprun plan").spec.program
+    except DiagnosticError:
+        return args  # the options are wrong: parsing them again reports it
+    return [last, *args[:-1]] if program is not None and program.value == (last,) else args
+
+
+def _plan_saved(path: str, rest: list[str]) -> int:
+    """
+    ``poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]``: show a saved plan, exactly as apply runs it.
+
+    Diagnostics:
+        PR113 (unreadable), PR114 (not a valid plan), PR101 (options that would change the
+        plan, or a program), PR115 (a format a saved plan cannot be shown in).
+    """
+    plan = _read_plan(path, key="PLAN")
+    _reject_words_after_plan(_without_plan_options(rest), what="'poprun plan PLAN.json' takes only --explain, "
+                             "--format, -o and --expand: a saved plan is shown as it is")
+    command = parse_flags(rest, prog=f"poprun plan {path}")
+    SOURCES[COMMAND_LINE] = command.text
+    if command.diff is not None:
+        _reject_words_after_plan(["--diff"], what="'poprun plan PLAN.json' shows one saved plan; "
+                                 "--diff compares a saved plan with a command line's")
+    _check_format(command, SAVED_PLAN_FORMATS, "'poprun plan PLAN.json'")
+    if command.format == "json":
+        from poprun.planner.serde import to_json
+
+        _emit(to_json(plan), command)
+    elif command.format == "dot":
+        from poprun.render.graph import render_dot
+
+        _emit(render_dot(plan, expand=command.expand), command)
+    else:
+        _emit(_text(plan, explain=command.explain), command)
     return exitcode.OK
 
 
@@ -294,10 +349,8 @@ def validate(args: list[str]) -> int:
 def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
-    if args and args[0].endswith(".json"):
+    if args and is_plan_path(args[0]):
         return _apply_saved(args[0], args[1:], ctx)
-    if args and args[0].endswith(SPEC_SUFFIXES) and not Path(args[0]).is_file():
-        load_spec(args[0])  # PR113, naming the file
     command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
     _reject_plan_options(command, "'poprun apply'")
     if command.help:
@@ -325,11 +378,11 @@ def _apply_saved(path: str, rest: list[str], ctx: Context) -> int:
     return _run(plan, backend_span=SourceSpan(file=path, key_path="$.backend.name"))
 
 
-def _reject_words_after_plan(rest: list[str]) -> None:
+def _reject_words_after_plan(rest: list[str], *, what: str = "a saved plan runs exactly as planned: "
+                              "'poprun apply PLAN.json' takes no options and no program") -> None:
     if rest:
         raise DiagnosticError([error("PR101", f"'{rest[0]}' after a saved plan",
-                                     detail="a saved plan runs exactly as planned: 'poprun apply PLAN.json' "
-                                            "takes no options and no program",
+                                     detail=what,
                                      span=SourceSpan.flag(rest[0]),
                                      hint="make the plan again with the change: "
                                           "'poprun plan --format json -o FILE [options] PROGRAM ...'")])

@@ -160,13 +160,13 @@ def _allocation_tasks(s: Solver, hosts_given: bool) -> int | None:
 def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:
     """Return the hosts of a host file: one host or host range per line; blank lines and # comments skipped."""
     from poprun.core.hostlist import HostlistError, expand
+    from poprun.core.textfile import read_text_file
 
     path = Path(s.ctx.cwd) / given.value
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        s.fail("PR113", f"cannot read '{given.value}'", detail=getattr(exc, "strerror", None) or str(exc),
-               span=given.origin, hint="check the host file's path and permissions")
+        text = read_text_file(str(path), key="--host-file", span=given.origin, name=given.value)
+    except DiagnosticError as exc:  # missing, not a regular file, too large, not text
+        s.diags.extend(exc.diagnostics)
         return ()
     hosts: list[str] = []
     for number, line in enumerate(text.split("\n"), start=1):
