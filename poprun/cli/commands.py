@@ -14,7 +14,7 @@ from pathlib import Path
 from poprun import __version__
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
-from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
@@ -165,6 +165,7 @@ def plan(args: list[str]) -> int:
         ctx = _outside_slurm(ctx)
     if command.help:
         return _help()
+    _warn_plan_options_in_program(command)
     _check_format(command, PLAN_FORMATS if command.diff is None else DIFF_FORMATS,
                   "'poprun plan --diff'" if command.diff else "'poprun plan'")
     old = _read_plan(command.diff.value, key="--diff") if command.diff is not None else None
@@ -251,6 +252,28 @@ def _plan_saved(path: str, rest: list[str]) -> int:
     return exitcode.OK
 
 
+def _warn_plan_options_in_program(command: CommandLine) -> None:
+    """
+    PR218 (a warning) when an option of ``poprun plan`` stands after the program: it is the program's.
+
+    Everything after the program belongs to it (as with every launcher), so ``poprun plan
+    python3 train.py --explain`` plans ``train.py --explain``; the plan text shows that program.
+    """
+    from poprun.planner.option import BY_FLAG, PLAN_ONLY
+
+    program = command.spec.program
+    if program is None:
+        return
+    for word in program.value[1:]:
+        option = BY_FLAG.get(word.partition("=")[0])
+        if option is not None and option.name in PLAN_ONLY:
+            _warn((warning("PR218", f"'{word}' after the program is the program's argument",
+                           detail=f"poprun reads its options only before the program; '{word}' is passed to "
+                                  f"{program.value[0]}", span=program.origin,
+                           hint=f"put {option.name} before the program: 'poprun plan {option.name} ... PROGRAM'"),))
+            return
+
+
 def _outside_slurm(ctx: Context) -> Context:
     """Return ``ctx`` without the Slurm allocation poprun may run in: a batch script plans for its own."""
     return evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
@@ -279,9 +302,15 @@ def _read_plan(path: str, *, key: str) -> LaunchPlan:
     Diagnostics:
         PR113 (unreadable), PR114 (not a plan of this format version).
     """
+    import os
+
     from poprun.planner.load import read_text
     from poprun.planner.serde import from_json
 
+    if not os.path.lexists(path):
+        raise DiagnosticError([error("PR113", f"plan file '{path}' not found", detail="No such file or directory",
+                                     span=SourceSpan(file=path, key_path=key),
+                                     hint="check the path; save a plan with 'poprun plan --format json -o FILE'")])
     return from_json(read_text(path, key=key), file=path)
 
 

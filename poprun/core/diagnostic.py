@@ -54,6 +54,7 @@ CODES: dict[str, str] = {
     "PR215": "empty host list",
     "PR216": "number too large",
     "PR217": "host outside the Slurm allocation",
+    "PR218": "option of poprun plan after the program",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",

@@ -329,7 +329,10 @@ class _Statement:
     def _run(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``run``: the program, shell-split or a JSON array of strings."""
         token = _tokens(tree)[0]
-        program = _json_words(str(token)) if token.startswith("[") else None
+        try:
+            program = _json_words(str(token)) if token.startswith("[") else None
+        except conv.InvalidValueError as problem:
+            raise self._value_problem(problem, "program", self._span("program", token)) from None
         if program is None:
             program = self._convert(conv.to_args, token, "program")
         return [self._set("program", program, self._span("program", token))]
@@ -420,6 +423,10 @@ def _json_words(text: str) -> tuple[str, ...] | None:
         return None
     if isinstance(words, list) and all(isinstance(w, str) for w in words):
         return tuple(words)
+    if isinstance(words, list):  # a JSON array, but not of strings: never run as shell words
+        k, item = next((k, w) for k, w in enumerate(words) if not isinstance(w, str))
+        raise conv.InvalidValueError(f"item {k} of the program, {json.dumps(item)}, is not a string",
+                                     f"quote every word: run {json.dumps([str(w) if not isinstance(w, str) else w for w in words])}")
     return None
 
 
@@ -648,7 +655,7 @@ def _instance_lines(spec: Spec) -> Iterator[str]:
             yield f"{head} set {args.env[0].name} = {_string(cast('str', args.env[0].value))}"
         else:
             words = [w for e in args.env for w in ("-x", e.name if e.value is None else f"{e.name}={e.value}")]
-            yield f"{head} mpi {_string(shlex.join([*words, *args.mpi_args]))}"
+            yield f"{head} mpi {_string(shlex.join([*args.mpi_args, *words]))}"  # no word after a -x pair
 
 
 def _simple_lines(spec: Spec) -> Iterator[str]:

@@ -56,6 +56,7 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True) -> Solution
 
 
 def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
+    _check_text(s)
     target = _target(s)
     topology = _topology(s, target)
     if topology is None:
@@ -155,6 +156,39 @@ def _allocation_tasks(s: Solver, hosts_given: bool) -> int | None:
         return None
     return s.decide("num_instances", allocation.num_tasks, SourceSpan.env("SLURM_NTASKS"),
                     f"not given: one instance per task of {allocation.describe()}")
+
+
+def _check_text(s: Solver) -> None:
+    """
+    PR105 for a NUL character in any value of the spec (a TOML or DSL escape can write one), and for an empty working directory.
+
+    No program, name or value can hold a NUL, so a value with one would be cut short where it is
+    used; an empty ``cwd`` would fail only when the launch starts.
+    """
+    from poprun.core.record import fields
+
+    for f in fields(type(s.spec)):
+        given = getattr(s.spec, f.name)
+        for sourced in given if isinstance(given, tuple) else (given,):
+            if isinstance(sourced, Sourced) and _has_nul(sourced.value):
+                s.fail("PR105", "invalid value", detail=f"the value of {f.name} holds a NUL character",
+                       span=sourced.origin, hint="remove the NUL character (a \\u0000 escape writes one)")
+    if s.spec.working_dir is not None and not s.spec.working_dir.value:
+        s.fail("PR105", "invalid value", detail="the working directory is empty", span=s.spec.working_dir.origin,
+               hint="name a directory, or leave cwd out to run in the directory poprun runs in")
+
+
+def _has_nul(value: object) -> bool:
+    """Return whether ``value`` (a string, a tuple of values, or a record of them) holds a NUL character."""
+    from poprun.core.record import fields
+
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, tuple):
+        return any(_has_nul(v) for v in value)
+    if hasattr(type(value), "__record_fields__"):
+        return any(_has_nul(getattr(value, f.name)) for f in fields(type(value)))
+    return False
 
 
 def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:

@@ -231,7 +231,11 @@ class _Reader:
             self.invalid(path, problem, span)
         if problems:
             return None
-        entries, rest = split_env_args(tokens)
+        try:
+            entries, rest = split_env_args(tokens)
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
         env.extend(Sourced(entry, span) for entry, span in zip(entries, places, strict=True))
         return rest
 
@@ -395,7 +399,9 @@ def _env_indices(tokens: tuple[str, ...]) -> list[int]:
 def _split_server(text: str) -> tuple[str, str | None]:
     """Return (host, port text or None) of ``host``, ``host:port`` or ``[v6 address]:port``."""
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket:  # "[::1": unbalanced, refused by to_server_host
+            return text, None
         return (host, rest[1:]) if rest.startswith(":") else (host if not rest else "", None)
     if text.count(":") == 1:
         host, _, port = text.partition(":")

@@ -116,6 +116,26 @@ def render_mpirun(plan: LaunchPlan) -> str:
     return f"mpirun command: {render_mpirun_command(argv)}\n"
 
 
+def render_program(instances: Sequence[Instance]) -> str:
+    """
+    Return the program each instance runs and its working directory, quoted as a shell would need.
+
+    One line when every instance runs the same (as the solver plans), else one line per instance:
+    the text shows exactly what apply runs, so a word that was swallowed or changed is seen.
+    """
+    import shlex
+
+    def argv(instance: Instance) -> str:
+        return shlex.join(instance.argv) if instance.argv else "(no program)"
+
+    first = instances[0]
+    if all(i.argv == first.argv and i.cwd == first.cwd for i in instances):
+        return f"program: {argv(first)}\nworking directory: {first.cwd}\n"
+    lines = ["programs (they differ between instances):"]
+    lines += [f"  instance {i.index} ({i.host}): {argv(i)}  (in {i.cwd})" for i in instances]
+    return "\n".join(lines) + "\n"
+
+
 def _differences(instances: Sequence[Instance]) -> str:
     """Return which variables vary between instances (the rest are the same everywhere)."""
     if len(instances) < 2:  # noqa: PLR2004 - one instance has nothing to compare
@@ -136,8 +156,7 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
         if any(i.placement.numa_aware for i in plan.instances):
             parts.append(render_placement(plan.instances))
         parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
-        argv = " ".join(plan.instances[0].argv) or "(no program)"
-        parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")
+    parts.append(render_program(plan.instances))
     if plan.backend.name == "mpirun":
         parts.append(render_mpirun(plan))
     if plan.warnings:
