@@ -47,11 +47,11 @@ _BARE = re.compile(r"[\w.:/@%+=,-]+")
 _DOCS = "see docs/spec-dsl.md for the statements of the DSL"
 _UNITS = ("replicas", "replica", "instances", "ilds", "ild", "ipus", "ipu")
 # The order in which messages list the words a statement may start with (as in the docs).
-_START = ("hosts", "partition", "forward", "set", "mpi", "instance", "placement", "numa", "cache", "offline",
+_START = ("hosts", "partition", "forward", "set", "mask", "mpi", "instance", "placement", "numa", "cache", "offline",
           "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "cd",
           "run", "no")
 # Spec fields whose repeats add up (like repeated --mpi-*-args) instead of conflicting.
-_MERGED = ("mpi_global_args", "mpi_local_args")
+_MERGED = ("mpi_global_args", "mpi_local_args", "mask")
 _KEYS = {field: f"{option.section}.{option.key}" for field, option in BY_FIELD.items()}
 _KEYS |= {"program": "program.argv", "working_dir": "program.cwd"}
 
@@ -268,6 +268,12 @@ class _Statement:
             except conv.InvalidValueError as problem:
                 raise self._value_problem(problem, "vipu_server_port", span) from None
         return settings
+
+    def _mask(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``mask``: variables whose values text output masks."""
+        tokens = _tokens(tree)
+        names = tuple(self._convert(conv.to_names, t, "mask")[0] for t in tokens)
+        return [self._set("mask", names, self._span("mask", tokens[0]))]
 
     def _forward(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``forward``: variables forwarded from the launching shell."""
@@ -538,7 +544,7 @@ def _examples() -> dict[tuple[frozenset[str], bool], tuple[str, str]]:
 
 def to_dsl(spec: Spec) -> str:
     """Return ``spec`` written in the DSL, one statement per line, in a fixed order."""
-    lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env),
+    lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env), *_mask_lines(spec),
              *_mpi_lines(spec), *_instance_lines(spec), *_simple_lines(spec), *_run_lines(spec)]
     return "".join(f"{line}\n" for line in lines)
 
@@ -636,6 +642,11 @@ def _env_lines(env: tuple[Sourced[EnvVarSpec], ...]) -> Iterator[str]:
         yield f"set {item.value.name} = {value if _BARE.fullmatch(value) else _string(value)}"
     if forwards:
         yield f"forward {', '.join(forwards)}"
+
+
+def _mask_lines(spec: Spec) -> Iterator[str]:
+    if spec.mask is not None:
+        yield f"mask {', '.join(spec.mask.value)}"
 
 
 def _mpi_lines(spec: Spec) -> Iterator[str]:

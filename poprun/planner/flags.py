@@ -202,6 +202,11 @@ class _Parser:
             self._instance_args(raw, span)
         elif option.kind == "hosts":
             self._hosts(option, raw, index, span, offset)
+        elif option.kind == "names":
+            assert option.field is not None
+            old = self.values.get(option.field)
+            merged = tuple(dict.fromkeys((old.value if old else ()) + conv.to_names(raw)))
+            self.values[option.field] = Sourced(merged, old.origin if old else span)
         else:
             self._scalar(option, _convert(option, raw), span)
 
@@ -292,7 +297,7 @@ def _convert(option: Option, raw: str) -> object:
     kind = option.kind
     converters: dict[str, Any] = {
         "int": conv.to_positive_int, "nonneg": _nonneg, "port": conv.to_port, "bool": conv.to_bool,
-        "subnet": conv.to_subnet, "str": str, "path": str,
+        "subnet": conv.to_subnet, "str": str, "path": str, "names": conv.to_names,
         "choice": lambda text: conv.to_choice(text, option.choices),
         "backend": lambda text: conv.to_backend(text, option.choices),
     }

@@ -83,12 +83,23 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
                                 key_path=value_of(s.spec.distribute_ssh_key_path),
                                 key_type=value_of(s.spec.distribute_ssh_key_type))
     notes = tuple(p.Note(code=d.code, summary=d.summary, hint=d.hint) for d in s.diags.warnings)
+    mask = _mask(s)
     return p.LaunchPlan(
         poprun_version=__version__, topology=topology, instances=instances, partition=partition,
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
-        explanation=tuple(s.decisions), warnings=notes,
+        explanation=tuple(s.decisions), warnings=notes, mask=mask,
     )
+
+
+def _mask(s: Solver) -> tuple[str, ...]:
+    """Return the variables named by --mask (sorted, once each): their values are masked in every text output."""
+    given = s.spec.mask
+    if given is None:
+        return ()
+    names = tuple(sorted(set(given.value)))
+    s.decide("mask", ",".join(names), given.origin, "their values are masked in explain, diff and logs")
+    return names
 
 
 # -- topology ------------------------------------------------------------------------------

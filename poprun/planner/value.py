@@ -147,6 +147,18 @@ def to_args(text: str) -> tuple[str, ...]:
                            code="PR107") from None
 
 
+def to_names(text: str) -> tuple[str, ...]:
+    """Return the variable names of a comma-separated list (``TOKEN_A,MY_PASS``; spaces around names allowed)."""
+    names = tuple(word.strip() for word in text.split(",") if word.strip())
+    if not names:
+        raise InvalidValueError("no variable name given", "write one or more names: --mask MY_TOKEN,DB_PASS")
+    for name in names:
+        if not _ENV_NAME.match(name):
+            raise InvalidValueError(f"'{name}' is not an environment variable name",
+                                    "use letters, digits and underscores, not starting with a digit")
+    return names
+
+
 def to_env_assignment(text: str) -> tuple[str, str | None]:
     """Return ``(NAME, VALUE)`` for ``NAME=VALUE`` and ``(NAME, None)`` for a bare name."""
     name, eq, value = text.partition("=")

@@ -88,11 +88,11 @@ def _short(value: str | int | bool, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_environment(instance: Instance) -> str:
-    """Return one instance's environment, secrets masked."""
+def render_environment(instance: Instance, mask: tuple[str, ...] = ()) -> str:
+    """Return one instance's environment, secrets (and the variables of ``mask``) masked."""
     lines = [f"environment of instance {instance.index} ({instance.host}):"]
     for name, value in instance.env.set:
-        shown = "********" if is_secret(name) else value
+        shown = "********" if is_secret(name, mask) else value
         lines.append(f"  {name}={shown}")
     if instance.env.forward:
         lines.append(f"  forwarded from the launching shell: {' '.join(instance.env.forward)}")
@@ -111,7 +111,7 @@ def render_mpirun(plan: LaunchPlan) -> str:
     argv = list(mpirun_command(plan))
     for i in range(1, len(argv)):
         name, equals, _ = argv[i].partition("=")
-        if argv[i - 1] == "-x" and equals and is_secret(name):
+        if argv[i - 1] == "-x" and equals and is_secret(name, plan.mask):
             argv[i] = f"{name}=********"
     return f"mpirun command: {render_mpirun_command(argv)}\n"
 
@@ -155,7 +155,7 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
         if any(i.placement.numa_aware for i in plan.instances):
             parts.append(render_placement(plan.instances))
-        parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
+        parts.append(render_environment(plan.instances[0], plan.mask) + _differences(plan.instances))
     parts.append(render_program(plan.instances))
     if plan.backend.name == "mpirun":
         parts.append(render_mpirun(plan))
