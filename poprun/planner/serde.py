@@ -194,6 +194,8 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
+    except RecursionError as exc:  # arrays or objects nested deeper than any plan's
+        raise _invalid(file, "$", "arrays or objects nested too deeply: not a plan") from exc
     if not isinstance(data, dict):
         raise _invalid(file, "$", "a plan is a JSON object")
     version = data.get("format_version")

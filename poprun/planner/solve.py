@@ -184,6 +184,10 @@ def _check_text(s: Solver) -> None:
             if isinstance(sourced, Sourced) and _has_nul(sourced.value):
                 s.fail("PR105", "invalid value", detail=f"the value of {f.name} holds a NUL character",
                        span=sourced.origin, hint="remove the NUL character (a \\u0000 escape writes one)")
+    program = s.spec.program
+    if program is not None and program.value and not program.value[0]:
+        s.fail("PR105", "invalid value", detail="the program's name is empty", span=program.origin,
+               hint="name the program to run first, e.g. python3")
     if s.spec.working_dir is not None and not s.spec.working_dir.value:
         s.fail("PR105", "invalid value", detail="the working directory is empty", span=s.spec.working_dir.origin,
                hint="name a directory, or leave cwd out to run in the directory poprun runs in")
