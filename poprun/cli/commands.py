@@ -226,6 +226,8 @@ def _plan_saved(path: str, rest: list[str]) -> int:
     """
     ``poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]``: show a saved plan, exactly as apply runs it.
 
+    ``poprun plan --diff OLD.json NEW.json`` shows what changed from one saved plan to another.
+
     Diagnostics:
         PR113 (unreadable), PR114 (not a valid plan), PR101 (options that would change the
         plan, or a program), PR115 (a format a saved plan cannot be shown in).
@@ -235,9 +237,11 @@ def _plan_saved(path: str, rest: list[str]) -> int:
                              "--format, -o and --expand: a saved plan is shown as it is")
     command = parse_flags(rest, prog=f"poprun plan {path}")
     SOURCES[COMMAND_LINE] = command.text
-    if command.diff is not None:
-        _reject_words_after_plan(["--diff"], what="'poprun plan PLAN.json' shows one saved plan; "
-                                 "--diff compares a saved plan with a command line's")
+    if command.diff is not None:  # plan --diff OLD.json NEW.json: two saved plans
+        _check_format(command, DIFF_FORMATS, "'poprun plan --diff'")
+        old = _read_plan(command.diff.value, key="--diff")
+        _emit(_diff(old, plan, old_name=command.diff.value, as_json=command.format == "json", new_name=path), command)
+        return exitcode.OK
     _check_format(command, SAVED_PLAN_FORMATS, "'poprun plan PLAN.json'")
     if command.format == "json":
         from poprun.planner.serde import to_json
@@ -314,12 +318,12 @@ def _read_plan(path: str, *, key: str) -> LaunchPlan:
     return from_json(read_text(path, key=key), file=path)
 
 
-def _diff(old: LaunchPlan, new: LaunchPlan, *, old_name: str, as_json: bool) -> str:
-    """Return what changed from plan ``old`` to ``new`` (the command line's), as text or JSON."""
+def _diff(old: LaunchPlan, new: LaunchPlan, *, old_name: str, as_json: bool, new_name: str = NEW_PLAN) -> str:
+    """Return what changed from plan ``old`` to ``new`` (the command line's, or a saved one), as text or JSON."""
     from poprun.render.diff import diff_plans, render_diff, render_diff_json
 
     render = render_diff_json if as_json else render_diff
-    return render(diff_plans(old, new), old_name=old_name, new_name=NEW_PLAN)
+    return render(diff_plans(old, new), old_name=old_name, new_name=new_name)
 
 
 def _given(command: CommandLine, flag: str) -> SourceSpan | None:

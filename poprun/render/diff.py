@@ -165,6 +165,7 @@ def _launch(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
     yield from _compare("launch", "backend", old.backend.name, new.backend.name)
     yield from _compare("launch", "offline", old.offline, new.offline)
     yield from _compare("launch", "offline_target", old.offline_target, new.offline_target)
+    yield from _compare("launch", "mask", old.mask, new.mask)
     for name in ("output", "cache", "mpi", "ssh_keys"):
         yield from _record_changes("launch", f"{name}.", getattr(old, name), getattr(new, name))
 

@@ -143,7 +143,14 @@ def _differences(instances: Sequence[Instance]) -> str:
     first = instances[0].env.as_dict()
     varying = sorted({name for i in instances[1:] for name, value in i.env.set if first.get(name) != value}
                      | {name for i in instances[1:] for name in first if i.env.get(name) is None})
-    return f"  other instances differ only in: {' '.join(varying)}\n" if varying else ""
+    text = f"  other instances differ only in: {' '.join(varying)}\n" if varying else ""
+    head = instances[0]
+    for i in instances[1:]:  # the solver gives every instance the same; a saved plan may not
+        for what, mine, theirs in (("forwards", i.env.forward, head.env.forward),
+                                   ("removes", i.env.unset, head.env.unset)):
+            if mine != theirs:
+                text += f"  instance {i.index} {what}: {' '.join(mine) or '(none)'}\n"
+    return text
 
 
 def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:

@@ -129,3 +129,31 @@ def test_explain_of_a_saved_plan_shows_each_program_when_they_differ(plan_data, 
     assert 0 == status
     assert "instance 0 (localhost): python3 train.py" in out
     assert "instance 1 (pod2): python3 other.py 'a b'" in out
+
+
+def test_explain_of_a_saved_plan_shows_forwarded_variables_that_differ(plan_data, tmp_path, monkeypatch):
+    """An instance forwarding other variables than instance 0 is named with them."""
+    data = copy.deepcopy(plan_data)
+    data["instances"][1]["env_forward"] = ["PATH", "AWS_PROFILE"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "plan.json").write_text(json.dumps(data))
+
+    status, out, _ = _run(["plan", "--explain", "plan.json"])
+
+    assert 0 == status
+    assert "  instance 1 forwards: PATH AWS_PROFILE\n" in out
+
+
+def test_diff_of_two_saved_plans(plan_data, tmp_path, monkeypatch):
+    """plan --diff OLD.json NEW.json compares two saved plans, each checked."""
+    data = copy.deepcopy(plan_data)
+    data["instances"][1]["argv"] = ["python3", "other.py"]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "old.json").write_text(json.dumps(plan_data))
+    (tmp_path / "new.json").write_text(json.dumps(data))
+
+    status, out, _ = _run(["plan", "--diff", "old.json", "new.json"])
+
+    assert 0 == status
+    assert "--- old.json\n+++ new.json\n" in out
+    assert "  argv: python3 train.py -> python3 other.py (instance 1)\n" in out
