@@ -20,7 +20,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from poprun.cli.main import main
+from poprun.core.diagnostic import DiagnosticError
+from poprun.core.record import evolve
+from poprun.planner.context import Context
 from poprun.planner.serde import from_json, to_json
+from poprun.planner.solve import solve
+from tests.strategies import specs
+
+CTX = Context(environ={"PATH": "/bin"}, cwd="/w")
 
 HOSTILE = [None, True, False, 0, -1, 1, 2, 1.5, 10**30, -(10**30), "", "\0", "a\0b", "-oProxyCommand=x", "$(id)",
            "`id`", "a b", "a\nb", "a;b", "'\"", "\\", "0-4000000000", "4000000000", "x" * 5000, [], [""], ["-x"],
@@ -120,3 +127,17 @@ def test_the_unmutated_plan_is_explained_with_its_program(base_plan, tmp_path, m
     assert (0, "") == (status, err)
     assert "program: python3 train.py --epochs 3\n" in out
     assert "SET=********" in out
+
+
+@settings(suppress_health_check=[HealthCheck.too_slow])
+@given(specs())
+def test_every_plan_the_solver_makes_loads_back(spec):
+    """The checks of a saved plan refuse nothing the solver makes: every solved spec's JSON loads as the same plan."""
+    spec = evolve(spec, replicas=None, instances=None, ilds=None, ipus_per_replica=None, host_file=None,
+                  only_output_from_instance=None, instance_args=(), offline_target=None)  # mostly solvable
+    try:
+        plan = solve(spec, CTX, require_program=False).plan
+    except DiagnosticError:
+        return
+
+    assert plan == from_json(to_json(plan), file="plan.json")
