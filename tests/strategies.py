@@ -66,6 +66,8 @@ def _field_values(kind: str, choices: tuple[str, ...]) -> st.SearchStrategy[Any]
             lambda name: name.lower() not in choices),
         "hosts": st.lists(host_names, unique=True, max_size=6).map(tuple),
         "args": st.lists(mpi_words, max_size=4).map(tuple),
+        "names": st.lists(env_names, unique=True, min_size=1,
+                          max_size=3).map(tuple),
     }[kind]
 
 

@@ -14,12 +14,12 @@ from pathlib import Path
 from poprun import __version__
 from poprun.cli import exitcode
 from poprun.cli.config import export_config
-from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.context import Context
 from poprun.planner.flags import CommandLine, parse_flags
-from poprun.planner.load import SPEC_SUFFIXES, is_spec_path, load_spec
+from poprun.planner.load import is_plan_path, is_spec_path, load_spec
 from poprun.planner.option import BACKENDS
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 SOURCES: dict[str, str] = {}
 PLAN_FORMATS = ("text", "json", "toml", "dot", "sbatch")
 DIFF_FORMATS = ("text", "json")
+SAVED_PLAN_FORMATS = ("text", "json", "dot")
 RENDER_FORMATS = ("dot", "svg", "png")
 IMAGE_FORMATS = ("svg", "png")
 SUFFIXES = {".dot": "dot", ".gv": "dot", ".svg": "svg", ".png": "png"}
@@ -156,11 +157,15 @@ def _emit(output: str | bytes, command: CommandLine) -> None:
 def plan(args: list[str]) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
     ctx = Context.from_process()
+    args = _file_first(list(args))
+    if args and is_plan_path(args[0]):
+        return _plan_saved(args[0], args[1:])
     command, spec = _read(list(args), ctx, prog="poprun plan", allow_spec_file=True)
     if command.format == "sbatch":  # planned as outside an allocation, as poprun submit does
         ctx = _outside_slurm(ctx)
     if command.help:
         return _help()
+    _warn_plan_options_in_program(command)
     _check_format(command, PLAN_FORMATS if command.diff is None else DIFF_FORMATS,
                   "'poprun plan --diff'" if command.diff else "'poprun plan'")
     old = _read_plan(command.diff.value, key="--diff") if command.diff is not None else None
@@ -196,6 +201,83 @@ def plan(args: list[str]) -> int:
     return exitcode.OK
 
 
+def _file_first(args: list[str]) -> list[str]:
+    """
+    Return ``args`` with a lone last word that names a spec or saved plan moved first.
+
+    ``poprun plan --explain PLAN.json`` explains the saved plan, as ``poprun plan PLAN.json
+    --explain`` does: the only word after the options is a file, not a program of that name.
+    """
+    if len(args) < 2 or is_plan_path(args[0]) or is_spec_path(args[0]):  # noqa: PLR2004 - options, then the word
+        return args
+    last = args[-1]
+    if not (is_plan_path(last) or is_spec_path(last)):
+        return args
+    from poprun.planner.flags import parse_flags as parse
+
+    try:
+        program = parse(args, prog="poprun plan").spec.program
+    except DiagnosticError:
+        return args  # the options are wrong: parsing them again reports it
+    return [last, *args[:-1]] if program is not None and program.value == (last,) else args
+
+
+def _plan_saved(path: str, rest: list[str]) -> int:
+    """
+    ``poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]``: show a saved plan, exactly as apply runs it.
+
+    ``poprun plan --diff OLD.json NEW.json`` shows what changed from one saved plan to another.
+
+    Diagnostics:
+        PR113 (unreadable), PR114 (not a valid plan), PR101 (options that would change the
+        plan, or a program), PR115 (a format a saved plan cannot be shown in).
+    """
+    plan = _read_plan(path, key="PLAN")
+    _reject_words_after_plan(_without_plan_options(rest), what="'poprun plan PLAN.json' takes only --explain, "
+                             "--format, -o and --expand: a saved plan is shown as it is")
+    command = parse_flags(rest, prog=f"poprun plan {path}")
+    SOURCES[COMMAND_LINE] = command.text
+    if command.diff is not None:  # plan --diff OLD.json NEW.json: two saved plans
+        _check_format(command, DIFF_FORMATS, "'poprun plan --diff'")
+        old = _read_plan(command.diff.value, key="--diff")
+        _emit(_diff(old, plan, old_name=command.diff.value, as_json=command.format == "json", new_name=path), command)
+        return exitcode.OK
+    _check_format(command, SAVED_PLAN_FORMATS, "'poprun plan PLAN.json'")
+    if command.format == "json":
+        from poprun.planner.serde import to_json
+
+        _emit(to_json(plan), command)
+    elif command.format == "dot":
+        from poprun.render.graph import render_dot
+
+        _emit(render_dot(plan, expand=command.expand), command)
+    else:
+        _emit(_text(plan, explain=command.explain), command)
+    return exitcode.OK
+
+
+def _warn_plan_options_in_program(command: CommandLine) -> None:
+    """
+    PR218 (a warning) when an option of ``poprun plan`` stands after the program: it is the program's.
+
+    Everything after the program belongs to it (as with every launcher), so ``poprun plan
+    python3 train.py --explain`` plans ``train.py --explain``; the plan text shows that program.
+    """
+    from poprun.planner.option import BY_FLAG, PLAN_ONLY
+
+    program = command.spec.program
+    if program is None:
+        return
+    for word in program.value[1:]:
+        option = BY_FLAG.get(word.partition("=")[0])
+        if option is not None and option.name in PLAN_ONLY:
+            _warn((warning("PR218", f"'{word}' after the program is the program's argument",
+                           detail=f"poprun reads its options only before the program; '{word}' is passed to "
+                                  f"{program.value[0]}", span=program.origin,
+                           hint=f"put {option.name} before the program: 'poprun plan {option.name} ... PROGRAM'"),))
+            return
+
+
 def _outside_slurm(ctx: Context) -> Context:
     """Return ``ctx`` without the Slurm allocation poprun may run in: a batch script plans for its own."""
     return evolve(ctx, environ={k: v for k, v in ctx.environ.items() if not k.startswith("SLURM_")})
@@ -224,18 +306,24 @@ def _read_plan(path: str, *, key: str) -> LaunchPlan:
     Diagnostics:
         PR113 (unreadable), PR114 (not a plan of this format version).
     """
+    import os
+
     from poprun.planner.load import read_text
     from poprun.planner.serde import from_json
 
+    if not os.path.lexists(path):
+        raise DiagnosticError([error("PR113", f"plan file '{path}' not found", detail="No such file or directory",
+                                     span=SourceSpan(file=path, key_path=key),
+                                     hint="check the path; save a plan with 'poprun plan --format json -o FILE'")])
     return from_json(read_text(path, key=key), file=path)
 
 
-def _diff(old: LaunchPlan, new: LaunchPlan, *, old_name: str, as_json: bool) -> str:
-    """Return what changed from plan ``old`` to ``new`` (the command line's), as text or JSON."""
+def _diff(old: LaunchPlan, new: LaunchPlan, *, old_name: str, as_json: bool, new_name: str = NEW_PLAN) -> str:
+    """Return what changed from plan ``old`` to ``new`` (the command line's, or a saved one), as text or JSON."""
     from poprun.render.diff import diff_plans, render_diff, render_diff_json
 
     render = render_diff_json if as_json else render_diff
-    return render(diff_plans(old, new), old_name=old_name, new_name=NEW_PLAN)
+    return render(diff_plans(old, new), old_name=old_name, new_name=new_name)
 
 
 def _given(command: CommandLine, flag: str) -> SourceSpan | None:
@@ -294,10 +382,8 @@ def validate(args: list[str]) -> int:
 def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
-    if args and args[0].endswith(".json"):
+    if args and is_plan_path(args[0]):
         return _apply_saved(args[0], args[1:], ctx)
-    if args and args[0].endswith(SPEC_SUFFIXES) and not Path(args[0]).is_file():
-        load_spec(args[0])  # PR113, naming the file
     command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
     _reject_plan_options(command, "'poprun apply'")
     if command.help:
@@ -325,11 +411,11 @@ def _apply_saved(path: str, rest: list[str], ctx: Context) -> int:
     return _run(plan, backend_span=SourceSpan(file=path, key_path="$.backend.name"))
 
 
-def _reject_words_after_plan(rest: list[str]) -> None:
+def _reject_words_after_plan(rest: list[str], *, what: str = "a saved plan runs exactly as planned: "
+                              "'poprun apply PLAN.json' takes no options and no program") -> None:
     if rest:
         raise DiagnosticError([error("PR101", f"'{rest[0]}' after a saved plan",
-                                     detail="a saved plan runs exactly as planned: 'poprun apply PLAN.json' "
-                                            "takes no options and no program",
+                                     detail=what,
                                      span=SourceSpan.flag(rest[0]),
                                      hint="make the plan again with the change: "
                                           "'poprun plan --format json -o FILE [options] PROGRAM ...'")])

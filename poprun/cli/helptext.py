@@ -9,8 +9,10 @@ from __future__ import annotations
 from poprun.planner.option import OPTIONS
 
 USAGE = """usage: poprun [options] program [program args]
-       poprun plan [SPEC] [options] [program [args]] [--explain] [--format text|json|toml|dot|sbatch] [-o FILE]
-       poprun plan --diff OLD.json [SPEC] [options] [program [args]] [--format text|json]
+       poprun plan [SPEC] [options] [--explain] [--format text|json|toml|dot|sbatch] [-o FILE] [program [args]]
+       poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]
+       poprun plan --diff OLD.json [SPEC] [options] [--format text|json] [program [args]]
+       poprun plan --diff OLD.json NEW.json [--format text|json]
        poprun apply SPEC|PLAN.json [options] [program [args]]
        poprun render [SPEC] [options] [-o FILE.svg|png|dot] [--expand]
        poprun submit [--dry-run] [--wait] [--nodes N] [SPEC] [options] program [args]

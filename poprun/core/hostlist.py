@@ -87,6 +87,10 @@ def expand(text: str, *, limit: int = MAX_HOSTS) -> tuple[str, ...]:
     items = [_parse_item(text, *_strip(text, start, end)) for start, end in _split_items(text)]
     total = 0
     for (start, end), segments in items:
+        if segments and isinstance(segments[0], str) and segments[0].startswith("-"):
+            raise HostlistError("a host name cannot start with '-'", position=start, length=1,
+                                hint="a name starting with '-' would be read as an option by ssh and mpirun; "
+                                     "check the host list")
         total += _count(segments, limit - total)
         if total > limit:
             raise HostlistError(
@@ -106,7 +110,7 @@ def compress(hosts: Iterable[str]) -> str:
     ``expand(compress(hosts)) == tuple(sorted(set(hosts), key=natural_key))``.
 
     Raises:
-        HostlistError: A host name is empty or has a character not allowed in host names.
+        HostlistError: A host name is empty, starts with '-' or has a character not allowed in host names.
         TypeError: ``hosts`` is a single string rather than an iterable of names.
     """
     if isinstance(hosts, str):
@@ -114,6 +118,8 @@ def compress(hosts: Iterable[str]) -> str:
     ordered = sorted(set(hosts), key=natural_key)
     for host in ordered:
         _check_name(host)
+        if host.startswith("-"):
+            raise HostlistError("a host name cannot start with '-'", position=0, length=1, hint=_NAME_HINT)
     return ",".join(_format_group(*group) for group in _group(ordered))
 
 

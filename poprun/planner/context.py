@@ -96,11 +96,16 @@ def _cwd() -> str:
 
 def _read_vipu_config() -> tuple[dict[str, str], str | None]:
     """Return the items of the first V-IPU client configuration file found (``api-host`` ...)."""
+    from poprun.core.diagnostic import DiagnosticError
+    from poprun.core.textfile import read_text_file
+
     for name in VIPU_CONFIG_FILES:
         path = Path(name).expanduser()
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError:
+        if not path.exists():
+            continue
+        try:  # bounded: a FIFO or device there is skipped, never waited on
+            text = read_text_file(str(path), key="vipu configuration")
+        except DiagnosticError:
             continue
         return {k: v.strip() for k, v in _HCL_ITEM.findall(text)}, str(path)
     return {}, None

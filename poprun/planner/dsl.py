@@ -47,11 +47,11 @@ _BARE = re.compile(r"[\w.:/@%+=,-]+")
 _DOCS = "see docs/spec-dsl.md for the statements of the DSL"
 _UNITS = ("replicas", "replica", "instances", "ilds", "ild", "ipus", "ipu")
 # The order in which messages list the words a statement may start with (as in the docs).
-_START = ("hosts", "partition", "forward", "set", "mpi", "instance", "placement", "numa", "cache", "offline",
+_START = ("hosts", "partition", "forward", "set", "mask", "mpi", "instance", "placement", "numa", "cache", "offline",
           "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "cd",
           "run", "no")
 # Spec fields whose repeats add up (like repeated --mpi-*-args) instead of conflicting.
-_MERGED = ("mpi_global_args", "mpi_local_args")
+_MERGED = ("mpi_global_args", "mpi_local_args", "mask")
 _KEYS = {field: f"{option.section}.{option.key}" for field, option in BY_FIELD.items()}
 _KEYS |= {"program": "program.argv", "working_dir": "program.cwd"}
 
@@ -269,6 +269,12 @@ class _Statement:
                 raise self._value_problem(problem, "vipu_server_port", span) from None
         return settings
 
+    def _mask(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``mask``: variables whose values text output masks."""
+        tokens = _tokens(tree)
+        names = tuple(self._convert(conv.to_names, t, "mask")[0] for t in tokens)
+        return [self._set("mask", names, self._span("mask", tokens[0]))]
+
     def _forward(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``forward``: variables forwarded from the launching shell."""
         return [self._set("env", self._env(t, None), self._span("env.forward", t)) for t in _tokens(tree)]
@@ -329,7 +335,10 @@ class _Statement:
     def _run(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``run``: the program, shell-split or a JSON array of strings."""
         token = _tokens(tree)[0]
-        program = _json_words(str(token)) if token.startswith("[") else None
+        try:
+            program = _json_words(str(token)) if token.startswith("[") else None
+        except conv.InvalidValueError as problem:
+            raise self._value_problem(problem, "program", self._span("program", token)) from None
         if program is None:
             program = self._convert(conv.to_args, token, "program")
         return [self._set("program", program, self._span("program", token))]
@@ -420,6 +429,10 @@ def _json_words(text: str) -> tuple[str, ...] | None:
         return None
     if isinstance(words, list) and all(isinstance(w, str) for w in words):
         return tuple(words)
+    if isinstance(words, list):  # a JSON array, but not of strings: never run as shell words
+        k, item = next((k, w) for k, w in enumerate(words) if not isinstance(w, str))
+        raise conv.InvalidValueError(f"item {k} of the program, {json.dumps(item)}, is not a string",
+                                     f"quote every word: run {json.dumps([str(w) if not isinstance(w, str) else w for w in words])}")
     return None
 
 
@@ -531,7 +544,7 @@ def _examples() -> dict[tuple[frozenset[str], bool], tuple[str, str]]:
 
 def to_dsl(spec: Spec) -> str:
     """Return ``spec`` written in the DSL, one statement per line, in a fixed order."""
-    lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env),
+    lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env), *_mask_lines(spec),
              *_mpi_lines(spec), *_instance_lines(spec), *_simple_lines(spec), *_run_lines(spec)]
     return "".join(f"{line}\n" for line in lines)
 
@@ -631,6 +644,11 @@ def _env_lines(env: tuple[Sourced[EnvVarSpec], ...]) -> Iterator[str]:
         yield f"forward {', '.join(forwards)}"
 
 
+def _mask_lines(spec: Spec) -> Iterator[str]:
+    if spec.mask is not None:
+        yield f"mask {', '.join(spec.mask.value)}"
+
+
 def _mpi_lines(spec: Spec) -> Iterator[str]:
     for field, scope in (("mpi_global_args", "global"), ("mpi_local_args", "local")):
         args = getattr(spec, field)
@@ -648,7 +666,7 @@ def _instance_lines(spec: Spec) -> Iterator[str]:
             yield f"{head} set {args.env[0].name} = {_string(cast('str', args.env[0].value))}"
         else:
             words = [w for e in args.env for w in ("-x", e.name if e.value is None else f"{e.name}={e.value}")]
-            yield f"{head} mpi {_string(shlex.join([*words, *args.mpi_args]))}"
+            yield f"{head} mpi {_string(shlex.join([*args.mpi_args, *words]))}"  # no word after a -x pair
 
 
 def _simple_lines(spec: Spec) -> Iterator[str]:

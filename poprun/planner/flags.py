@@ -189,8 +189,8 @@ class _Parser:
             hint = problem.hint
             if raw.startswith("-") and option.kind not in ("args", "instance_args") and not raw[1:].isdigit():
                 hint = f"'{raw}' looks like an option: did {option.name} lose its value?"
-            self.fail(problem.code, f"invalid value for {option.name}", detail=problem.detail,
-                      span=span, hint=hint)
+            summary = f"number too large for {option.name}" if problem.code == "PR216" else f"invalid value for {option.name}"
+            self.fail(problem.code, summary, detail=problem.detail, span=span, hint=hint)
         return index
 
     def _store(self, option: Option, raw: str, index: int, span: SourceSpan, offset: int) -> None:
@@ -202,6 +202,11 @@ class _Parser:
             self._instance_args(raw, span)
         elif option.kind == "hosts":
             self._hosts(option, raw, index, span, offset)
+        elif option.kind == "names":
+            assert option.field is not None
+            old = self.values.get(option.field)
+            merged = tuple(dict.fromkeys((old.value if old else ()) + conv.to_names(raw)))
+            self.values[option.field] = Sourced(merged, old.origin if old else span)
         else:
             self._scalar(option, _convert(option, raw), span)
 
@@ -270,10 +275,18 @@ def split_env_args(words: tuple[str, ...]) -> tuple[tuple[EnvVarSpec, ...], tupl
     i = 0
     while i < len(words):
         word = words[i]
-        if word == "-x" and i + 1 < len(words):
+        if word == "-x" and i + 1 >= len(words):
+            raise conv.InvalidValueError("'-x' is the last word: it names no variable",
+                                         "write -x NAME or -x NAME=VALUE", code="PR104")
+        if word == "-x":
             name, value = conv.to_env_assignment(words[i + 1])
             env.append(EnvVarSpec(name=name, value=value))
             i += 2
+            stray = words[i] if i < len(words) else None
+            if stray is not None and not stray.startswith("-"):
+                raise conv.InvalidValueError(
+                    f"'{stray}' follows '-x {words[i - 1]}', but -x takes one variable: mpirun would take "
+                    f"'{stray}' as the program", f"write -x {words[i - 1]} -x {stray} to pass both variables")
             continue
         rest.append(word)
         i += 1
@@ -284,7 +297,7 @@ def _convert(option: Option, raw: str) -> object:
     kind = option.kind
     converters: dict[str, Any] = {
         "int": conv.to_positive_int, "nonneg": _nonneg, "port": conv.to_port, "bool": conv.to_bool,
-        "subnet": conv.to_subnet, "str": str, "path": str,
+        "subnet": conv.to_subnet, "str": str, "path": str, "names": conv.to_names,
         "choice": lambda text: conv.to_choice(text, option.choices),
         "backend": lambda text: conv.to_backend(text, option.choices),
     }

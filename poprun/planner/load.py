@@ -6,7 +6,7 @@ Layer: ``poprun.planner``.
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
 
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.span import SourceSpan
@@ -14,11 +14,17 @@ from poprun.planner.spec import Spec
 
 DSL_SUFFIXES = (".pop",)
 SPEC_SUFFIXES = (".toml", ".pop", ".conf")
+PLAN_SUFFIXES = (".json",)
 
 
 def is_spec_path(word: str) -> bool:
-    """Return whether ``word`` names a spec file (an existing file with a spec suffix)."""
-    return word.endswith(SPEC_SUFFIXES) and Path(word).is_file()
+    """Return whether ``word`` names a spec file: it ends with a spec suffix, in any case (the file may be missing)."""
+    return word.lower().endswith(SPEC_SUFFIXES) and not word.startswith("-")
+
+
+def is_plan_path(word: str) -> bool:
+    """Return whether ``word`` names a saved plan: it ends with ``.json``, in any case (the file may be missing)."""
+    return word.lower().endswith(PLAN_SUFFIXES) and not word.startswith("-")
 
 
 def read_text(path: str, *, key: str = "SPEC") -> str:
@@ -26,15 +32,12 @@ def read_text(path: str, *, key: str = "SPEC") -> str:
     Return the text of ``path``.
 
     Diagnostics:
-        PR113 when the file cannot be read.
+        PR113 when the file cannot be read, PR116-PR118 when it is not a regular file, too
+        large, or not UTF-8 text (:func:`poprun.core.textfile.read_text_file`).
     """
-    try:
-        return Path(path).read_text(encoding="utf-8")
-    except (OSError, ValueError) as exc:  # ValueError: undecodable text, or a NUL in the name
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise DiagnosticError([error("PR113", f"cannot read '{path}'", detail=reason,
-                                     span=SourceSpan(file=path, key_path=key),
-                                     hint="check the path and its permissions")]) from exc
+    from poprun.core.textfile import read_text_file
+
+    return read_text_file(path, key=key)
 
 
 def load_spec(path: str) -> Spec:
@@ -42,10 +45,15 @@ def load_spec(path: str) -> Spec:
     Return the spec in the file ``path``, choosing the front end by its suffix.
 
     Diagnostics:
-        PR113 (unreadable), and those of the TOML front end or the DSL.
+        PR113 (missing: "spec file not found", or unreadable), PR116-PR118 (not a regular file,
+        too large, not UTF-8 text), and those of the TOML front end or the DSL.
     """
+    if not os.path.lexists(path):
+        raise DiagnosticError([error("PR113", f"spec file '{path}' not found", detail="No such file or directory",
+                                     span=SourceSpan(file=path, key_path="SPEC"),
+                                     hint="check the path; a spec file is read from the current directory")])
     text = read_text(path)
-    if path.endswith(DSL_SUFFIXES):
+    if path.lower().endswith(DSL_SUFFIXES):
         from poprun.planner.dsl import parse_dsl
 
         return parse_dsl(text, file=path)

@@ -25,6 +25,7 @@ class Option:
 
     ``kind`` says how its value is read: ``int`` (positive), ``nonneg``, ``port``, ``bool``,
     ``str``, ``path``, ``choice``, ``backend`` (a choice, or a plugin's name), ``hosts``, ``args`` (shell-split; repeats merge),
+    ``names`` (comma-separated variable names; repeats merge),
     ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``count`` (no value),
     ``flag`` (no value), ``action`` (a command-line action with a value).
     """
@@ -135,6 +136,9 @@ OPTIONS: tuple[Option, ...] = (
        "type to distribute: dsa, ecdsa, ed25519 or rsa", "ssh.key_type", choices=SSH_KEY_TYPES, group="SSH"),
     _o("--allow-run-as-root", "allow_run_as_root", "bool", "Allow running as root (passed to "
        "mpirun)", "run.allow_run_as_root", default="no", group="Execution"),
+    _o("--mask", "mask", "names", "Mask the values of these variables (comma-separated names; repeats add) in "
+       "explain, diff, logs and every text output, beside those whose names look secret", "env.mask",
+       group="Execution"),
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
        "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution"),
     _o("--export-config", None, "action", "Export the command line to a configuration file",

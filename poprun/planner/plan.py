@@ -208,6 +208,9 @@ class LaunchPlan:
     backend: BackendChoice
     explanation: tuple[Decision, ...]
     warnings: tuple[Note, ...]
+    # Variables whose values text output masks, beyond those whose names look secret (--mask).
+    # Added later: plans written before lack it, and load with none.
+    mask: tuple[str, ...] = ()
 
     def with_variables(self, variables: Mapping[str, str]) -> LaunchPlan:
         """Return this plan with ``variables`` set in every instance's environment (values decided at apply time)."""

@@ -12,6 +12,7 @@ from popdist import env as names
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
+from poprun.planner import value as conv
 from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
 
@@ -40,6 +41,17 @@ def vipu(s: Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: s
     return s.decide(key, default, SourceSpan.default(key), "default")
 
 
+def _server_host(s: Solver, given: Sourced[str] | None) -> Sourced[str] | None:
+    """Return the V-IPU server host given, brackets of an IPv6 address removed; PR105 when it is no host (``[::1``)."""
+    if given is None:
+        return None
+    try:
+        return Sourced(conv.to_server_host(given.value), given.origin)
+    except conv.InvalidValueError as problem:
+        s.fail(problem.code, "invalid V-IPU server host", detail=problem.detail, span=given.origin, hint=problem.hint)
+        return None
+
+
 def partition(s: Solver, topo: p.Topology) -> p.Partition | None:
     """Return the partition the launch uses (None in offline mode), seed section 2.8."""
     spec = s.spec
@@ -47,8 +59,8 @@ def partition(s: Solver, topo: p.Topology) -> p.Partition | None:
         s.decide("partition", "none", spec.offline_mode.origin if spec.offline_mode else SourceSpan.default("x"),
                  "offline mode: no partition and no devices")
         return None
-    host = vipu(s, "vipu_server_host", spec.vipu_server_host, env_name=names.VIPU_API_HOST, hcl="api-host",
-                 default="localhost", convert=str)
+    host = vipu(s, "vipu_server_host", _server_host(s, spec.vipu_server_host), env_name=names.VIPU_API_HOST,
+                hcl="api-host", default="localhost", convert=conv.to_server_host)
     port = vipu(s, "vipu_server_port", spec.vipu_server_port, env_name=names.VIPU_API_PORT, hcl="api-port",
                  default=8090, convert=int)
     name: str | None = vipu(s, "partition", spec.partition, env_name=names.VIPU_API_PARTITION_ID,

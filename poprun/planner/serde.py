@@ -14,9 +14,15 @@ import typing
 from typing import Any
 
 import cattrs
-from cattrs.errors import AttributeValidationNote, ClassValidationError, ForbiddenExtraKeysError
+from cattrs.errors import (
+    AttributeValidationNote,
+    ClassValidationError,
+    ForbiddenExtraKeysError,
+    IterableValidationError,
+    IterableValidationNote,
+)
 
-from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.record import fields
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
@@ -73,8 +79,46 @@ def _record_hooks(conv: cattrs.Converter) -> None:
     conv.register_structure_hook_factory(_is_record, structure)
 
 
+def _tuple_hooks(conv: cattrs.Converter) -> None:
+    """Structure tuples only from JSON arrays (a string is not a list of its characters), each failure with its index."""
+
+    def is_tuple(cls: Any) -> bool:
+        return typing.get_origin(cls) is tuple
+
+    def structure(cls: Any) -> Any:
+        args = typing.get_args(cls)
+        variadic = len(args) == 2 and args[1] is Ellipsis  # noqa: PLR2004 - tuple[X, ...]
+
+        def hook(data: Any, _: type) -> tuple[Any, ...]:
+            if not isinstance(data, list | tuple):
+                msg = f"expected an array, found {type(data).__name__}"
+                raise TypeError(msg)
+            if not variadic and len(data) != len(args):
+                msg = f"expected an array of {len(args)} items, found {len(data)}"
+                raise TypeError(msg)
+            values, errors = [], []
+            for index, item in enumerate(data):
+                kind = args[0] if variadic else args[index]
+                try:
+                    values.append(conv.structure(item, kind))
+                except Exception as exc:  # noqa: BLE001 - every item's failure is collected, as cattrs does
+                    exc.add_note(IterableValidationNote(f"Structuring {cls} @ index {index}", index, kind))
+                    errors.append(exc)
+            if errors:
+                raise IterableValidationError(f"While structuring {cls}", errors, cls)
+            return tuple(values)
+
+        return hook
+
+    conv.register_structure_hook_factory(is_tuple, structure)
+
+
 def _converter() -> cattrs.Converter:
+    from poprun.planner.plancheck import strict_scalars
+
     conv = cattrs.Converter(forbid_extra_keys=True)
+    strict_scalars(conv)
+    _tuple_hooks(conv)
     _record_hooks(conv)
 
     def unstructure_instance(instance: p.Instance) -> dict[str, Any]:
@@ -86,8 +130,18 @@ def _converter() -> cattrs.Converter:
         return data
 
     def structure_instance(data: dict[str, Any], _: type) -> p.Instance:
+        if not isinstance(data, dict):
+            msg = f"expected an object, found {type(data).__name__}"
+            raise TypeError(msg)
+        missing = [key for key in ("env", "env_forward", "env_unset") if key not in data]
+        if missing:
+            msg = f"no {missing[0]}"
+            raise TypeError(msg)
+        if not isinstance(data["env"], dict):
+            msg = f"env: expected an object, found {type(data['env']).__name__}"
+            raise TypeError(msg)
         data = dict(data)
-        env = {"set": sorted(dict(data.pop("env")).items()), "forward": data.pop("env_forward"),
+        env = {"set": sorted(data.pop("env").items()), "forward": data.pop("env_forward"),
                "unset": data.pop("env_unset")}
         instance: p.Instance = structure_record({**data, "env": env}, p.Instance)
         return instance
@@ -132,21 +186,52 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
     Return the plan in ``text``.
 
     Diagnostics:
-        PR114 when the text is not a plan of this format version (the detail names both versions).
+        PR114 when the text is not a plan of this format version (the detail names both versions),
+        or breaks a rule the solver keeps (:mod:`poprun.planner.plancheck`): one diagnostic per
+        problem, each naming its JSON path.
     """
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
+    except RecursionError as exc:  # arrays or objects nested deeper than any plan's
+        raise _invalid(file, "$", "arrays or objects nested too deeply: not a plan") from exc
     if not isinstance(data, dict):
         raise _invalid(file, "$", "a plan is a JSON object")
-    if data.get("format_version") != p.FORMAT_VERSION:
+    version = data.get("format_version")
+    if type(version) is not int or version != p.FORMAT_VERSION:  # not True, not 1.0, not "1"
         raise _invalid(file, "$.format_version", _version_detail(data))
+    from poprun.planner.plancheck import validate_plan, validate_plan_data
+
+    found = validate_plan_data(data, file=file)
+    if found:
+        raise DiagnosticError(found)
     try:
-        return converter().structure(data, p.LaunchPlan)
+        plan: p.LaunchPlan = converter().structure(data, p.LaunchPlan)
     except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
-        detail = "; ".join(cattrs.transform_error(exc)) if isinstance(exc, cattrs.BaseValidationError) else str(exc)
-        raise _invalid(file, "$", detail) from exc
+        if not isinstance(exc, cattrs.BaseValidationError):
+            raise _invalid(file, "$", str(exc)) from exc
+        raise DiagnosticError([_invalid_at(file, message) for message in cattrs.transform_error(exc, path="$", format_exception=_reason)]
+                              [:20]) from exc
+    found = validate_plan(plan, file=file)
+    if found:
+        raise DiagnosticError(found)
+    return plan
+
+
+def _reason(exc: BaseException, kind: type | None) -> str:
+    """Return what is wrong with one value: our hooks' own words, else cattrs'."""
+    from cattrs.v import format_exception
+
+    if isinstance(exc, TypeError) and str(exc).startswith("expected"):
+        return str(exc)
+    return format_exception(exc, kind)
+
+
+def _invalid_at(file: str, message: str) -> Diagnostic:
+    """Return PR114 for one of cattrs' messages (``expected int @ $.instances[0].index``), placed at its path."""
+    what, _, path = message.rpartition(" @ ")
+    return _invalid(file, path or "$", f"{path} {what}" if path else message).diagnostics[0]
 
 
 def _version_detail(data: dict[str, Any]) -> str:
@@ -155,7 +240,9 @@ def _version_detail(data: dict[str, Any]) -> str:
         return "no format_version: not a plan written by 'poprun plan --format json'"
     by = data.get("poprun_version")
     written = f", written by poprun {by}" if isinstance(by, str) else ""
-    return (f"the plan has format version {data['format_version']!r}{written}; "
+    version = data["format_version"]
+    shown = f"{version!r}" if type(version) is int else f"{json.dumps(version)} (a {type(version).__name__})"
+    return (f"the plan has format version {shown}{written}; "
             f"this poprun reads format version {p.FORMAT_VERSION}")
 
 

@@ -56,6 +56,7 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True) -> Solution
 
 
 def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
+    _check_text(s)
     target = _target(s)
     topology = _topology(s, target)
     if topology is None:
@@ -82,12 +83,23 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
                                 key_path=value_of(s.spec.distribute_ssh_key_path),
                                 key_type=value_of(s.spec.distribute_ssh_key_type))
     notes = tuple(p.Note(code=d.code, summary=d.summary, hint=d.hint) for d in s.diags.warnings)
+    mask = _mask(s)
     return p.LaunchPlan(
         poprun_version=__version__, topology=topology, instances=instances, partition=partition,
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
-        explanation=tuple(s.decisions), warnings=notes,
+        explanation=tuple(s.decisions), warnings=notes, mask=mask,
     )
+
+
+def _mask(s: Solver) -> tuple[str, ...]:
+    """Return the variables named by --mask (sorted, once each): their values are masked in every text output."""
+    given = s.spec.mask
+    if given is None:
+        return ()
+    names = tuple(sorted(set(given.value)))
+    s.decide("mask", ",".join(names), given.origin, "their values are masked in explain, diff and logs")
+    return names
 
 
 # -- topology ------------------------------------------------------------------------------
@@ -157,16 +169,53 @@ def _allocation_tasks(s: Solver, hosts_given: bool) -> int | None:
                     f"not given: one instance per task of {allocation.describe()}")
 
 
+def _check_text(s: Solver) -> None:
+    """
+    PR105 for a NUL character in any value of the spec (a TOML or DSL escape can write one), and for an empty working directory.
+
+    No program, name or value can hold a NUL, so a value with one would be cut short where it is
+    used; an empty ``cwd`` would fail only when the launch starts.
+    """
+    from poprun.core.record import fields
+
+    for f in fields(type(s.spec)):
+        given = getattr(s.spec, f.name)
+        for sourced in given if isinstance(given, tuple) else (given,):
+            if isinstance(sourced, Sourced) and _has_nul(sourced.value):
+                s.fail("PR105", "invalid value", detail=f"the value of {f.name} holds a NUL character",
+                       span=sourced.origin, hint="remove the NUL character (a \\u0000 escape writes one)")
+    program = s.spec.program
+    if program is not None and program.value and not program.value[0]:
+        s.fail("PR105", "invalid value", detail="the program's name is empty", span=program.origin,
+               hint="name the program to run first, e.g. python3")
+    if s.spec.working_dir is not None and not s.spec.working_dir.value:
+        s.fail("PR105", "invalid value", detail="the working directory is empty", span=s.spec.working_dir.origin,
+               hint="name a directory, or leave cwd out to run in the directory poprun runs in")
+
+
+def _has_nul(value: object) -> bool:
+    """Return whether ``value`` (a string, a tuple of values, or a record of them) holds a NUL character."""
+    from poprun.core.record import fields
+
+    if isinstance(value, str):
+        return "\0" in value
+    if isinstance(value, tuple):
+        return any(_has_nul(v) for v in value)
+    if hasattr(type(value), "__record_fields__"):
+        return any(_has_nul(getattr(value, f.name)) for f in fields(type(value)))
+    return False
+
+
 def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:
     """Return the hosts of a host file: one host or host range per line; blank lines and # comments skipped."""
     from poprun.core.hostlist import HostlistError, expand
+    from poprun.core.textfile import read_text_file
 
     path = Path(s.ctx.cwd) / given.value
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        s.fail("PR113", f"cannot read '{given.value}'", detail=getattr(exc, "strerror", None) or str(exc),
-               span=given.origin, hint="check the host file's path and permissions")
+        text = read_text_file(str(path), key="--host-file", span=given.origin, name=given.value)
+    except DiagnosticError as exc:  # missing, not a regular file, too large, not text
+        s.diags.extend(exc.diagnostics)
         return ()
     hosts: list[str] = []
     for number, line in enumerate(text.split("\n"), start=1):

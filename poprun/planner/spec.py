@@ -103,6 +103,7 @@ class Spec:
     backend: SS | None = None
     program: STuple | None = None
     working_dir: SS | None = None
+    mask: STuple | None = None  # variables whose values text output masks (--mask)
 
 
 def overlay(base: Spec, top: Spec) -> Spec:

@@ -37,11 +37,12 @@ def validate_plan_inputs(plan: LaunchPlan, ctx: Context, *, file: str = "<plan>"
 
     Diagnostics:
         PR403 for a forwarded variable not set, a working directory gone, a program not
-        found, or the parent directory of a fixed executable cache gone.
+        found, the parent directory of a fixed executable cache gone, or an instance on this
+        machine bound to CPUs or NUMA nodes it does not have (or may not use).
     """
     here = tuple(i for i in plan.instances if _runs_here(plan, i, ctx))
     return (*_forwarded(plan, ctx, file), *_directories(plan, here, file), *_programs(plan, here, ctx, file),
-            *_cache(plan, here, file))
+            *_cache(plan, here, file), *_bindings(plan, ctx, file))
 
 
 def _runs_here(plan: LaunchPlan, instance: Instance, ctx: Context) -> bool:
@@ -137,3 +138,40 @@ def _cache(plan: LaunchPlan, here: tuple[Instance, ...], file: str) -> Iterator[
                      file=file, key_path="$.cache.path",
                      hint=f"create {path.parent} again, or make the plan again with another --executable-cache-path "
                           f"{_REMAKE}")
+
+
+def _bindings(plan: LaunchPlan, ctx: Context, file: str) -> Iterator[Diagnostic]:
+    """PR403 for each instance on this machine bound to CPUs or NUMA nodes this machine does not let it use."""
+    mine = [(k, i) for k, i in enumerate(plan.instances) if i.host in ctx.local_names and
+            (i.placement.cpus or i.placement.numa_nodes)]
+    if not mine or ctx.probe is None:
+        return
+    from poprun.planner.machine import parse_cpulist
+
+    try:
+        machine = ctx.probe()
+    except (OSError, ValueError):  # the topology cannot be read: the backend reports what binding does
+        return
+    cpus = {cpu for node in machine.numa_nodes for cpu in node.cpus}
+    if machine.cpuset is not None:
+        cpus &= set(machine.cpuset)
+    nodes = {node.index for node in machine.numa_nodes}
+    if machine.mems is not None:
+        nodes &= set(machine.mems)
+    for k, instance in mine:
+        for key, text, allowed, noun in (("cpus", instance.placement.cpus, cpus, "CPUs"),
+                                         ("numa_nodes", instance.placement.numa_nodes, nodes, "NUMA nodes")):
+            missing = sorted(set(parse_cpulist(text)) - allowed) if text and allowed else []
+            if missing:
+                yield _stale(f"instance {instance.index} is bound to {noun} this machine does not have",
+                             detail=f"the plan binds instance {instance.index} to {noun} {text}; this machine "
+                                    f"({machine.name}) lets it use {noun} {_ranges(sorted(allowed))}",
+                             file=file, key_path=f"$.instances[{k}].placement.{key}",
+                             hint=f"make the plan again on this machine {_REMAKE}")
+                break
+
+
+def _ranges(numbers: list[int]) -> str:
+    from poprun.planner.machine import cpulist
+
+    return cpulist(numbers)

@@ -163,6 +163,8 @@ class _Reader:
             result = self._hosts(path, value)
         elif kind == "args":
             result = self._mpi_args(path, value, self.env[field])
+        elif kind == "names":
+            result = self._names(path, value)
         elif self.check(path, value, "str", f'"{option.choices[0]}"' if option.choices else example):
             result = self._text(path, str(value), option)
         if result is not None:
@@ -174,6 +176,17 @@ class _Reader:
             "backend": lambda t: conv.to_backend(t, option.choices)}.get(option.kind, str)
         try:
             return convert(text)
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
+
+    def _names(self, path: Path, value: object) -> tuple[str, ...] | None:
+        """Return an array of variable names (``mask = ["MY_TOKEN"]``)."""
+        texts = self._strings(path, value, '["MY_TOKEN", "DB_PASS"]')
+        if texts is None:
+            return None
+        try:
+            return tuple(dict.fromkeys(name for text in texts for name in conv.to_names(text)))
         except conv.InvalidValueError as problem:
             self.invalid(path, problem)
             return None
@@ -231,7 +244,11 @@ class _Reader:
             self.invalid(path, problem, span)
         if problems:
             return None
-        entries, rest = split_env_args(tokens)
+        try:
+            entries, rest = split_env_args(tokens)
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
         env.extend(Sourced(entry, span) for entry, span in zip(entries, places, strict=True))
         return rest
 
@@ -395,7 +412,9 @@ def _env_indices(tokens: tuple[str, ...]) -> list[int]:
 def _split_server(text: str) -> tuple[str, str | None]:
     """Return (host, port text or None) of ``host``, ``host:port`` or ``[v6 address]:port``."""
     if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
+        host, bracket, rest = text[1:].partition("]")
+        if not bracket:  # "[::1": unbalanced, refused by to_server_host
+            return text, None
         return (host, rest[1:]) if rest.startswith(":") else (host if not rest else "", None)
     if text.count(":") == 1:
         host, _, port = text.partition(":")
@@ -420,7 +439,7 @@ def _section_doc(spec: Spec, section: str) -> dict[str, Any]:
         sourced = getattr(spec, field)
         if sourced is not None:
             kind, value = BY_FIELD[field].kind, sourced.value
-            table[key] = _hosts_doc(value) if kind == "hosts" else list(value) if kind == "args" else value
+            table[key] = _hosts_doc(value) if kind == "hosts" else list(value) if kind in ("args", "names") else value
     if section == "env":
         table.update(_env_doc([entry.value for entry in spec.env]))
     elif section == "instances":

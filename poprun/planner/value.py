@@ -15,6 +15,8 @@ TRUE_WORDS = ("yes", "1", "true", "on")
 FALSE_WORDS = ("no", "0", "false", "off")
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _INTEGER = re.compile(r"[+-]?[0-9]{1,18}\Z")  # ASCII digits only: no 1_000, no other scripts' digits
+_LONG_INTEGER = re.compile(r"[+-]?[0-9]{19,}\Z")
+_HOST_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789.-_:")
 
 
 class InvalidValueError(ValueError):
@@ -48,9 +50,44 @@ def to_positive_int(text: str) -> int:
 
 def to_int(text: str) -> int:
     """Return a whole number (negative allowed)."""
+    if _LONG_INTEGER.match(text.strip()):
+        shown = text.strip() if len(text.strip()) <= 40 else text.strip()[:20] + "..."  # noqa: PLR2004
+        raise InvalidValueError(f"{shown} is too large (more than 18 digits)",
+                                "use a number no Pod system exceeds, such as 64", code="PR216")
     if not _INTEGER.match(text.strip()):
         raise InvalidValueError(f"'{text}' is not a whole number", "use a whole number such as 4")
     return int(text.strip())
+
+
+def to_server_host(text: str) -> str:
+    """
+    Return the V-IPU server's host: a host name, an IPv4 address, or an IPv6 address (bare or in brackets).
+
+    Brackets must be balanced (``[::1``, ``::1]`` are refused), and a name cannot start with ``-``.
+    """
+    hint = "write a host name such as vipu.my_domain, or an address such as 10.1.2.3 or [::1]"
+    if text.startswith("[") or text.endswith("]"):
+        if not (text.startswith("[") and text.endswith("]")) or text.count("[") != 1 or text.count("]") != 1:
+            raise InvalidValueError(f"'{text}' has an unbalanced bracket", hint)
+        inner = text[1:-1]
+        if not _is_ipv6(inner):
+            raise InvalidValueError(f"'{inner}' in brackets is not an IPv6 address", hint)
+        return inner
+    if not text or text.startswith("-") or not set(text) <= _HOST_CHARS:
+        bad = next((c for c in text if c not in _HOST_CHARS), "-" if text else "")
+        why = "is empty" if not text else f"has the character {bad!r}, not allowed in a host name"
+        raise InvalidValueError(f"'{text}' {why}" if text else f"the host {why}", hint)
+    if ":" in text and not _is_ipv6(text):
+        raise InvalidValueError(f"'{text}' is not a host name or an IPv6 address (a port is given apart)", hint)
+    return text
+
+
+def _is_ipv6(text: str) -> bool:
+    try:
+        ipaddress.IPv6Address(text)
+    except ValueError:
+        return False
+    return True
 
 
 def to_port(text: str) -> int:
@@ -108,6 +145,18 @@ def to_args(text: str) -> tuple[str, ...]:
     except ValueError:
         raise InvalidValueError(f"unbalanced quotes in {text!r}", "close the quote, or quote the whole value once",
                            code="PR107") from None
+
+
+def to_names(text: str) -> tuple[str, ...]:
+    """Return the variable names of a comma-separated list (``TOKEN_A,MY_PASS``; spaces around names allowed)."""
+    names = tuple(word.strip() for word in text.split(",") if word.strip())
+    if not names:
+        raise InvalidValueError("no variable name given", "write one or more names: --mask MY_TOKEN,DB_PASS")
+    for name in names:
+        if not _ENV_NAME.match(name):
+            raise InvalidValueError(f"'{name}' is not an environment variable name",
+                                    "use letters, digits and underscores, not starting with a digit")
+    return names
 
 
 def to_env_assignment(text: str) -> tuple[str, str | None]:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from pathlib import Path
 
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.span import COMMAND_LINE, ENVIRONMENT, SourceSpan
@@ -73,9 +72,12 @@ def _where(span: SourceSpan) -> str:
 def _source_line(span: SourceSpan, sources: Mapping[str, str]) -> str | None:
     if span.line is None or (span.file not in sources and not span.is_file):
         return None
+    from poprun.core.diagnostic import DiagnosticError
+    from poprun.core.textfile import read_text_file
+
     try:
-        text = sources[span.file] if span.file in sources else Path(span.file).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError):
+        text = sources[span.file] if span.file in sources else read_text_file(span.file, key=span.key_path)
+    except DiagnosticError:  # not readable, not a regular file, too large or not text: no source line
         return None
     lines = text.split("\n")
     return lines[span.line - 1] if 0 < span.line <= len(lines) else None

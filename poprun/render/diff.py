@@ -47,6 +47,7 @@ class Diff:
     """The changes from one plan to another, by section (:data:`SECTIONS`), in a fixed order."""
 
     changes: tuple[Change, ...]
+    mask: tuple[str, ...] = ()  # variables masked beside those whose names look secret (either plan's --mask)
 
     @property
     def equal(self) -> bool:
@@ -61,7 +62,7 @@ class Diff:
 def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     """Return what changed from plan ``old`` to plan ``new``."""
     raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new)]
-    return Diff(changes=_merge(raw))
+    return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 
 def _merge(changes: Sequence[Change]) -> tuple[Change, ...]:
@@ -164,6 +165,7 @@ def _launch(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
     yield from _compare("launch", "backend", old.backend.name, new.backend.name)
     yield from _compare("launch", "offline", old.offline, new.offline)
     yield from _compare("launch", "offline_target", old.offline_target, new.offline_target)
+    yield from _compare("launch", "mask", old.mask, new.mask)
     for name in ("output", "cache", "mpi", "ssh_keys"):
         yield from _record_changes("launch", f"{name}.", getattr(old, name), getattr(new, name))
 
@@ -177,11 +179,11 @@ def render_diff(diff: Diff, *, old_name: str, new_name: str) -> str:
         changes = diff.section(section)
         if changes:
             lines.append(f"{section}:")
-            lines.extend(line for change in changes for line in _change_lines(change))
+            lines.extend(line for change in changes for line in _change_lines(change, diff.mask))
     return "\n".join(lines) + "\n"
 
 
-def _change_lines(change: Change) -> list[str]:
+def _change_lines(change: Change, mask: tuple[str, ...]) -> list[str]:
     scope = _scope(change.instances)
     if change.key == "instance":
         what = f"added ({change.new})" if change.old is None else f"removed (was {change.old})"
@@ -190,7 +192,7 @@ def _change_lines(change: Change) -> list[str]:
         return [f"  {change.key}:{scope}",
                 *(f"    - {a}" for a in change.old if a not in change.new),
                 *(f"    + {a}" for a in change.new if a not in change.old)]
-    old, new = _shown(change, change.old), _shown(change, change.new)
+    old, new = _shown(change, change.old, mask), _shown(change, change.new, mask)
     return [f"  {change.key}: {old} -> {new}{scope}"]
 
 
@@ -201,10 +203,14 @@ def _scope(instances: tuple[int, ...]) -> str:
     return f" ({word} {ranges(instances)})"
 
 
-def _shown(change: Change, value: Value) -> str:
+def _masked(change: Change, mask: tuple[str, ...]) -> bool:
+    return change.section == "environment" and is_secret(change.key, mask)
+
+
+def _shown(change: Change, value: Value, mask: tuple[str, ...]) -> str:
     if value is None:
         return "(none)"
-    if change.section == "environment" and is_secret(change.key):
+    if _masked(change, mask):
         return _MASK
     if isinstance(value, bool):
         return "yes" if value else "no"
@@ -215,8 +221,9 @@ def _shown(change: Change, value: Value) -> str:
 
 def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, object]:
     """Return the diff as JSON-ready data: ``old``, ``new``, ``equal`` and the list of ``changes``."""
-    changes = [{"section": c.section, "key": c.key, "old": _json(c.old), "new": _json(c.new),
-                "instances": list(c.instances)} for c in diff.changes]
+    changes = [{"section": c.section, "key": c.key, "instances": list(c.instances),
+                "old": _MASK if _masked(c, diff.mask) and c.old is not None else _json(c.old),
+                "new": _MASK if _masked(c, diff.mask) and c.new is not None else _json(c.new)} for c in diff.changes]
     return {"old": old_name, "new": new_name, "equal": diff.equal, "changes": changes}
 
 

@@ -88,11 +88,11 @@ def _short(value: str | int | bool, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_environment(instance: Instance) -> str:
-    """Return one instance's environment, secrets masked."""
+def render_environment(instance: Instance, mask: tuple[str, ...] = ()) -> str:
+    """Return one instance's environment, secrets (and the variables of ``mask``) masked."""
     lines = [f"environment of instance {instance.index} ({instance.host}):"]
     for name, value in instance.env.set:
-        shown = "********" if is_secret(name) else value
+        shown = "********" if is_secret(name, mask) else value
         lines.append(f"  {name}={shown}")
     if instance.env.forward:
         lines.append(f"  forwarded from the launching shell: {' '.join(instance.env.forward)}")
@@ -111,9 +111,29 @@ def render_mpirun(plan: LaunchPlan) -> str:
     argv = list(mpirun_command(plan))
     for i in range(1, len(argv)):
         name, equals, _ = argv[i].partition("=")
-        if argv[i - 1] == "-x" and equals and is_secret(name):
+        if argv[i - 1] == "-x" and equals and is_secret(name, plan.mask):
             argv[i] = f"{name}=********"
     return f"mpirun command: {render_mpirun_command(argv)}\n"
+
+
+def render_program(instances: Sequence[Instance]) -> str:
+    """
+    Return the program each instance runs and its working directory, quoted as a shell would need.
+
+    One line when every instance runs the same (as the solver plans), else one line per instance:
+    the text shows exactly what apply runs, so a word that was swallowed or changed is seen.
+    """
+    import shlex
+
+    def argv(instance: Instance) -> str:
+        return shlex.join(instance.argv) if instance.argv else "(no program)"
+
+    first = instances[0]
+    if all(i.argv == first.argv and i.cwd == first.cwd for i in instances):
+        return f"program: {argv(first)}\nworking directory: {first.cwd}\n"
+    lines = ["programs (they differ between instances):"]
+    lines += [f"  instance {i.index} ({i.host}): {argv(i)}  (in {i.cwd})" for i in instances]
+    return "\n".join(lines) + "\n"
 
 
 def _differences(instances: Sequence[Instance]) -> str:
@@ -123,7 +143,14 @@ def _differences(instances: Sequence[Instance]) -> str:
     first = instances[0].env.as_dict()
     varying = sorted({name for i in instances[1:] for name, value in i.env.set if first.get(name) != value}
                      | {name for i in instances[1:] for name in first if i.env.get(name) is None})
-    return f"  other instances differ only in: {' '.join(varying)}\n" if varying else ""
+    text = f"  other instances differ only in: {' '.join(varying)}\n" if varying else ""
+    head = instances[0]
+    for i in instances[1:]:  # the solver gives every instance the same; a saved plan may not
+        for what, mine, theirs in (("forwards", i.env.forward, head.env.forward),
+                                   ("removes", i.env.unset, head.env.unset)):
+            if mine != theirs:
+                text += f"  instance {i.index} {what}: {' '.join(mine) or '(none)'}\n"
+    return text
 
 
 def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
@@ -135,9 +162,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
         if any(i.placement.numa_aware for i in plan.instances):
             parts.append(render_placement(plan.instances))
-        parts.append(render_environment(plan.instances[0]) + _differences(plan.instances))
-        argv = " ".join(plan.instances[0].argv) or "(no program)"
-        parts.append(f"program: {argv}\nworking directory: {plan.instances[0].cwd}\n")
+        parts.append(render_environment(plan.instances[0], plan.mask) + _differences(plan.instances))
+    parts.append(render_program(plan.instances))
     if plan.backend.name == "mpirun":
         parts.append(render_mpirun(plan))
     if plan.warnings:

@@ -1,9 +1,11 @@
 """
 The golden tests' harness: run the real CLI on a case folder in a fixed context, compare or update.
 
-A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...]}``), any files
+A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...], "sparse_files":
+{"big.toml": 5000000}}``), any files
 the argv names, and ``expected.txt``. ``sys_path`` names folders of the case put on ``sys.path``
-for the run (a fake distribution whose entry points declare a backend plugin). ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
+for the run (a fake distribution whose entry points declare a backend plugin); ``sparse_files``
+are made (of that many bytes, all NUL) before the run and removed after it. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
 """
 
 import io
@@ -50,6 +52,9 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
                          local_names=("127.0.0.1", "::1", "localhost"))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
     before = set(case.iterdir())
+    for name, size in spec.get("sparse_files", {}).items():  # large inputs, made for the run, not kept in git
+        with (case / name).open("wb") as made:
+            made.truncate(size)
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):

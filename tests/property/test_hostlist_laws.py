@@ -56,7 +56,7 @@ host_names = st.one_of(
         st.sampled_from(["", "x", ".ib"]),
     ),
     st.sampled_from(["login", "a", "b"]),
-    st.text(alphabet=NAME_CHARS, min_size=1, max_size=8),
+    st.text(alphabet=NAME_CHARS, min_size=1, max_size=8).filter(lambda name: not name.startswith("-")),
 )
 
 parser_text = st.one_of(st.text(), st.text(alphabet="pod[]-,0123456789 \t", max_size=20))

@@ -340,7 +340,7 @@ def test_syntax_error_at_the_start_names_every_statement() -> None:
     found = only("replics 8")
 
     assert (
-        ("expected a count (as in '8 replicas'), 'hosts', 'partition', 'forward', 'set', 'mpi', 'instance', "
+        ("expected a count (as in '8 replicas'), 'hosts', 'partition', 'forward', 'set', 'mask', 'mpi', 'instance', "
          "'placement', 'numa', 'cache', 'offline', 'autoreport', 'subnet', 'print', 'output', 'distribute', "
          "'ssh', 'allow', 'verbosity', 'backend', 'cd', 'run' or 'no' at the start of a statement, found 'replics'"),
         "did you mean 'replicas'? (the number goes first, as in '8 replicas')",

@@ -272,3 +272,18 @@ def test_plan_then_apply_runs_then_refuses_when_stale(tmp_path):
     other = poprun("apply", "plan.json", DATASET="/data")
     assert (2, "   = the plan has format version 2, written by poprun 0.1.0; this poprun reads format version 1") == (
         other.returncode, other.stderr.splitlines()[2])
+
+
+def test_binding_to_cpus_this_machine_lacks_is_stale(app):
+    """A saved plan binding an instance on this machine to CPUs it does not have is refused, naming the path."""
+    from poprun.planner.machine import load
+
+    plan = plan_of(app, "--num-instances=2", "--num-replicas=2", "./train.py")
+    placement = evolve(plan.instances[1].placement, numa_aware=True, cpus="0-63", numa_nodes="0")
+    plan = evolve(plan, instances=(plan.instances[0], evolve(plan.instances[1], placement=placement)))
+    ctx = evolve(context(app), probe=lambda: load("workstation-1numa"))
+
+    found = validate_plan_inputs(plan, ctx, file="plan.json")
+
+    assert [("PR403", "$.instances[1].placement.cpus")] == [(d.code, d.span.key_path) for d in found]
+    assert "lets it use CPUs 0-7" in found[0].detail

@@ -1,0 +1,102 @@
+"""Values of secret-looking variables and of --mask variables are masked in explain, diff and every text output."""
+
+import io
+import json
+from contextlib import redirect_stderr, redirect_stdout
+
+import pytest
+
+from poprun.cli.main import main
+from poprun.planner.environment import is_secret
+
+
+def _run(argv, monkeypatch=None, env=None):
+    for name, value in (env or {}).items():
+        monkeypatch.setenv(name, value)
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        status = main(argv)
+    return status, out.getvalue(), err.getvalue()
+
+
+@pytest.mark.parametrize("name", ["GITHUB_TOKEN", "AWS_SECRET_ACCESS_KEY", "DB_PASSWORD", "MYSQL_PASSWD", "GH_AUTH",
+                                  "HTTP_AUTHORIZATION", "GOOGLE_APPLICATION_CREDENTIALS", "AZURE_CREDENTIAL",
+                                  "SSH_PRIVATE", "GPG_PASSPHRASE", "SESSION_COOKIE", "wandb_api_key"])
+def test_secret_looking_names_are_masked(name):
+    """Names holding a secret word (any case) are masked."""
+    assert is_secret(name)
+
+
+@pytest.mark.parametrize("name", ["PATH", "PYTHONPATH", "OMP_NUM_THREADS", "HOME", "XDG_SESSION_ID"])
+def test_ordinary_names_are_shown(name):
+    """Ordinary names are not masked (SESSION alone is not a secret word)."""
+    assert not is_secret(name)
+
+
+def test_mask_names_a_variable_to_mask():
+    """A name in the mask is masked whatever it looks like."""
+    assert is_secret("DB_URL", ("DB_URL",))
+
+
+SECRET = "hunter2-value"  # noqa: S105 - a value to look for in the output
+
+
+@pytest.mark.parametrize("how", ["flag", "repeated", "env", "toml", "dsl"])
+def test_mask_hides_the_value_in_explain(how, tmp_path, monkeypatch):
+    """--mask (or POPRUN_MASK, [env] mask, the DSL's mask) hides DB_URL's value in explain, and is recorded."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "s.toml").write_text(f'[env]\nmask = ["DB_URL"]\nset = {{ DB_URL = "{SECRET}" }}\n'
+                                     '[program]\nargv = ["python3"]\n')
+    (tmp_path / "s.pop").write_text(f"mask DB_URL\nset DB_URL = {SECRET}\nrun python3\n")
+    x = f"--mpi-local-args=-x DB_URL={SECRET}"
+    argv = {"flag": ["plan", "--explain", "--mask", "DB_URL,OTHER", x, "python3"],
+            "repeated": ["plan", "--explain", "--mask", "OTHER", "--mask=DB_URL", x, "python3"],
+            "env": ["plan", "--explain", x, "python3"],
+            "toml": ["plan", "--explain", "s.toml"], "dsl": ["plan", "--explain", "s.pop"]}[how]
+
+    status, out, err = _run(argv, monkeypatch, {"POPRUN_MASK": "DB_URL"} if how == "env" else {})
+
+    assert (0, "") == (status, err)
+    assert SECRET not in out
+    assert "DB_URL=********" in out
+    assert "mask " in out  # the decision, with its source
+
+
+def test_saved_plan_keeps_the_mask_for_explain_and_diff(tmp_path, monkeypatch):
+    """The mask is in the plan: explain and diff (text and JSON) of the saved plan mask the value too."""
+    monkeypatch.chdir(tmp_path)
+    status, out, _ = _run(["plan", "--format", "json", "--mask", "DB_URL", f"--mpi-local-args=-x DB_URL={SECRET}",
+                           "python3"])
+    assert 0 == status
+    assert ["DB_URL"] == json.loads(out)["mask"]
+    (tmp_path / "plan.json").write_text(out)
+
+    outputs = [_run(["plan", "--explain", "plan.json"]),
+               _run(["plan", "--diff", "plan.json", "--mpi-local-args=-x DB_URL=other", "python3"]),
+               _run(["plan", "--diff", "plan.json", "--format", "json", "--mpi-local-args=-x DB_URL=other", "python3"])]
+
+    assert [0, 0, 0] == [status for status, _, _ in outputs]
+    assert not any(SECRET in text or "other" in text.replace("other instances", "") for _, text, _ in outputs)
+    assert all("********" in text for _, text, _ in outputs)
+
+
+def test_json_diff_masks_secret_looking_names(tmp_path, monkeypatch):
+    """plan --diff --format json masks a TOKEN's values, as the text diff does."""
+    monkeypatch.chdir(tmp_path)
+    _, out, _ = _run(["plan", "--format", "json", "--mpi-local-args=-x MY_TOKEN=abc123", "python3"])
+    (tmp_path / "plan.json").write_text(out)
+
+    status, diff, _ = _run(["plan", "--diff", "plan.json", "--format", "json", "--mpi-local-args=-x MY_TOKEN=zz9",
+                            "python3"])
+
+    assert 0 == status
+    assert "abc123" not in diff
+    assert "zz9" not in diff
+
+
+def test_mask_of_a_bad_name_is_a_diagnostic():
+    """--mask takes variable names: anything else is PR105."""
+    status, _, err = _run(["plan", "--mask", "A-B", "python3"])
+
+    assert 2 == status
+    assert "error[PR105]" in err
