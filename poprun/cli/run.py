@@ -235,7 +235,7 @@ def _log_plan(plan: LaunchPlan, verbose: Log) -> None:
     cache = plan.instances[0].env.get(EXECUTABLE_CACHE_PATH) if plan.instances else None
     verbose.debug(f"Executable cache: {cache or 'none'} ({plan.cache.mode})")
     for instance in plan.instances:
-        values = " ".join(f"{k}={'****' if is_secret(k) else shlex.quote(v)}" for k, v in instance.env.set)
+        values = " ".join(f"{k}={'****' if is_secret(k, plan.mask) else shlex.quote(v)}" for k, v in instance.env.set)
         verbose.debug(f"Instance {instance.index} environment: {values}; forwarded: "
                       f"{', '.join(instance.env.forward) or 'none'}; unset: {', '.join(instance.env.unset) or 'none'}")
 

@@ -100,3 +100,18 @@ def test_mask_of_a_bad_name_is_a_diagnostic():
 
     assert 2 == status
     assert "error[PR105]" in err
+
+
+def test_debug_log_masks_the_values_of_masked_and_secret_looking_names(tmp_path):
+    """poprun -vv logs each instance's environment: --mask names and secret-looking names show ****, not values."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-m", "poprun.cli.main", "-vv", "--mask", "PLAIN_NAME",
+                           "--mpi-local-args=-x PLAIN_NAME=visible-value-1 -x DB_PASSWD=visible-value-2",
+                           "--num-instances", "1", "--num-replicas", "2", "--offline-mode=1", "true"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert "PLAIN_NAME=****" in done.stderr
+    assert "visible-value" not in done.stdout + done.stderr

@@ -178,4 +178,4 @@ def test_piped_stdin_reaches_instance_0_on_another_host_and_no_other(test_hosts:
 
     assert 0 == done.returncode, done.stderr
     assert {f"instance 0 read {len(data.encode())} bytes", "instance 1 read 0 bytes"} == set(done.stdout.splitlines())
-    assert [] == [p for p in Path("/tmp").glob("poprun-stdin-*")], "the FIFO's directory is left on the host"
+    assert [] == list(Path("/tmp").glob("poprun-stdin-*")), "the FIFO's directory is left on the host"
