@@ -140,7 +140,8 @@ class SshClient:
 
     def __init__(self, *, config: str | None = None, ssh: str = "ssh",
                  host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> None:
-        self.directory = private_directory("poprun-ssh-")  # the shared connections' sockets
+        # the shared connections' sockets: DIR/%C (40 hex digits) and ssh's temporary suffix (17) in 107 bytes
+        self.directory = private_directory("poprun-ssh-", max_length=107 - 1 - 40 - 17)
         alive = max(1, round(host_timeout_s / 3))  # three unanswered keep-alives and the connection ends
         self._base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
                       "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={alive}",

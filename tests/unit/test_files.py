@@ -84,3 +84,18 @@ def test_a_directory_is_removed_once_even_if_remade_under_its_name(tmp_path: Pat
     remove_directories([str(path)])
 
     assert (path / "theirs").exists()
+
+
+def test_private_directory_passes_over_a_tmpdir_too_long_for_its_purpose(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """With max_length, a $TMPDIR deep enough to make the path longer gives way to /tmp; a short one is kept."""
+    deep = tmp_path / ("d" * 60)
+    deep.mkdir()
+    monkeypatch.setenv("TMPDIR", str(deep))
+    made = Path(private_directory("poprun-test-", max_length=49))
+    monkeypatch.setenv("TMPDIR", "/tmp")
+    short = Path(private_directory("poprun-test-", max_length=49))
+    try:
+        assert (Path("/tmp"), Path("/tmp")) == (made.parent, short.parent)
+    finally:
+        remove_directories([str(made), str(short)])

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -40,9 +42,20 @@ def running(mark: str) -> str:
     return f"^sh -c sleep 60; : {mark}-child"
 
 
-def ssh_clients_left() -> dict[int, bytes]:
-    """Return the ssh clients of poprun still alive here (their ControlPath is in poprun's private directory)."""
-    return {pid: line for pid, line in command_lines().items() if b"/poprun-ssh-" in line}
+def ssh_clients_left(tmp: Path) -> dict[int, bytes]:
+    """Return the ssh clients of a poprun run with TMPDIR=``tmp`` still alive here (their ControlPath is there)."""
+    needle = os.fsencode(tmp / "poprun-ssh-")
+    return {pid: line for pid, line in command_lines().items() if needle in line}
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Yield a new directory with a short path, for TMPDIR: poprun's ssh sockets are made there only if they fit."""
+    path = Path(tempfile.mkdtemp(prefix="pt", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
@@ -99,14 +112,16 @@ def test_a_fixed_cache_named_like_a_temporary_one_survives_on_every_host(test_ho
 
 
 def test_a_host_whose_link_goes_down_is_named_and_everything_else_stops(test_hosts: TestHosts, tmp_path: Path,
-                                                                          link_down: list[str]) -> None:
+                                                                          link_down: list[str], short_tmp: Path) -> None:
     """h2's link goes down mid-run: PR411 names h2, exit 125, and no process of the launch is left anywhere."""
     mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-instances", "3",
                              "--num-replicas", "3", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
-                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)},
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S),
+                                                                 "TMPDIR": str(short_tmp)},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 3, within_s=20), "the instances never ran"
+    assert ssh_clients_left(short_tmp), "the check below would see nothing"
     link_down.append("h2")
     test_hosts.set_link("h2", up=False)
     cut = time.monotonic()
@@ -117,7 +132,7 @@ def test_a_host_whose_link_goes_down_is_named_and_everything_else_stops(test_hos
     assert_golden(GOLDEN / "PR411_host_link_down_mid_run", f"{root}\nexit {proc.returncode}\n")
     assert re.search(r"instance 1 on h2 \(PID \d+\): lost: host h2 stopped answering", err), err
     assert noticed < HOST_TIMEOUT_S + 10, noticed
-    assert wait_for(lambda: not ssh_clients_left(), within_s=2), ssh_clients_left()
+    assert wait_for(lambda: not ssh_clients_left(short_tmp), within_s=2), ssh_clients_left(short_tmp)
     # h2's instance is killed there too: its wrapper heard no heartbeat for the host timeout
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
         marked_anywhere(test_hosts, mark)
@@ -144,16 +159,17 @@ def test_interrupt_while_a_host_is_unreachable_ends_within_the_grace_period(test
         marked_anywhere(test_hosts, mark)
 
 
-def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tmp_path: Path) -> None:
+def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tmp_path: Path, short_tmp: Path) -> None:
     """h3's sshd is killed mid-run: poprun names h3 (PR411) well within the host timeout, nothing is left anywhere."""
     mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
     proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h3", "--num-instances", "4",
                              "--num-replicas", "4", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
-                            env=os.environ | test_hosts.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True)
+                            env=os.environ | test_hosts.env() | {"TMPDIR": str(short_tmp)}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: sum(map(len, marked_anywhere(test_hosts, running(mark)).values())) == 4,
                         within_s=20), "the instances never ran"
+        assert ssh_clients_left(short_tmp), "the check below would see nothing"
         test_hosts.stop_sshd("h3")
         cut = time.monotonic()
         _, err = proc.communicate(timeout=60)
@@ -164,7 +180,7 @@ def test_a_host_whose_ssh_server_dies_is_named_at_once(test_hosts: TestHosts, tm
     assert 125 == proc.returncode, err
     assert "Root cause: error[PR411]: host h3 stopped answering" in err
     assert noticed < 5 + 3, noticed  # at once: the connection closed, then the others' grace period
-    assert wait_for(lambda: not ssh_clients_left(), within_s=2), ssh_clients_left()
+    assert wait_for(lambda: not ssh_clients_left(short_tmp), within_s=2), ssh_clients_left(short_tmp)
     assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=3), marked_anywhere(test_hosts, mark)
 
 
