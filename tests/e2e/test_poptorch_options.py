@@ -41,9 +41,9 @@ for form, make in made.items():
         opts.replicationFactor(1)
     except RuntimeError as refused:
         refusal = str(refused)
-    values = opts.toDict()
-    record[form] = [values["replication_factor"], opts.Distributed.processId, opts.Distributed.numProcesses,
-                    values.get("ipu_id"), values["random_seed"], opts.Training.gradient_accumulation, refusal]
+    record[form] = [opts.replication_factor, opts.Distributed.processId, opts.Distributed.numProcesses,
+                    opts.ipu_id if opts.exists("ipu_id") else None, opts.random_seed,
+                    opts.Training.gradient_accumulation, refusal]
 print(json.dumps(record), flush=True)
 """
 REFUSAL = "Cannot call `replicationFactor` with popdist.poptorch.Options"

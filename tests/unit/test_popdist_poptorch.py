@@ -80,10 +80,9 @@ def test_popdist_getters():
     assert 1 == opts.Distributed.numProcesses
 
 
-def test_popdist_to_dict_then_freeze():
-    """PopTorch's test_to_dict (its part that needs no IPU): not frozen after toDict, frozen after _freeze."""
+def test_popdist_freeze():
+    """PopTorch's test_to_dict (its part that needs no IPU): not frozen when made, frozen with Distributed after _freeze."""
     opts = popdist.poptorch.Options(ipus_per_replica=2)
-    opts.toDict()
     opts.checkIsFrozen()
     opts._freeze()
 
@@ -105,7 +104,7 @@ def test_each_call_form_takes_the_launch(monkeypatch, poptorch, args, kwargs, ip
 
     assert isinstance(opts, poptorch.Options)
     assert (2, 2, 4) == (opts.replication_factor, opts.Distributed.processId, opts.Distributed.numProcesses)
-    assert ipu_id == opts.toDict().get("ipu_id")
+    assert ipu_id == (opts.ipu_id if opts.exists("ipu_id") else None)
 
 
 @pytest.mark.parametrize(("args", "kwargs"), [((), {}), ((), {"ipus_per_replica": 4}), ((4,), {})])
@@ -137,7 +136,7 @@ def test_offline_selects_no_device(monkeypatch):
     launch(monkeypatch)
     monkeypatch.delenv(env.VIPU_API_PARTITION_ID)
 
-    assert "ipu_id" not in popdist.poptorch.Options(2).toDict()
+    assert not popdist.poptorch.Options(2).exists("ipu_id")
 
 
 def test_without_poprun_is_one_process_with_one_replica(poptorch):
@@ -145,7 +144,7 @@ def test_without_poprun_is_one_process_with_one_replica(poptorch):
     opts = popdist.poptorch.Options(2)
 
     assert (0, 1, 1) == (opts.Distributed.processId, opts.Distributed.numProcesses, opts.replication_factor)
-    assert "ipu_id" not in opts.toDict()
+    assert not opts.exists("ipu_id")
     assert "Options" == type(opts).__name__ == type(opts).__qualname__
     assert popdist.poptorch.Options is type(opts)
 
