@@ -173,21 +173,23 @@ def backend(s: Solver, topo: p.Topology) -> p.BackendChoice:
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
-    if is_on(s.spec.offline_mode):
-        reason = "offline mode: every instance runs on this machine"
-        name = "offline"
-    elif s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
-        reason = f"inside Slurm job {s.ctx.environ['SLURM_JOB_ID']}: the instances start as one srun step"
-        name = "slurm"
-    elif all(h in s.ctx.local_names for h in topo.hosts):
-        reason = "every host is this machine"
-        name = "local"
-    else:
-        remote = [h for h in topo.hosts if h not in s.ctx.local_names]
-        shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
-        reason = f"remote hosts ({shown}) are reached with ssh"
-        name = "ssh"
+    name, reason = backend_name(s, topo)
     s.decide("backend", name, SourceSpan.derived("backend"), reason)
     return p.BackendChoice(name=name, reason=reason)
+
+
+def backend_name(s: Solver, topo: p.Topology) -> tuple[str, str]:
+    """Return the name of the backend that will run the plan, and why; records nothing."""
+    if s.spec.backend is not None:
+        return s.spec.backend.value, "as given"
+    if is_on(s.spec.offline_mode):
+        return "offline", "offline mode: every instance runs on this machine"
+    if s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
+        return "slurm", f"inside Slurm job {s.ctx.environ['SLURM_JOB_ID']}: the instances start as one srun step"
+    if all(h in s.ctx.local_names for h in topo.hosts):
+        return "local", "every host is this machine"
+    remote = [h for h in topo.hosts if h not in s.ctx.local_names]
+    shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
+    return "ssh", f"remote hosts ({shown}) are reached with ssh"
 
 
