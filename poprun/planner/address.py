@@ -48,6 +48,26 @@ def ssh_hostname(name: str, environ: Mapping[str, str]) -> str | None:
     return None
 
 
+def slurm_node_address(name: str, environ: Mapping[str, str]) -> str | None:
+    """
+    Return Slurm's address of node ``name`` (``NodeAddr``, by ``scontrol show node``), or None.
+
+    Asks the Slurm controller, so only a launch calls it (``poprun plan`` never waits on a
+    server). None when scontrol is missing, fails, or does not answer within 5 s.
+    """
+    import re
+    import subprocess
+
+    try:
+        done = subprocess.run(["scontrol", "--oneliner", "show", "node", name], capture_output=True,  # noqa: S603, S607
+                              text=True, timeout=5, check=False, stdin=subprocess.DEVNULL, env=dict(environ),
+                              errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = re.search(r"(?:^|\s)NodeAddr=(\S+)", done.stdout) if done.returncode == 0 else None
+    return found.group(1) if found else None
+
+
 def resolves(name: str, timeout_s: float = 2.0) -> bool | None:
     """Return whether ``name`` resolves on this machine; None when the resolver did not answer in ``timeout_s``."""
     import socket

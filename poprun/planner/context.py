@@ -43,6 +43,8 @@ class Context:
     remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
     # The host name ssh connects to for a name (ssh_config's HostName, by ``ssh -G``: local, no network).
     ssh_hostname: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
+    # Slurm's address of a node (NodeAddr, by ``scontrol``); a launch only, since it asks the Slurm controller.
+    slurm_node_address: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
     # Whether a name resolves here (None: no answer in time); a launch only, since DNS may be slow.
     resolves: Callable[[str], bool | None] | None = field(default=None, eq=False)
 
@@ -65,6 +67,7 @@ class Context:
 
         return cls(environ=dict(os.environ), cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
                    remote_probe=_probe_over_ssh if probe_hosts else None, ssh_hostname=address.ssh_hostname,
+                   slurm_node_address=address.slurm_node_address if probe_hosts else None,
                    resolves=address.resolves if probe_hosts else None,
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
 

@@ -61,8 +61,9 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
 
     The first host's name as given, except: ``localhost`` when every instance runs on one machine
     (the offline or local backend, or a single host); this machine's name when instance 0 runs
-    here and others elsewhere; ssh_config's ``HostName`` for the first host when ssh starts the
-    instances and maps that name. A ``-x MASTER_ADDR=...`` of the user's wins (applied later).
+    here and others elsewhere; the address the launcher reaches the first host at when it differs
+    from the name: ssh_config's ``HostName`` when ssh starts the instances, Slurm's ``NodeAddr``
+    when srun does (read only at a launch). A ``-x MASTER_ADDR=...`` of the user's wins (applied later).
 
     Diagnostics: PR309 (warning) when, at a launch, the chosen name does not resolve here.
     """
@@ -81,12 +82,17 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
             return first
         return s.decide("master_addr", name, SourceSpan.derived("master_addr"),
                         f"instance 0 runs on this machine ({first}); the other hosts reach it by its name")
-    address = first
-    mapped = s.ctx.ssh_hostname(first, s.ctx.environ) if s.ctx.ssh_hostname and backend in _REACHED_WITH_SSH \
-        else None
+    address, mapped, how = first, None, ""
+    if backend == "slurm" or (backend == "mpirun" and s.ctx.environ.get("SLURM_JOB_ID")):  # srun starts them
+        if s.ctx.slurm_node_address is None:
+            return s.decide("master_addr", first, SourceSpan.derived("master_addr"),
+                            f"instance 0's node {first}; its address in Slurm (NodeAddr) is read when launching")
+        mapped, how = s.ctx.slurm_node_address(first, s.ctx.environ), "as Slurm reaches it (NodeAddr"
+    elif backend in _REACHED_WITH_SSH and s.ctx.ssh_hostname is not None:
+        mapped, how = s.ctx.ssh_hostname(first, s.ctx.environ), "as ssh reaches it (ssh_config: HostName"
     if mapped and mapped != first:
         address = s.decide("master_addr", mapped, SourceSpan.derived("master_addr"),
-                           f"instance 0's host {first} as ssh reaches it (ssh_config: HostName {mapped})")
+                           f"instance 0's host {first} {how} {mapped})")
     _check_resolves(s, first, address, backend)
     return address
 
@@ -102,7 +108,7 @@ def _check_resolves(s: Solver, first: str, address: str, backend: str) -> None:
     if s.ctx.resolves is None or is_address(address) or s.ctx.resolves(address) is not False:
         return
     how = f"map {first} to its address with HostName in ssh_config (POPRUN_SSH_CONFIG names the file), " \
-        if backend in _REACHED_WITH_SSH else ""
+        if backend in _REACHED_WITH_SSH and not s.ctx.environ.get("SLURM_JOB_ID") else ""
     s.warn("PR309", "instance 0's host name does not resolve",
            detail=f"MASTER_ADDR would be '{address}' (instance 0's host), which does not resolve on this machine; "
                   "instances that cannot resolve it either wait for instance 0 until they time out",

@@ -41,11 +41,12 @@ def master_addr(solution: Solution) -> tuple[str, str | None]:
     (["--host=pod1,pod2"], ("10.1.0.1", "instance 0's host pod1 as ssh reaches it (ssh_config: HostName 10.1.0.1)")),
     (["--host=pod1,pod2", "--backend=mpirun"],
      ("10.1.0.1", "instance 0's host pod1 as ssh reaches it (ssh_config: HostName 10.1.0.1)")),
-    (["--host=pod1,pod2", "--backend=slurm"], ("pod1", None)),
+    (["--host=pod1,pod2", "--backend=slurm"],
+     ("pod1", "instance 0's node pod1; its address in Slurm (NodeAddr) is read when launching")),
     (["--host=pod3,pod4"], ("pod3", None)),
     (["--host=10.2.0.1,10.2.0.2"], ("10.2.0.1", None)),
 ], ids=["offline", "local backend", "one remote host", "this machine", "loopback as written", "this machine first",
-        "ssh_config alias", "mpirun through ssh", "slurm node name", "unmapped name", "addresses"])
+        "ssh_config alias", "mpirun through ssh", "slurm when planning", "unmapped name", "addresses"])
 def test_master_addr_is_reachable_from_every_instance(argv, expected):
     """Each launch gets the address its instances reach instance 0 at; one that is not the first host is explained."""
     assert expected == master_addr(plan_of(*argv))
@@ -56,6 +57,17 @@ def test_a_users_master_addr_wins():
     solution = plan_of("--host=pod1,pod2", "--offline-mode=1", "--mpi-local-args=-x MASTER_ADDR=10.9.9.9")
 
     assert ("10.9.9.9", None) == master_addr(solution)
+
+
+SLURM = evolve(CTX, slurm_node_address=lambda name, _env: {"pod1": "10.5.0.1"}.get(name),
+               environ={"PATH": "/usr/bin", "SLURM_JOB_ID": "7", "SLURM_JOB_NODELIST": "pod[1-2]"})
+
+
+@pytest.mark.parametrize("argv", [[], ["--backend=mpirun"]], ids=["slurm", "mpirun through srun"])
+def test_a_launch_in_slurm_meets_at_the_nodes_address(argv):
+    """Launching in an allocation, instance 0's node is reached at Slurm's NodeAddr (not through ssh_config)."""
+    assert ("10.5.0.1", "instance 0's host pod1 as Slurm reaches it (NodeAddr 10.5.0.1)") == master_addr(
+        plan_of(*argv, ctx=SLURM))
 
 
 def codes(solution: Solution) -> list[str]:
@@ -71,6 +83,15 @@ def test_a_name_that_does_not_resolve_at_a_launch_is_pr309():
     assert ("give --host the address of pod3, map pod3 to its address with HostName in ssh_config "
             "(POPRUN_SSH_CONFIG names the file), or set it with -x MASTER_ADDR=ADDRESS") == solution.warnings[0].hint
     assert "slurm" not in solution.warnings[0].hint
+
+
+def test_pr309_in_slurm_does_not_point_at_ssh_config():
+    """A node whose NodeAddr Slurm did not give and that does not resolve: PR309 without the ssh_config advice."""
+    ctx = evolve(SLURM, slurm_node_address=lambda _name, _env: None, resolves=lambda _name: False)
+    solution = plan_of(ctx=ctx)
+
+    assert ["PR309"] == codes(solution)
+    assert "give --host the address of pod1, or set it with -x MASTER_ADDR=ADDRESS" == solution.warnings[0].hint
 
 
 @pytest.mark.parametrize(("argv", "resolves"), [
@@ -95,6 +116,13 @@ def test_ssh_hostname_reads_ssh_config_without_connecting(tmp_path):
 
     assert ("10.77.0.11", "pod9") == (address.ssh_hostname("h1", environ), address.ssh_hostname("pod9", environ))
     assert address.ssh_hostname("h1", {"POPRUN_SSH_CONFIG": str(tmp_path / "missing")}) is None
+
+
+def test_slurm_node_address_is_none_without_slurm(monkeypatch):
+    """Without scontrol (or a controller that answers), there is no NodeAddr, and the node name stays."""
+    monkeypatch.setenv("PATH", "/nonexistent")
+
+    assert address.slurm_node_address("h1", {"PATH": "/nonexistent"}) is None
 
 
 def test_resolves_answers_for_this_machine():
