@@ -82,7 +82,13 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
             return first
         return s.decide("master_addr", name, SourceSpan.derived("master_addr"),
                         f"instance 0 runs on this machine ({first}); the other hosts reach it by its name")
-    address, mapped, how = first, None, ""
+    address = _launcher_address(s, first, backend)
+    _check_resolves(s, first, address, backend)
+    return address
+
+
+def _launcher_address(s: Solver, first: str, backend: str) -> str:
+    """Return the address the launcher reaches host ``first`` at (recorded when it is not the name)."""
     if backend == "slurm" or (backend == "mpirun" and s.ctx.environ.get("SLURM_JOB_ID")):  # srun starts them
         if s.ctx.slurm_node_address is None:
             return s.decide("master_addr", first, SourceSpan.derived("master_addr"),
@@ -90,11 +96,11 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
         mapped, how = s.ctx.slurm_node_address(first, s.ctx.environ), "as Slurm reaches it (NodeAddr"
     elif backend in _REACHED_WITH_SSH and s.ctx.ssh_hostname is not None:
         mapped, how = s.ctx.ssh_hostname(first, s.ctx.environ), "as ssh reaches it (ssh_config: HostName"
-    if mapped and mapped != first:
-        address = s.decide("master_addr", mapped, SourceSpan.derived("master_addr"),
-                           f"instance 0's host {first} {how} {mapped})")
-    _check_resolves(s, first, address, backend)
-    return address
+    else:
+        return first
+    if not mapped or mapped == first:
+        return first
+    return s.decide("master_addr", mapped, SourceSpan.derived("master_addr"), f"instance 0's host {first} {how} {mapped})")
 
 
 def _user_sets_master_addr(s: Solver) -> bool:
