@@ -5,7 +5,8 @@ Standalone: PopTorch (imported on first use of ``Options``, not by ``import popd
 and the standard library; never imports ``poprun``. Without PopTorch, using ``Options`` (also
 ``from popdist.poptorch import Options``) raises an ImportError naming the missing package.
 
-``Options(*args, ipus_per_replica=None, **kwargs)`` is a subclass of ``poptorch.Options`` that:
+``Options(ipus_per_replica=None)`` (also ``Options(n)``, as graphcore/examples call it) is a
+subclass of ``poptorch.Options`` that:
 
 - sets the replication factor to this instance's replicas (``getNumLocalReplicas()``);
 - sets ``Distributed.configureProcessId(getInstanceIndex(), getNumInstances())``, so without
@@ -16,6 +17,12 @@ and the standard library; never imports ``poprun``. Without PopTorch, using ``Op
 - refuses, as real PopDist did, ``useIpuId``, ``replicationFactor``, ``Distributed.disable``,
   ``Distributed.setEnvVarNames`` and ``Distributed.configureProcessId`` with
   ``RuntimeError("Cannot call `<name>` with popdist.poptorch.Options")``.
+
+PopTorch's option objects (``OptionsDict``) refuse any new public attribute and any private one
+not set in their constructor, so nothing is set on them: the refusals are methods of classes.
+``Distributed`` keeps its object (PopTorch's freezing and copying reach it as before); only its
+class becomes a subclass that refuses the three calls. Followed: PopTorch 2.4.0 to 3.4.0 (SDK 2.4
+to 3.4), whose option classes do not differ in anything used here.
 """
 
 from __future__ import annotations
@@ -48,14 +55,28 @@ class _Cache:
     options: type | None = None
 
 
+def _lock(distributed: Any) -> None:
+    """Make ``distributed`` (an ``Options.Distributed``) refuse what poprun decides, keeping its values."""
+    options, base = _options_class(), type(distributed)
+    locked = options.__dict__.get("_Distributed")
+    if locked is None or locked.__base__ is not base:
+        namespace: dict[str, Any] = {name: _Refused(f"Distributed.{name}") for name in _REFUSED_DISTRIBUTED}
+        # An attribute of Options, so that pickle finds it again by its qualified name.
+        namespace.update(__module__=__name__, __qualname__="Options._Distributed",
+                         __doc__="PopTorch's Distributed options, set by popdist (see popdist.poptorch).")
+        locked = type("_Distributed", (base,), namespace)
+        type.__setattr__(options, "_Distributed", locked)
+    # object.__setattr__: OptionsDict.__setattr__ would take "__class__" for an option of its own.
+    object.__setattr__(distributed, "__class__", locked)
+
+
 def _configure(opts: Any, base: Any, ipus_per_replica: int | None) -> None:
     """Set ``opts`` (a fresh ``base`` instance) up for this instance, then lock what poprun decides."""
     environ = os.environ
     base.replicationFactor(opts, env.num_local_replicas(environ))
     distributed = opts.Distributed
     distributed.configureProcessId(env.instance_index(environ), env.num_instances(environ))
-    for name in _REFUSED_DISTRIBUTED:
-        setattr(distributed, name, _Refused(f"Distributed.{name}"))
+    _lock(distributed)
     if ipus_per_replica and env.is_set(environ) and environ.get(env.VIPU_API_PARTITION_ID):
         base.useIpuId(opts, _device.device_id(ipus_per_replica))
     cache = environ.get(env.EXECUTABLE_CACHE_PATH)
@@ -68,7 +89,9 @@ def _options_class() -> type:
     if _Cache.options is None:
         base = _framework.require_poptorch().Options
 
-        def init(self: Any, *args: Any, ipus_per_replica: int | None = None, **kwargs: Any) -> None:
+        def init(self: Any, ipus_per_replica: int | None = None, *args: Any, **kwargs: Any) -> None:
+            # ipus_per_replica first: graphcore/examples call Options(n). PopTorch's own Options takes
+            # no argument, so anything more is its TypeError, as it would be without popdist.
             base.__init__(self, *args, **kwargs)
             _configure(self, base, ipus_per_replica)
 

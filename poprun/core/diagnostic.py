@@ -64,6 +64,7 @@ CODES: dict[str, str] = {
     "PR306": "not enough cores for the placement",
     "PR307": "cannot read the host topology",
     "PR308": "instances bound to one core",
+    "PR309": "instance 0's host name does not resolve",
     "PR313": "MPI program without mpirun",
     "PR400": "unknown backend",
     "PR401": "backend plugin failed to load",

@@ -35,14 +35,21 @@ def describe(info: PartitionInfo) -> str:
     return f"{info.name} ({plural(info.size, 'IPU')}, {plural(info.num_gcds, 'GCD')}, {info.state.value})"
 
 
+_UNNAMED = "(the only one)"  # the name actions.choose_name reports when none was given
+# Unnamed, poprun can only use a partition: --update-partition=yes creates none, so it must be named.
+_UNNAMED_HINT = ("name the partition with --vipu-partition NAME; with --update-partition=yes poprun creates it (and "
+                 "removes it at exit), or create it first with 'vipu create partition NAME --size IPUS' (seed 2.10.1)")
+
+
 def not_found(name: str, existing: Sequence[PartitionInfo], address: str) -> Diagnostic:
     """PR500: the named partition does not exist; list those that do."""
     have = "; it has " + ", ".join(describe(i) for i in existing) if existing else "; it has no partitions"
     return error("PR500", f"partition '{name}' not found",
                  detail=f"the V-IPU server at {address} has no partition '{name}'{have}",
                  span=_partition(name),
-                 hint=f"name an existing partition with --vipu-partition, or let poprun create '{name}' with "
-                      "--update-partition=yes (list them with 'vipu list partitions'; seed 2.10.1)")
+                 hint=_UNNAMED_HINT if name == _UNNAMED else
+                 f"name an existing partition with --vipu-partition, or let poprun create '{name}' with "
+                 "--update-partition=yes (list them with 'vipu list partitions'; seed 2.10.1)")
 
 
 def unreachable(address: str, timeout_s: float, message: str) -> Diagnostic:

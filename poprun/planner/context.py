@@ -44,6 +44,12 @@ class Context:
     # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
     mpi_probe: Callable[[tuple[str, ...], str], str | None] | None = field(default=None, eq=False)
     mpirun: Callable[[], str | None] | None = field(default=None, eq=False)
+    # The host name ssh connects to for a name (ssh_config's HostName, by ``ssh -G``: local, no network).
+    ssh_hostname: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
+    # Slurm's address of a node (NodeAddr, by ``scontrol``); a launch only, since it asks the Slurm controller.
+    slurm_node_address: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
+    # Whether a name resolves here (None: no answer in time); a launch only, since DNS may be slow.
+    resolves: Callable[[str], bool | None] | None = field(default=None, eq=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "environ", _sorted(self.environ))
@@ -54,15 +60,19 @@ class Context:
         Return the context of this process.
 
         ``probe_hosts``: other hosts' topologies may be read through ssh when placement needs
-        them (a launch); ``poprun plan`` never waits on hosts and leaves those instances unbound.
+        them, and host names resolved (a launch); ``poprun plan`` never waits on hosts or on
+        DNS, and leaves those instances unbound.
         """
         names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
         config, where = _read_vipu_config()
+        from poprun.planner import address
         from poprun.planner.machine import discover
 
         environ = dict(os.environ)
         return cls(environ=environ, cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
-                   remote_probe=_probe_over_ssh if probe_hosts else None,
+                   remote_probe=_probe_over_ssh if probe_hosts else None, ssh_hostname=address.ssh_hostname,
+                   slurm_node_address=address.slurm_node_address if probe_hosts else None,
+                   resolves=address.resolves if probe_hosts else None,
                    mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
                    local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
 

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 from popdist import env as names
 from poprun.core.diagnostic import Diagnostic, error
+from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
+from poprun.planner.address import is_address
 from poprun.planner.spec import EnvVarSpec, Spec
 from poprun.planner.state import Solver
 from poprun.planner.target import Target
@@ -21,8 +23,8 @@ _SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "
                  "COOKIE")
 
 def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cache,
-              target: Target | None) -> dict[str, str]:
-    """Return the variables every instance shares, as real poprun set them."""
+              target: Target | None, *, backend: str) -> dict[str, str]:
+    """Return the variables every instance shares, as real poprun set them (``backend``: the one that will run them)."""
     env = {
         names.NUM_TOTAL_REPLICAS: str(topo.num_replicas),
         names.NUM_IPUS_PER_REPLICA: str(topo.ipus_per_replica),
@@ -33,7 +35,7 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         names.OMPI_LOCAL_SIZE: str(topo.instances_per_host),
         names.TORCH_WORLD_SIZE: str(topo.num_instances),
         names.TORCH_LOCAL_WORLD_SIZE: str(topo.instances_per_host),
-        names.TORCH_MASTER_ADDR: topo.hosts[0],
+        names.TORCH_MASTER_ADDR: master_addr(s, topo, backend),
         names.TORCH_MASTER_PORT: s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT),
         names.IPUOF_LOG_LEVEL: "WARN",
     }
@@ -49,6 +51,79 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         instance_size = topo.num_ipus // topo.num_instances
         env[names.POPLAR_TARGET_OPTIONS] = target.target_options(instance_size=instance_size)
     return env
+
+
+_LOOPBACK = ("localhost", "127.0.0.1", "::1")
+_REACHED_WITH_SSH = ("ssh", "mpirun")  # backends that start instances through ssh (mpirun: OpenMPI's rsh agent)
+_ALL_HERE = {"offline": "offline mode: every instance runs on this machine",
+             "local": "the local backend runs every instance on this machine"}
+
+
+def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
+    """
+    Return MASTER_ADDR: an address of instance 0's host that every instance can reach.
+
+    The first host's name as given, except: ``localhost`` when every instance runs on one machine
+    (the offline or local backend, or a single host); this machine's name when instance 0 runs
+    here and others elsewhere; the address the launcher reaches the first host at when it differs
+    from the name: ssh_config's ``HostName`` when ssh starts the instances, Slurm's ``NodeAddr``
+    when srun does (read only at a launch). A ``-x MASTER_ADDR=...`` of the user's wins (applied later).
+
+    Diagnostics: PR309 (warning) when, at a launch, the chosen name does not resolve here.
+    """
+    first, local = topo.hosts[0], s.ctx.local_names
+    if _user_sets_master_addr(s):
+        return first
+    if backend in _ALL_HERE or len(topo.hosts) == 1:
+        if first in local:
+            return first
+        reason = _ALL_HERE.get(backend) or f"every instance runs on {first}"
+        return s.decide("master_addr", "localhost", SourceSpan.derived("master_addr"),
+                        f"{reason}, so instance 0 is reached at localhost (not at {first})")
+    if first in local:
+        name = next((n for n in local if n not in _LOOPBACK), None)
+        if name is None:
+            return first
+        return s.decide("master_addr", name, SourceSpan.derived("master_addr"),
+                        f"instance 0 runs on this machine ({first}); the other hosts reach it by its name")
+    address = _launcher_address(s, first, backend)
+    _check_resolves(s, first, address, backend)
+    return address
+
+
+def _launcher_address(s: Solver, first: str, backend: str) -> str:
+    """Return the address the launcher reaches host ``first`` at (recorded when it is not the name)."""
+    if backend == "slurm" or (backend == "mpirun" and s.ctx.environ.get("SLURM_JOB_ID")):  # srun starts them
+        if s.ctx.slurm_node_address is None:
+            return s.decide("master_addr", first, SourceSpan.derived("master_addr"),
+                            f"instance 0's node {first}; its address in Slurm (NodeAddr) is read when launching")
+        mapped, how = s.ctx.slurm_node_address(first, s.ctx.environ), "as Slurm reaches it (NodeAddr"
+    elif backend in _REACHED_WITH_SSH and s.ctx.ssh_hostname is not None:
+        mapped, how = s.ctx.ssh_hostname(first, s.ctx.environ), "as ssh reaches it (ssh_config: HostName"
+    else:
+        return first
+    if not mapped or mapped == first:
+        return first
+    return s.decide("master_addr", mapped, SourceSpan.derived("master_addr"), f"instance 0's host {first} {how} {mapped})")
+
+
+def _user_sets_master_addr(s: Solver) -> bool:
+    """Return whether a ``-x MASTER_ADDR`` (for all instances or one) sets or forwards the address."""
+    given = [e.value for e in s.spec.env] + [v for a in s.spec.instance_args for v in a.value.env]
+    return any(var.name == names.TORCH_MASTER_ADDR for var in given)
+
+
+def _check_resolves(s: Solver, first: str, address: str, backend: str) -> None:
+    """PR309 (warning) when a launch is planned and ``address`` does not resolve on this machine."""
+    if s.ctx.resolves is None or is_address(address) or s.ctx.resolves(address) is not False:
+        return
+    how = f"map {first} to its address with HostName in ssh_config (POPRUN_SSH_CONFIG names the file), " \
+        if backend in _REACHED_WITH_SSH and not s.ctx.environ.get("SLURM_JOB_ID") else ""
+    s.warn("PR309", "instance 0's host name does not resolve",
+           detail=f"MASTER_ADDR would be '{address}' (instance 0's host), which does not resolve on this machine; "
+                  "instances that cannot resolve it either wait for instance 0 until they time out",
+           span=s.origin("hosts"),
+           hint=f"give --host the address of {first}, {how}or set it with -x MASTER_ADDR=ADDRESS")
 
 
 def autoreport(s: Solver, env: dict[str, str]) -> None:

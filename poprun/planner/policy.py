@@ -191,46 +191,54 @@ def backend(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
-    uses_mpi = (s.ctx.mpi_probe(argv, cwd) if s.ctx.mpi_probe is not None and topo.num_instances > 1
-                and not s.ctx.environ.get("SLURM_JOB_ID") else None)
-    if uses_mpi is not None:
-        choice = _mpi_backend(s, topo, uses_mpi)
-        if choice is not None:
-            return choice
-    if is_on(s.spec.offline_mode):
-        reason = "offline mode: every instance runs on this machine"
-        name = "offline"
-    elif s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
-        reason = f"inside Slurm job {s.ctx.environ['SLURM_JOB_ID']}: the instances start as one srun step"
-        name = "slurm"
-    elif all(h in s.ctx.local_names for h in topo.hosts):
-        reason = "every host is this machine"
-        name = "local"
-    else:
-        remote = [h for h in topo.hosts if h not in s.ctx.local_names]
-        shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
-        reason = f"remote hosts ({shown}) are reached with ssh"
-        name = "ssh"
-    s.decide("backend", name, SourceSpan.derived("backend"), reason)
-    return p.BackendChoice(name=name, reason=reason)
-
-
-def _mpi_backend(s: Solver, topo: p.Topology, why: str) -> p.BackendChoice | None:
-    """Return ``mpirun`` for a program that calls MPI (``why`` says how that is known), or None with PR313."""
-    offline_elsewhere = is_on(s.spec.offline_mode) and any(h not in s.ctx.local_names for h in topo.hosts)
-    found = s.ctx.mpirun() if s.ctx.mpirun is not None and not offline_elsewhere else None
-    if found is None:
+    name, reason = backend_name(s, topo, argv=argv, cwd=cwd)
+    if name != "mpirun" and (why := _mpi_use(s, topo, argv, cwd)) is not None:
         instead = ("offline mode runs the instances of other hosts here, where mpirun would start them there"
-                   if offline_elsewhere else "Open MPI's mpirun is not on PATH")
+                   if _offline_elsewhere(s, topo) else "Open MPI's mpirun is not on PATH")
         s.warn("PR313", "the program calls MPI but will not run under mpirun",
                detail=f"{why}, and {instead}: each of the {topo.num_instances} instances will be an MPI world of 1",
                span=SourceSpan.derived("backend"),
                hint="install Open MPI (apt-get install openmpi-bin) so that poprun starts the instances with mpirun, "
                     "as PopRun did, or give --backend to choose (--backend local keeps them apart on purpose)")
+    s.decide("backend", name, SourceSpan.derived("backend"), reason)
+    return p.BackendChoice(name=name, reason=reason)
+
+
+def backend_name(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str = "/") -> tuple[str, str]:
+    """
+    Return the name of the backend that will run the plan, and why; records nothing.
+
+    A program that will call MPI (:mod:`poprun.planner.mpiuse`) runs under ``mpirun``, as every
+    program did under real PopRun, so that its instances form one MPI world, when ``mpirun`` is
+    found and offline mode does not move other hosts' instances here (:func:`backend` warns
+    PR313 otherwise).
+    """
+    if s.spec.backend is not None:
+        return s.spec.backend.value, "as given"
+    why = _mpi_use(s, topo, argv, cwd)
+    if why is not None and not _offline_elsewhere(s, topo) and s.ctx.mpirun is not None and s.ctx.mpirun():
+        return "mpirun", (f"the program calls MPI ({why}): mpirun starts the instances as one MPI world, as PopRun "
+                          "did (--backend chooses another)")
+    if is_on(s.spec.offline_mode):
+        return "offline", "offline mode: every instance runs on this machine"
+    if s.ctx.environ.get("SLURM_JOB_ID"):  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
+        return "slurm", f"inside Slurm job {s.ctx.environ['SLURM_JOB_ID']}: the instances start as one srun step"
+    if all(h in s.ctx.local_names for h in topo.hosts):
+        return "local", "every host is this machine"
+    remote = [h for h in topo.hosts if h not in s.ctx.local_names]
+    shown = ", ".join(remote[:_SHOWN_HOSTS]) + (", ..." if len(remote) > _SHOWN_HOSTS else "")
+    return "ssh", f"remote hosts ({shown}) are reached with ssh"
+
+
+def _mpi_use(s: Solver, topo: p.Topology, argv: tuple[str, ...], cwd: str) -> str | None:
+    """Return why the program of several instances will call MPI (outside Slurm), or None."""
+    if s.ctx.mpi_probe is None or topo.num_instances < 2 or s.ctx.environ.get("SLURM_JOB_ID"):  # noqa: PLR2004
         return None
-    reason = (f"the program calls MPI ({why}): mpirun starts the instances as one MPI world, as PopRun did "
-              "(--backend chooses another)")
-    s.decide("backend", "mpirun", SourceSpan.derived("backend"), reason)
-    return p.BackendChoice(name="mpirun", reason=reason)
+    return s.ctx.mpi_probe(argv, cwd)
+
+
+def _offline_elsewhere(s: Solver, topo: p.Topology) -> bool:
+    """Return whether offline mode runs here the instances of hosts that are not this machine."""
+    return is_on(s.spec.offline_mode) and any(h not in s.ctx.local_names for h in topo.hosts)
 
 

@@ -68,7 +68,8 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     placement = policy.placement(s, topology)
     argv = policy.program(s, require_program=require_program)
     cwd = s.pick("cwd", s.spec.working_dir, s.ctx.cwd, "the directory poprun runs in (section 2.2.4: the same on every host)")
-    base_env = environment.base_env(s, topology, partition, cache, target)
+    base_env = environment.base_env(s, topology, partition, cache, target,
+                                    backend=policy.backend_name(s, topology, argv=argv, cwd=cwd)[0])
     instances = tuple(
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)

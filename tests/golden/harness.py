@@ -2,7 +2,8 @@
 The golden tests' harness: run the real CLI on a case folder in a fixed context, compare or update.
 
 A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...], "sparse_files":
-{"big.toml": 5000000}}``), any files
+{"big.toml": 5000000}}``, optionally ``"ssh_hostnames": {"alias": "address"}`` and
+``"resolvable": ["name", ...]``), any files
 the argv names, and ``expected.txt``. ``sys_path`` names folders of the case put on ``sys.path``
 for the run (a fake distribution whose entry points declare a backend plugin); ``sparse_files``
 are made (of that many bytes, all NUL) before the run and removed after it. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
@@ -48,8 +49,12 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
     monkeypatch.chdir(case)
+    # Host names: ssh_config maps only those of "ssh_hostnames"; with "resolvable", a launch's names resolve only
+    # if listed there (else nothing is resolved, as when planning).
+    mapped, resolvable = spec.get("ssh_hostnames", {}), spec.get("resolvable")
     fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION, remote_probe=None,
-                         local_names=("127.0.0.1", "::1", "localhost"))
+                   local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
+                   resolves=None if resolvable is None else resolvable.__contains__)
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
     before = set(case.iterdir())
     for name, size in spec.get("sparse_files", {}).items():  # large inputs, made for the run, not kept in git

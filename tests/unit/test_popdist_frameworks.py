@@ -1,6 +1,5 @@
 """popdist.poptorch, popdist.tensorflow and popdist.popart: lazy imports, clear ImportErrors, fake frameworks."""
 
-import os
 import sys
 import types
 
@@ -31,82 +30,6 @@ def launch(monkeypatch, **extra: str) -> None:
                         env.INSTANCE_INDEX: "2", env.NUM_INSTANCES: "4", env.NUM_IPUS_PER_REPLICA: "2",
                         **extra}.items():
         monkeypatch.setenv(name, value)
-
-
-class FakeOptionsDict:
-    """PopTorch's OptionsDict: values set by name, read as attributes."""
-
-    def __init__(self, **values: object) -> None:
-        self._values = dict(values)
-
-    def set(self, **values: object) -> None:
-        self._values.update(values)
-
-    def __getattr__(self, name: str) -> object:
-        values = self.__dict__.get("_values", {})
-        if name not in values:
-            raise AttributeError(name)
-        return values[name]
-
-
-class FakeDistributedOptions(FakeOptionsDict):
-    """PopTorch's ``_DistributedOptions``: the process id and count, from OpenMPI's variables by default."""
-
-    def __init__(self) -> None:
-        super().__init__(num_distributed_processes=1, distributed_process_id=0)
-        self.setEnvVarNames("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK")
-
-    def disable(self) -> "FakeDistributedOptions":
-        return self.configureProcessId(0, 1)
-
-    def setEnvVarNames(self, size: str, rank: str) -> "FakeDistributedOptions":  # noqa: N802 - PopTorch's name
-        return self.configureProcessId(int(os.environ.get(rank, "0")), int(os.environ.get(size, "1")))
-
-    def configureProcessId(self, process_id: int, count: int) -> "FakeDistributedOptions":  # noqa: N802
-        self.set(distributed_process_id=process_id, num_distributed_processes=count)
-        return self
-
-    @property
-    def processId(self) -> int:  # noqa: N802 - PopTorch's name
-        return int(self.distributed_process_id)  # type: ignore[call-overload]
-
-    @property
-    def numProcesses(self) -> int:  # noqa: N802 - PopTorch's name
-        return int(self.num_distributed_processes)  # type: ignore[call-overload]
-
-
-class FakeOptions(FakeOptionsDict):
-    """``poptorch.Options``: the methods popdist calls or refuses."""
-
-    def __init__(self) -> None:
-        self._distributed = FakeDistributedOptions()
-        self.cache_path: str | None = None
-        super().__init__(replication_factor=1, ipu_id=None)
-
-    @property
-    def Distributed(self) -> FakeDistributedOptions:  # noqa: N802 - PopTorch's name
-        return self._distributed
-
-    def replicationFactor(self, count: int) -> "FakeOptions":  # noqa: N802 - PopTorch's name
-        self.set(replication_factor=count)
-        return self
-
-    def useIpuId(self, ipu_id: int) -> "FakeOptions":  # noqa: N802 - PopTorch's name
-        self.set(ipu_id=ipu_id)
-        return self
-
-    def enableExecutableCaching(self, path: str) -> "FakeOptions":  # noqa: N802 - PopTorch's name
-        self.cache_path = path
-        return self
-
-
-@pytest.fixture
-def fake_poptorch(monkeypatch):
-    """Install a fake ``poptorch`` module; return it."""
-    module = types.ModuleType("poptorch")
-    module.Options = FakeOptions  # type: ignore[attr-defined]
-    monkeypatch.setitem(sys.modules, "poptorch", module)
-    return module
 
 
 def test_importing_the_framework_modules_imports_no_framework():
@@ -146,49 +69,6 @@ def test_a_broken_framework_is_not_called_missing(monkeypatch, tmp_path):
 
     with pytest.raises(ImportError, match=r"importing 'poptorch' failed: libpoplar\.so: cannot open shared object"):
         _ = popdist.poptorch.Options
-
-
-def test_options_without_poprun_is_one_process_with_one_replica(fake_poptorch):
-    """Without poprun, ``Options(ipus_per_replica=2)`` is process 0 of 1, replication 1, on no chosen IPU."""
-    opts = popdist.poptorch.Options(ipus_per_replica=2)
-
-    assert isinstance(opts, fake_poptorch.Options)
-    assert (0, 1, 1, None) == (opts.Distributed.processId, opts.Distributed.numProcesses, opts.replication_factor,
-                               opts.ipu_id)
-    assert "Options" == type(opts).__name__ == type(opts).__qualname__
-    assert popdist.poptorch.Options is type(opts)
-
-
-@pytest.mark.parametrize(("name", "call"), [
-    ("useIpuId", lambda opts: opts.useIpuId(1)),
-    ("replicationFactor", lambda opts: opts.replicationFactor(1)),
-    ("Distributed.disable", lambda opts: opts.Distributed.disable()),
-    ("Distributed.setEnvVarNames", lambda opts: opts.Distributed.setEnvVarNames("A", "B")),
-    ("Distributed.configureProcessId", lambda opts: opts.Distributed.configureProcessId(1, 2)),
-])
-def test_options_refuses_what_poprun_decides(fake_poptorch, name, call):
-    """The five calls real PopDist refused raise RuntimeError naming the call."""
-    opts = popdist.poptorch.Options(ipus_per_replica=2)
-
-    with pytest.raises(RuntimeError) as caught:
-        call(opts)
-    assert f"Cannot call `{name}` with popdist.poptorch.Options" == str(caught.value)
-
-
-def test_options_under_poprun_takes_the_launch(monkeypatch, fake_poptorch):
-    """Under poprun: local replication factor, instance index and count, the device of a partition, the cache."""
-    launch(monkeypatch, **{env.VIPU_API_PARTITION_ID: "p16", env.EXECUTABLE_CACHE_PATH: "/tmp/cache"})
-    opts = popdist.poptorch.Options(ipus_per_replica=2)
-
-    assert (2, 2, 4, 26, "/tmp/cache") == (opts.replication_factor, opts.Distributed.processId,
-                                           opts.Distributed.numProcesses, opts.ipu_id, opts.cache_path)
-
-
-def test_options_offline_selects_no_device(monkeypatch, fake_poptorch):
-    """Offline (no V-IPU partition), there is no device to select, as real PopDist's offline support did."""
-    launch(monkeypatch)
-
-    assert None is popdist.poptorch.Options(ipus_per_replica=2).ipu_id
 
 
 def ipu_config() -> types.SimpleNamespace:
