@@ -122,8 +122,8 @@ def test_daemon_in_a_session_of_its_own_dies_with_a_sigkilled_poprun(tmp_path: P
     # GIVEN
     probe = Cgroup.make()
     if probe is None:
-        pytest.skip("cgroup v2 is not writable here: poprun cannot hold a daemon that leaves its process group "
-                    "once poprun itself is SIGKILLed (the README's documented limit)")
+        pytest.skip("no cgroup can be made here (cgroup v2 not writable, or POPRUN_CGROUP=0): poprun cannot hold a "
+                    "daemon that leaves its process group once poprun itself is SIGKILLed (the README's limit)")
     probe.remove()
     proc = start(marked, tmp_path, f"setsid sh -c 'sleep 300' & {READY}; sleep 60", instances=2)
     ready = await_ready(proc, 2)
@@ -141,3 +141,25 @@ def test_daemon_in_a_session_of_its_own_dies_with_a_sigkilled_poprun(tmp_path: P
     assert "/poprun-" in cgroup
     assert not Path(probe.parent, Path(cgroup).name).exists()
 
+
+
+def test_only_the_launchs_own_cgroup_is_removed(tmp_path: Path, marked: Marked) -> None:
+    """A cgroup named like poprun's but not made by this launch survives it; the launch's own is gone."""
+    # GIVEN
+    probe = Cgroup.make()
+    if probe is None:
+        pytest.skip("no cgroup can be made here (cgroup v2 not writable, or POPRUN_CGROUP=0)")
+    probe.remove()
+    planted = Path(probe.parent, "poprun-000000000000")
+    planted.mkdir()
+    try:
+        # WHEN
+        proc = start(marked, tmp_path, f"{READY}; cat /proc/self/cgroup", instances=2)
+        status, out, _, _ = finish(proc)
+
+        # THEN
+        own = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("0::")}
+        assert (0, True, 1) == (status, planted.is_dir(), len(own))
+        assert not Path(probe.parent, Path(own.pop()).name).exists()
+    finally:
+        planted.rmdir()
