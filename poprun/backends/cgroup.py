@@ -14,6 +14,10 @@ instances (every instance is born inside, with no moment outside) and back out b
 run long (:meth:`Cgroup.leave`), and ``cgroup.kill`` ends everything in it: at the end of the
 launch, and from the watchdog when poprun dies. Only the directory this launch made is ever
 removed (with the empty cgroups that nested launches left in it), by its record here.
+
+The price is one move of poprun into the cgroup per launch: the kernel makes the first move
+after a quiet while wait for an RCU grace period (a few ms, more on a busy machine), before
+the instances can start. ``POPRUN_CGROUP=0`` makes no cgroup (and keeps the limit above).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import contextlib
 import os
 import time
 
+SWITCH = "POPRUN_CGROUP"  # "0": make no cgroup (moving poprun in costs one RCU grace period, some ms)
 _KILL_WAIT_S = 1.0  # the longest kill() waits for the cgroup to empty
 _own: list[str | None] = []  # this process's own cgroup directory, once looked up
 
@@ -67,8 +72,8 @@ class Cgroup:
 
     @classmethod
     def make(cls) -> Cgroup | None:
-        """Make a new cgroup under this process's own; return it, or None where that cannot be done."""
-        parent = _own_directory()
+        """Make a new cgroup under this process's own; return it, or None where that cannot be done (or ``POPRUN_CGROUP=0``)."""
+        parent = None if os.environ.get(SWITCH) == "0" else _own_directory()
         if parent is None:
             return None
         path = os.path.join(parent, "poprun-" + os.urandom(6).hex())  # noqa: PTH118 - pathlib is slower

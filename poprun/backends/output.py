@@ -28,6 +28,7 @@ TAIL_LINES = 20  # lines of each instance's output kept for the failure report
 MAX_LINE = 1 << 20  # a line longer than this is passed on in parts (each given a newline)
 _FLUSH_AT = 1 << 20  # bytes waiting for the sink that make feed() flush at once
 _STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
+_FULL = (errno.ENOSPC, errno.EDQUOT)  # making the output files failed for want of space: a warning
 
 
 class Router:
@@ -41,9 +42,9 @@ class Router:
     (mpirun's layout). mpirun 4.1 still echoes output to the terminal with
     ``--output-filename``, and so does poprun.
 
-    The files are made safely (:func:`_open_files`). Should writing one fail later (a full
-    disk), every file is closed where it is and one warning line goes to the sink's stderr:
-    the output still reaches the sink, and the launch goes on.
+    The files are made safely (:func:`_open_files`). Should the disk be full when they are
+    made, or writing one fail later, every file is closed where it is and one warning line
+    goes to the sink's stderr: the output still reaches the sink, and the launch goes on.
 
     Raises:
         LaunchError: (125) when an output file cannot be made; with a PR430 diagnostic when a
@@ -62,7 +63,12 @@ class Router:
         self._ready: dict[Stream, list[bytes | memoryview]] = {"stdout": [], "stderr": []}
         self._ready_bytes = 0
         self._directory = plan.output.output_filename
-        self._files = _open_files(self._directory, indices)
+        try:
+            self._files = _open_files(self._directory, indices)
+        except OSError as exc:  # the disk is full already: a warning, as when it fills up later
+            self._files = {}
+            sink.write("stderr", (f"poprun: warning: cannot make the output files under {self._directory} "
+                                  f"({exc.strerror}): the output still reaches the terminal\n").encode(errors="replace"))
 
     def feed(self, index: int, stream: Stream, chunk: bytes) -> None:
         """Take ``chunk``, just read from ``stream`` of instance ``index``."""
@@ -182,6 +188,8 @@ def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, St
             os.close(fd)
         if isinstance(exc, _UnsafeError):
             raise LaunchError(exc.diagnostic.detail, diagnostics=(exc.diagnostic,)) from None
+        if exc.errno in _FULL:
+            raise
         raise LaunchError(f"cannot write output files under '{directory}': {exc.strerror}") from exc
     finally:
         for fd in fds:

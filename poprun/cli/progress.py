@@ -64,6 +64,7 @@ class Console:
         self.on_event = on_event
         self.on_broken: Callable[[Stream], None] | None = None
         self.failed: dict[Stream, str] = {}  # stream -> why it could not be written (not a broken pipe)
+        self._broken: list[Stream] = []  # streams found broken, not yet told to on_broken
         self._lock = threading.RLock()  # reentrant: a signal handler may log while the main thread writes
         self._closed: set[Stream] = set()
         self._enabled = status_wanted() if status is None else status
@@ -79,6 +80,7 @@ class Console:
             if stream == "stderr" or self._stdout_on_terminal:
                 self._clear()
             self._write(stream, data)
+        self._tell_broken()
 
     def event(self, event: Event) -> None:
         """Pass a backend event on to ``on_event``."""
@@ -97,6 +99,7 @@ class Console:
             self._text, self._since = text, since
             if not self._shown or time.monotonic() - self._drawn_at >= REDRAW_S:
                 self._draw()
+        self._tell_broken()
         if self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="poprun-status", daemon=True)
             self._ticker.start()
@@ -115,6 +118,7 @@ class Console:
             with self._lock:
                 if self._enabled and (not self._shown or self._line() != self._drawn):
                     self._draw()
+            self._tell_broken()
 
     def _line(self) -> str:
         text = f"poprun: {self._text}"
@@ -152,11 +156,20 @@ class Console:
             self._closed.add(stream)
             self._lost(stream, exc)
 
+    def _tell_broken(self) -> None:
+        """Tell ``on_broken`` of each stream found broken, outside the lock (from whichever thread comes first)."""
+        while True:
+            try:
+                stream = self._broken.pop(0)  # atomic: two threads never both take one
+            except IndexError:
+                return
+            if self.on_broken is not None:
+                self.on_broken(stream)
+
     def _lost(self, stream: Stream, exc: OSError) -> None:
         """``stream`` cannot be written any more: tell ``on_broken``, or warn on stderr."""
         if exc.errno in _GONE:
-            if self.on_broken is not None:
-                self.on_broken(stream)
+            self._broken.append(stream)  # told once the lock is released: the listener takes locks of its own
             return
         self.failed[stream] = why = exc.strerror or str(exc)
         if stream == "stdout":

@@ -75,7 +75,7 @@ def test_sighup_ignored_at_start_stays_ignored_by_poprun_and_its_instances(tmp_p
 def test_ctrl_z_stops_the_instances_with_poprun_and_fg_continues_them(tmp_path: Path, marked: Marked) -> None:
     """SIGTSTP to poprun stops its instances too; SIGCONT continues them all, and the run ends well."""
     # GIVEN: poprun in a process group of its own, as a shell with job control starts it
-    script = f"{READY}; i=0; while [ $i -lt 40 ]; do sleep 0.05; i=$((i+1)); done"
+    script = f"{READY}; exec {PY} -c 'import time; [time.sleep(0.05) for _ in range(40)]'"  # no child to vfork
     proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--num-instances", "2", "--num-replicas", "2",
                              "sh", "-c", script], cwd=tmp_path, env=marked.env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, process_group=0)
@@ -122,8 +122,8 @@ def test_daemon_in_a_session_of_its_own_dies_with_a_sigkilled_poprun(tmp_path: P
     # GIVEN
     probe = Cgroup.make()
     if probe is None:
-        pytest.skip("cgroup v2 is not writable here: poprun cannot hold a daemon that leaves its process group "
-                    "once poprun itself is SIGKILLed (the README's documented limit)")
+        pytest.skip("no cgroup can be made here (cgroup v2 not writable, or POPRUN_CGROUP=0): poprun cannot hold a "
+                    "daemon that leaves its process group once poprun itself is SIGKILLed (the README's limit)")
     probe.remove()
     proc = start(marked, tmp_path, f"setsid sh -c 'sleep 300' & {READY}; sleep 60", instances=2)
     ready = await_ready(proc, 2)
@@ -141,3 +141,25 @@ def test_daemon_in_a_session_of_its_own_dies_with_a_sigkilled_poprun(tmp_path: P
     assert "/poprun-" in cgroup
     assert not Path(probe.parent, Path(cgroup).name).exists()
 
+
+
+def test_only_the_launchs_own_cgroup_is_removed(tmp_path: Path, marked: Marked) -> None:
+    """A cgroup named like poprun's but not made by this launch survives it; the launch's own is gone."""
+    # GIVEN
+    probe = Cgroup.make()
+    if probe is None:
+        pytest.skip("no cgroup can be made here (cgroup v2 not writable, or POPRUN_CGROUP=0)")
+    probe.remove()
+    planted = Path(probe.parent, "poprun-000000000000")
+    planted.mkdir()
+    try:
+        # WHEN
+        proc = start(marked, tmp_path, f"{READY}; cat /proc/self/cgroup", instances=2)
+        status, out, _, _ = finish(proc)
+
+        # THEN
+        own = {line.split("::", 1)[1] for line in out.splitlines() if line.startswith("0::")}
+        assert (0, True, 1) == (status, planted.is_dir(), len(own))
+        assert not Path(probe.parent, Path(own.pop()).name).exists()
+    finally:
+        planted.rmdir()

@@ -23,6 +23,7 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 PY = sys.executable
 TWO = ["--num-instances", "2", "--num-replicas", "2"]
+LAST_FAILS = 'echo hi; [ "$POPDIST_INSTANCE_INDEX" = 1 ] && sleep 0.2 && exit 3; exit 0'  # of two instances
 
 
 def poprun(*args: str) -> list[str]:
@@ -163,19 +164,29 @@ def test_output_directory_of_another_user_is_refused(tmp_path: Path) -> None:
     assert "belongs to another user (uid 65534)" in done.stderr
 
 
-@pytest.fixture
-def small_disk(tmp_path: Path) -> Iterator[Path]:
-    """Return a directory on a 64 KiB tmpfs (root only), unmounted at the end."""
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)],
+def mounted_tmpfs(where: Path, options: str) -> Iterator[Path]:
+    """Yield ``where`` with a tmpfs of ``options`` mounted on it (root only), unmounted at the end."""
+    where.mkdir()
+    if os.geteuid() != 0 or subprocess.run(["mount", "-t", "tmpfs", "-o", options, "tmpfs", str(where)],
                                            capture_output=True, check=False).returncode != 0:
         pytest.skip("mounting a small tmpfs needs root (and a kernel that lets us)")
     try:
-        yield disk
+        yield where
     finally:
         with contextlib.suppress(OSError):
-            subprocess.run(["umount", str(disk)], check=False)
+            subprocess.run(["umount", str(where)], check=False)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """Return a directory on a 64 KiB tmpfs (root only)."""
+    yield from mounted_tmpfs(tmp_path / "disk", "size=64k")
+
+
+@pytest.fixture
+def no_room(tmp_path: Path) -> Iterator[Path]:
+    """Return a directory on a tmpfs that has no inode left for anything new (root only)."""
+    yield from mounted_tmpfs(tmp_path / "disk", "size=64k,nr_inodes=1")
 
 
 def test_full_disk_under_output_filename_is_a_warning_and_the_output_still_arrives(small_disk: Path) -> None:
@@ -187,3 +198,13 @@ def test_full_disk_under_output_filename_is_a_warning_and_the_output_still_arriv
     assert (0, 100000, 1) == (done.returncode, len(done.stdout.splitlines()), len(warnings))
     assert "No space left on device" in warnings[0]
     assert "internal error" not in done.stderr
+
+
+def test_disk_full_before_the_output_files_are_made_is_a_warning_too(no_room: Path) -> None:
+    """No room even for the output directories: one warning, the output on stdout, the instances' status."""
+    done = subprocess.run(poprun(*TWO, *output_to(str(no_room / "logs")), "sh", "-c", LAST_FAILS),
+                          cwd=no_room.parent, capture_output=True, text=True, timeout=30, check=False)
+
+    warnings = [line for line in done.stderr.splitlines() if line.startswith("poprun: warning:")]
+    assert (3, ["hi", "hi"], 1) == (done.returncode, done.stdout.splitlines(), len(warnings))
+    assert "No space left on device" in warnings[0]
