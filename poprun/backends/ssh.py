@@ -44,6 +44,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 
+from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends.base import LaunchError, OutputSink, environment
 from poprun.backends.files import private_directory, remove_directories
 from poprun.backends.local import (
@@ -69,57 +70,86 @@ if TYPE_CHECKING:
 
 SSH_CONFIG = "POPRUN_SSH_CONFIG"
 CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
-PREFLIGHT_S = 4.5  # the longest the whole preflight takes: a host that has not answered by then is unreachable
+PREFLIGHT_S = 4.5  # the longest the whole preflight takes (or the host timeout, when longer and set by the user)
+SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for instance 0's stdin session and a check
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
 HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host is declared lost
 DEFAULT_HOST_TIMEOUT_S = 15.0
 _MARK = "poprun-preflight"
 _OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"
-_ALIVE = ".poprun-alive"  # in a temporary cache made on a host: one file per instance still running there
+_MADE = ".poprun-made"  # in a temporary cache made on a host: this launch made it, so it removes it there
+_LOCK = ".poprun-lock"  # ... and the file each instance there holds a shared lock on while it runs
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the only kind that reaches a shell
-# Waits for poprun's "G" (go: every host passed the preflight; anything else, or the end of
-# stdin, and it exits 0 without starting anything), then runs the program ($2...) in its own
-# session. Then it reads poprun's lines: "T" stops the program's group with SIGTERM, "H" is
-# poprun's heartbeat; the end of stdin, or no line for $1 seconds (the link to poprun is down:
-# poprun sends "H" three times in that time), kills the group. Exits with the program's status
-# (128+N: signal N). (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
+# The scripts below name their own variables __poprun_*: they run with the instance's exported
+# variables, whose names are the user's, and must neither read nor change any of those.
+#
+# The wrapper waits for poprun's "G" (go: every host passed the preflight; anything else, or the
+# end of stdin, and it exits 0 without starting anything), then runs the program ($4...) in its
+# own session. Then it reads poprun's lines: "T" stops the program's group with SIGTERM, "S" and
+# "C" stop and continue it (Ctrl-Z and fg), "H" is poprun's heartbeat; the end of stdin, or no
+# line for $1 seconds while not stopped (the link to poprun is down: poprun sends "H" three
+# times in that time), kills the group. Exits with the program's status (128+N: signal N).
+# (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
 # With a directory $2 (not "-"), the program reads a FIFO made in it, which poprun's second
 # session for the instance (:data:`_STDIN`) fills with poprun's own standard input; the wrapper
 # made the directory (it fails if the directory exists), so it removes it at the end.
-_WRAPPER = """\
-read -r go; [ "$go" = G ] || exit 0
-t=$1; f=$2; p=$3; shift 3
-command -v -- "$p" >/dev/null 2>&1 || { [ -x "./$p" ] && p=./$p; }
+# With a temporary cache $3 that this launch made on the host (it holds _MADE), the wrapper
+# holds a shared lock on its _LOCK while the program runs, and at the end the one that gets the
+# lock alone removes the cache: the last instance of the host to end, or any, when none started.
+_WRAPPER = f"""\
+__poprun_k=$3
+__poprun_done() {{
+  [ "$__poprun_k" != - ] && [ -f "$__poprun_k/{_MADE}" ] && [ ! -h "$__poprun_k" ] || return 0
+  (command exec 9<"$__poprun_k/{_LOCK}" && flock -n -x 9 && rm -rf -- "$__poprun_k") 2>/dev/null
+  return 0
+}}
+IFS= read -r __poprun_go; [ "$__poprun_go" = G ] || {{ __poprun_done; exit 0; }}
+__poprun_t=$1; __poprun_f=$2; __poprun_p=$4; shift 4
+command -v -- "$__poprun_p" >/dev/null 2>&1 || {{ [ -x "./$__poprun_p" ] && __poprun_p=./$__poprun_p; }}
+[ "$__poprun_k" != - ] && [ -f "$__poprun_k/{_MADE}" ] && command exec 9<"$__poprun_k/{_LOCK}" && flock -s 9
 exec 3<&0
-if [ "$f" = - ]; then setsid -- "$p" "$@" </dev/null 3<&- &
-else mkdir -m 700 -- "$f" && mkfifo -m 600 -- "$f/in" || exit 125
-  setsid -- "$p" "$@" <"$f/in" 3<&- &
+if [ "$__poprun_f" = - ]; then setsid -- "$__poprun_p" "$@" </dev/null 3<&- 9<&- &
+else mkdir -m 700 -- "$__poprun_f" && mkfifo -m 600 -- "$__poprun_f/in" || exit 125
+  setsid -- "$__poprun_p" "$@" <"$__poprun_f/in" 3<&- 9<&- &
 fi
-c=$!
-{ while w=$(timeout "$t" sh -c 'IFS= read -r w && echo "x$w"'); do
-    [ "$w" = xT ] && { kill -TERM -$c || kill -TERM $c; }
+__poprun_c=$!
+{{ __poprun_z=
+  while :; do
+    if [ -n "$__poprun_z" ]; then IFS= read -r __poprun_w || break; __poprun_w=x$__poprun_w
+    else __poprun_w=$(timeout "$__poprun_t" sh -c 'IFS= read -r w && echo "x$w"') || break; fi
+    case $__poprun_w in
+      xT) kill -TERM -$__poprun_c || kill -TERM $__poprun_c;;
+      xS) __poprun_z=1; kill -TSTP -$__poprun_c || kill -TSTP $__poprun_c;;
+      xC) __poprun_z=; kill -CONT -$__poprun_c || kill -CONT $__poprun_c;;
+    esac
   done
-  kill -KILL -$c || kill -KILL $c; } <&3 3<&- >/dev/null 2>&1 &
-r=$!
+  kill -KILL -$__poprun_c || kill -KILL $__poprun_c; }} <&3 3<&- 9<&- >/dev/null 2>&1 &
+__poprun_r=$!
 exec 3<&-
-wait $c; s=$?
-kill -KILL -$c 2>/dev/null
-kill $r 2>/dev/null
-[ "$f" = - ] || rm -rf -- "$f"
-exit $s"""
+wait $__poprun_c; __poprun_s=$?
+kill -KILL -$__poprun_c 2>/dev/null
+kill $__poprun_r 2>/dev/null
+[ "$__poprun_f" = - ] || rm -rf -- "$__poprun_f"
+exec 9<&-
+__poprun_done
+exit $__poprun_s"""
 # The second session of an instance that reads poprun's standard input: once the wrapper has
-# made the FIFO ($1/in, waited for 10 s at most), copy this session's input into it.
+# made the FIFO ($1/in, waited for 10 s at most), copy this session's input into it, only if
+# the directory and the FIFO are this user's (a FIFO planted by someone else never gets a byte).
 _STDIN = """\
-i=0; while [ ! -p "$1/in" ]; do [ $i -lt 200 ] || exit 0; sleep 0.05; i=$((i + 1)); done
+__poprun_i=0
+until [ -d "$1" ] && [ ! -h "$1" ] && [ -O "$1" ] && [ -p "$1/in" ] && [ ! -h "$1/in" ] && [ -O "$1/in" ]; do
+  [ $__poprun_i -lt 200 ] || exit 0; sleep 0.05; __poprun_i=$((__poprun_i + 1)); done
 exec cat > "$1/in"
 """
 # Reads the environment poprun sends before anything else (a count of lines, then that many
 # lines of `export NAME='value'`), so that no value is ever on a command line (ps shows those).
 _READ_ENV = """\
-IFS= read -r n || exit 0
-e=; while [ "$n" -gt 0 ]; do IFS= read -r l || exit 0; e="$e$l
-"; n=$((n - 1)); done
-eval "$e"; unset e l n"""
+IFS= read -r __poprun_n || exit 0
+__poprun_e=; while [ "$__poprun_n" -gt 0 ]; do IFS= read -r __poprun_l || exit 0; __poprun_e="$__poprun_e$__poprun_l
+"; __poprun_n=$((__poprun_n - 1)); done
+eval "$__poprun_e"; unset __poprun_e __poprun_l __poprun_n"""
+_LINES = {int(signal.SIGTSTP): b"S\n", int(signal.SIGCONT): b"C\n"}  # to the wrappers: stop, continue
 _INTERPRETERS = ("python", "python3", "bash", "sh", "perl")
 
 
@@ -133,37 +163,45 @@ class PreflightError(LaunchError):
 
 class SshClient:
     """
-    The OpenSSH client as poprun runs it: batch mode, a connect timeout, one shared connection per host.
+    The OpenSSH client as poprun runs it: batch mode, a connect timeout, shared connections per host.
 
-    ``config`` is an ``ssh_config`` file (``-F``), or None for the user's own.
+    ``config`` is an ``ssh_config`` file (``-F``), or None for the user's own. A host's sessions
+    share its connections, :data:`SESSIONS_PER_CONNECTION` at most each (``slot`` k is the
+    host's k-th connection): sshd refuses more sessions than its ``MaxSessions`` (10 by default)
+    on one connection, and ssh's fallback would print its complaints into an instance's output.
     """
 
     def __init__(self, *, config: str | None = None, ssh: str = "ssh",
-                 host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S) -> None:
-        # the shared connections' sockets: DIR/%C (40 hex digits) and ssh's temporary suffix (17) in 107 bytes
-        self.directory = private_directory("poprun-ssh-", max_length=107 - 1 - 40 - 17)
+                 host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+        # the sockets: DIR/%C.k (40 hex digits and a slot) and ssh's temporary suffix (17) in 107 bytes
+        self.directory = private_directory("poprun-ssh-", max_length=107 - 1 - 40 - 3 - 17)
         alive = max(1, round(host_timeout_s / 3))  # three unanswered keep-alives and the connection ends
         self._base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
-                      "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}", "-o", f"ServerAliveInterval={alive}",
-                      "-o", "ServerAliveCountMax=3", "-o", f"ControlPath={self.directory}/%C"]
-        self._hosts: set[str] = set()
+                      "-o", f"ConnectTimeout={max(1, round(connect_timeout_s))}", "-o", f"ServerAliveInterval={alive}",
+                      "-o", "ServerAliveCountMax=3"]
+        self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
 
-    def connect(self, hosts: Sequence[str], *, timeout_s: float) -> dict[str, tuple[int, str]]:
+    def _options(self, slot: int) -> list[str]:
+        """Return the options common to every use of connection ``slot`` of a host."""
+        return [*self._base, "-o", f"ControlPath={self.directory}/%C" + (f".{slot}" if slot else "")]
+
+    def connect(self, connections: Sequence[tuple[str, int]], *, timeout_s: float) -> dict[str, tuple[int, str]]:
         """
-        Open the shared connection of every host at once; return ``{host: (ssh's status, its error text)}`` of failures.
+        Open every (host, slot) connection at once; return ``{host: (ssh's status, its error text)}`` of failures.
 
         A connection only authenticates (``-N``: no remote command, so no login shell runs);
         it stays in the background for the sessions of the launch. A host that has not
         answered within ``timeout_s`` fails with status -1.
         """
-        procs = {host: subprocess.Popen(  # noqa: S603 - ssh, options of our own
-            [*self._base, "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N", "--", host],
+        procs = {(host, slot): subprocess.Popen(  # noqa: S603 - ssh, options of our own
+            [*self._options(slot), "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N",
+             "--", host],
             stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
-            for host in hosts}
-        self._hosts.update(hosts)
+            for host, slot in connections}
+        self._used.update(connections)
         deadline = time.monotonic() + timeout_s
-        failed = {}
-        for host, proc in procs.items():
+        failed: dict[str, tuple[int, str]] = {}
+        for (host, _), proc in procs.items():
             try:
                 _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
@@ -172,24 +210,24 @@ class SshClient:
                 failed[host] = (-1, f"no answer within {timeout_s:g} s")
                 continue
             if proc.returncode != 0:
-                failed[host] = (proc.returncode, err)
+                failed.setdefault(host, (proc.returncode, err))
         return failed
 
-    def argv(self, host: str, command: str) -> list[str]:
+    def argv(self, host: str, command: str, *, slot: int = 0) -> list[str]:
         """
         Return the command line that runs ``command`` (shell text) on ``host``, through its shared connection.
 
         Without one yet (a host of one instance: :meth:`connect` was not worth a connection of
         its own), this session opens it and leaves it shared (``ControlMaster=auto``).
         """
-        self._hosts.add(host)
-        return [*self._base, "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T", "--", host,
-                command]
+        self._used.add((host, slot))
+        return [*self._options(slot), "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T",
+                "--", host, command]
 
-    def connected(self, host: str, *, timeout_s: float = 2.0) -> bool:
-        """Return whether the shared connection of ``host`` is still up (asked of it here, not of the host)."""
+    def connected(self, host: str, *, slot: int = 0, timeout_s: float = 2.0) -> bool:
+        """Return whether shared connection ``slot`` of ``host`` is still up (asked of it here, not of the host)."""
         try:
-            done = subprocess.run([*self._base, "-O", "check", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
+            done = subprocess.run([*self._options(slot), "-O", "check", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
         except (OSError, subprocess.TimeoutExpired):
             return False
@@ -203,10 +241,10 @@ class SshClient:
         for its keep-alives to fail, or for the link to come back) is killed: no ssh process of
         the launch outlives it.
         """
-        procs = [subprocess.Popen([*self._base, "-O", "exit", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for host in sorted(self._hosts)]
-        self._hosts.clear()
+        procs = [subprocess.Popen([*self._options(slot), "-O", "exit", "--", host],  # noqa: S603
+                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                 for host, slot in sorted(self._used)]
+        self._used.clear()
         deadline = time.monotonic() + timeout_s
         for proc in procs:
             try:
@@ -260,21 +298,36 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
     lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
     if instance.env.unset:
         lines.append("unset " + " ".join(shlex.quote(name) for name in instance.env.unset))
-    cleanup = ":"
+    where = "-"
     if cache is not None:
-        quoted, alive = shlex.quote(cache), shlex.quote(f"{cache}/{_ALIVE}")
-        if cache_instances and cache_instances[0] == instance.index:
-            markers = " && ".join(f": > {alive}/{i}" for i in cache_instances)
-            lines.append(f"if mkdir -m 700 -- {quoted} 2>/dev/null; then mkdir -m 700 -- {alive} && {markers} || "
-                         f"echo '{_MARK} cache '{quoted}\n"
-                         f"elif [ -d {quoted} ] && [ ! -h {quoted} ] && {{ [ -O {quoted} ] || "
-                         f'{{ o=$(ls -ldn -- {quoted}) && set -- $o && [ "$3" = 0 ]; }}; }}; then :\n'
-                         f"else echo '{_MARK} cache '{quoted}; fi")
-        cleanup = f"rm -f -- {alive}/{instance.index}; rmdir -- {alive} 2>/dev/null && rm -rf -- {quoted}"
+        lines.append(_cache_script(cache, first=bool(cache_instances) and cache_instances[0] == instance.index))
+        where = '"$__poprun_k"'
     lines.append(_check_script(instance))
     lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance {host_timeout_s:g} "
-                 f"{shlex.quote(stdin_directory or '-')} " + shlex.join(bound_argv(instance)) + "; s=$?")
-    lines.append(f"{cleanup}; exit $s")
+                 f"{shlex.quote(stdin_directory or '-')} {where} " + shlex.join(bound_argv(instance)))
+    return "\n".join(lines)
+
+
+def _cache_script(cache: str, *, first: bool) -> str:
+    """
+    Return the lines that choose the temporary cache on a host (``$__poprun_k``) and, for its first instance, make it.
+
+    The cache is at the path made here when its parent exists there (a shared file system: the
+    very directory), else under the host's /tmp with the same name; POPDIST_EXECUTABLE_CACHE_PATH
+    says which. The first instance makes it, with _MADE and _LOCK in it, unless it exists: an
+    existing directory is used as it is, and never removed there, if it is this user's (or
+    root's) and not a link; anything else fails the check.
+    """
+    parent, name = os.path.split(cache)
+    path, other = shlex.quote(cache), shlex.quote(f"/tmp/{name}")  # noqa: S108
+    lines = [f"if [ -d {shlex.quote(parent or '/')} ]; then __poprun_k={path}; else __poprun_k={other}; fi",
+             f"export {EXECUTABLE_CACHE_PATH}=$__poprun_k"]
+    if first:
+        lines.append(f'if mkdir -m 700 -- "$__poprun_k" 2>/dev/null; then : > "$__poprun_k/{_LOCK}" && '
+                     f': > "$__poprun_k/{_MADE}" || echo "{_MARK} cache $__poprun_k"\n'
+                     'elif [ -d "$__poprun_k" ] && [ ! -h "$__poprun_k" ] && { [ -O "$__poprun_k" ] || '
+                     '{ __poprun_o=$(ls -ldn -- "$__poprun_k") && set -- $__poprun_o && [ "$3" = 0 ]; }; }; then :\n'
+                     f'else echo "{_MARK} cache $__poprun_k"; fi')
     return "\n".join(lines)
 
 
@@ -306,6 +359,7 @@ def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
 def _check_script(instance: Instance) -> str:
     """Return the check of an instance's host: setsid, its program, and the script given to an interpreter."""
     words = [f"command -v setsid >/dev/null 2>&1 || echo '{_MARK} setsid'",
+             f"command -v flock >/dev/null 2>&1 || echo '{_MARK} flock'",
              f"command -v timeout >/dev/null 2>&1 || echo '{_MARK} timeout'"]
     if instance.placement.cpus:
         words.append(f"command -v taskset >/dev/null 2>&1 || echo '{_MARK} taskset'")
@@ -332,6 +386,7 @@ def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnosti
             kind, _, name = item.partition(" ")
             what.append({"setsid": "'setsid' (util-linux) is not installed",
                          "timeout": "'timeout' (coreutils) is not installed",
+                         "flock": "'flock' (util-linux) is not installed",
                          "cache": f"the temporary executable cache {name} exists there and is not this user's "
                                   "directory, or cannot be made",
                          "taskset": "'taskset' (util-linux), which binds the instance to its CPUs, is not installed",
@@ -384,8 +439,9 @@ class _Sessions:
     the router.
     """
 
-    def __init__(self, procs: dict[int, subprocess.Popen[bytes]], inputs: Mapping[int, bytes]) -> None:
-        self.procs = procs
+    def __init__(self, procs: dict[int, subprocess.Popen[bytes]], inputs: Mapping[int, bytes], *,
+                 budget_s: float = PREFLIGHT_S) -> None:
+        self.procs, self._budget_s = procs, budget_s
         self.early: dict[int, bytes] = {}  # stdout read with the check, that is not part of it
         self._inputs = {index: memoryview(data) for index, data in inputs.items() if data}
 
@@ -396,7 +452,7 @@ class _Sessions:
             instance = plan.instances[index]
             problem: Diagnostic | None
             if answer is None:
-                problem = _unreachable(instance.host, f"no answer within {PREFLIGHT_S:g} s")
+                problem = _unreachable(instance.host, f"no answer within {self._budget_s:g} s")
             elif answer.endswith(_OK):
                 problem = _diagnose(instance.host, 0, answer.decode(errors="replace"), "", instance.cwd)
                 self.early[index] = b"".join(line for line in answer.splitlines(keepends=True)
@@ -450,7 +506,7 @@ class _Sessions:
         try:
             status = proc.wait(max(0.1, deadline - time.monotonic()))
         except subprocess.TimeoutExpired:
-            return _unreachable(instance.host, f"no answer within {PREFLIGHT_S:g} s")
+            return _unreachable(instance.host, f"no answer within {self._budget_s:g} s")
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
         return _diagnose(instance.host, status, answer.decode(errors="replace"), err, instance.cwd)
@@ -470,18 +526,30 @@ def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
             os.write(pipe.fileno(), data)
 
 
-def _shared_hosts(plan: LaunchPlan) -> list[str]:
+def _slots(plan: LaunchPlan) -> dict[int, int]:
+    """Return the connection slot of each remote instance's session: its place among its host's, in groups."""
+    seen: dict[str, int] = {}
+    slots = {}
+    for instance in plan.instances:
+        if not is_this_machine(instance.host):
+            place = seen.get(instance.host, 0)
+            seen[instance.host] = place + 1
+            slots[instance.index] = place // SESSIONS_PER_CONNECTION
+    return slots
+
+
+def _shared_connections(plan: LaunchPlan, slots: dict[int, int]) -> list[tuple[str, int]]:
     """
-    Return the remote hosts of several instances, in plan order: those whose shared connection is opened first.
+    Return the (host, slot) connections to open first: those of the hosts of several instances, in plan order.
 
     One key exchange then serves all their sessions; a host of one instance gets its shared
     connection from its session instead (a separate connection would cost a second exchange).
     """
     counts: dict[str, int] = {}
-    for instance in plan.instances:
-        if not is_this_machine(instance.host):
-            counts[instance.host] = counts.get(instance.host, 0) + 1
-    return [host for host, count in counts.items() if count > 1]
+    for index in slots:
+        counts[plan.instances[index].host] = counts.get(plan.instances[index].host, 0) + 1
+    return list(dict.fromkeys((plan.instances[index].host, slot) for index, slot in slots.items()
+                              if counts[plan.instances[index].host] > 1))
 
 
 class SshBackend:
@@ -509,7 +577,9 @@ class SshBackend:
             hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
         timeout_s = host_timeout(source)
-        client = SshClient(config=config, host_timeout_s=timeout_s)
+        budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
+        client = SshClient(config=config, host_timeout_s=timeout_s,
+                           connect_timeout_s=CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
         try:
             return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s)
         except BaseException:
@@ -518,12 +588,10 @@ class SshBackend:
 
     def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
                 sink: OutputSink, *, timeout_s: float) -> LocalLaunch:
-        deadline = time.monotonic() + PREFLIGHT_S
-        failed = client.connect(_shared_hosts(plan), timeout_s=PREFLIGHT_S)
-        problems = [d for host, (status, err) in failed.items()
-                    if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
-        if problems:
-            raise PreflightError(problems)
+        budget = preflight_budget(source, timeout_s)
+        deadline = time.monotonic() + budget
+        slots = _slots(plan)
+        _connect(plan, client, _shared_connections(plan, slots), budget)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
         remove = temporary_directories(plan)
         watchdog, clients = _watchdogs((*remove, client.directory), source)
@@ -536,9 +604,9 @@ class SshBackend:
             stdin_directory = f"/tmp/poprun-stdin-{os.urandom(6).hex()}" if stdin is not None else None  # noqa: S108
             for index, command in _commands(plan, remote, cache, timeout_s, stdin_directory).items():
                 procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
-                    client.argv(plan.instances[index].host, command), stdin=subprocess.PIPE,
+                    client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
-            sessions = _Sessions(procs, inputs)
+            sessions = _Sessions(procs, inputs, budget_s=budget)
             problems = sessions.await_checks(plan, deadline)
             if problems:
                 raise PreflightError(problems)
@@ -565,11 +633,12 @@ class SshBackend:
             if sig == signal.SIGKILL:
                 clients.signal(signal.SIGKILL)  # the remote wrappers see their input end, and kill
                 return
+            line = _LINES.get(sig, b"T\n")  # stop, continue, or end
             for index in sorted(remote):
-                _send(procs[index], b"T\n")
+                _send(procs[index], line)
 
         def lost(index: int) -> bool:
-            return index in remote and not client.connected(plan.instances[index].host)
+            return index in remote and not client.connected(plan.instances[index].host, slot=slots[index])
 
         def finish() -> None:
             beat.stop()
@@ -627,6 +696,29 @@ def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeo
     return {index: remote_command(plan.instances[index], cache=cache, cache_instances=on_host[plan.instances[index].host],
                                   host_timeout_s=timeout_s, stdin_directory=stdin_directory if index == 0 else None)
             for index in sorted(remote)}
+
+
+def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, int]], budget_s: float) -> None:
+    """
+    Open the shared ``connections`` first.
+
+    Raises:
+        PreflightError: naming each host that could not be connected to, and why.
+    """
+    failed = client.connect(connections, timeout_s=budget_s)
+    problems = [d for host, (status, err) in failed.items()
+                if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
+    if problems:
+        raise PreflightError(problems)
+
+
+def preflight_budget(env: Mapping[str, str], host_timeout_s: float) -> float:
+    """
+    Return how long the preflight waits for every host: :data:`PREFLIGHT_S`, or the host timeout the user set if longer.
+
+    A host on a slow link is not unreachable when the user said how long a host may take.
+    """
+    return max(PREFLIGHT_S, host_timeout_s) if env.get(HOST_TIMEOUT, "").strip() else PREFLIGHT_S
 
 
 def host_timeout(env: Mapping[str, str]) -> float:

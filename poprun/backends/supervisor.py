@@ -103,10 +103,12 @@ class LocalLaunch:
             self._wake()
 
     def forward(self, sig: int) -> None:
-        """Send ``sig`` (SIGTSTP, SIGCONT) to the instances on this machine and their group; nothing once ended."""
+        """Send ``sig`` (SIGTSTP, SIGCONT) to every instance (through ``stop`` on other hosts); nothing once ended."""
         with self._lock:
             if not self._finished:
                 self._watchdog.signal(sig)
+                if self._stop is not None:
+                    self._stop(sig)
 
     def _signal(self, sig: int) -> None:
         self._watchdog.signal(sig)

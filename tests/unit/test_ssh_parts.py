@@ -296,7 +296,7 @@ def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Pa
     client = SshClient(config=str(tmp_path / "no_config"))
     (tmp_path / "no_config").write_text("")
     try:
-        failed = client.connect([f"-oProxyCommand=touch {planted}"], timeout_s=5)
+        failed = client.connect([(f"-oProxyCommand=touch {planted}", 0)], timeout_s=5)
         session = subprocess.run(client.argv(f"-oProxyCommand=touch {planted}", "true"), capture_output=True,
                                  timeout=10, check=False, stdin=subprocess.DEVNULL)
     finally:
