@@ -158,12 +158,12 @@ def test_the_cli_against_a_hostile_server_exits_125_with_pr510(tmp_path):
 
 
 
-@pytest.mark.parametrize(("args", "env", "status", "code", "words"), [
-    (["--vipu-server-host", "a b"], {}, 2, "PR105", "not allowed in a host name"),  # refused while planning
-    (["--vipu-partition", "p16"], {"POPRUN_VIPU_EMULATOR_INVENTORY": "inventory.json"}, 125, "PR501",
-     "cannot open the in-process emulated V-IPU service"),
+@pytest.mark.parametrize(("args", "env", "expected"), [
+    (["--vipu-server-host", "a b"], {}, (2, "PR105", "not allowed in a host name")),  # refused while planning
+    (["--vipu-partition", "p16"], {"POPRUN_VIPU_EMULATOR_INVENTORY": "inventory.json"},
+     (125, "PR501", "cannot open the in-process emulated V-IPU service")),
 ], ids=["a server address with a space", "an inventory that is not JSON"])
-def test_an_impossible_service_is_pr501_not_an_internal_error(tmp_path, args, env, status, code, words):
+def test_an_impossible_service_is_pr501_not_an_internal_error(tmp_path, args, env, expected):
     """An address http.client refuses, or an unreadable in-process inventory: PR501, never 'internal error'."""
     (tmp_path / "inventory.json").write_text("[1", encoding="utf-8")
     clean = {k: v for k, v in os.environ.items() if not k.startswith(("IPUOF_", "POPRUN_"))}
@@ -171,6 +171,7 @@ def test_an_impossible_service_is_pr501_not_an_internal_error(tmp_path, args, en
                           env=clean | env | {"POPRUN_PARTITION_PROVIDER": "emulated"}, capture_output=True, text=True,
                           timeout=20, check=False)
 
+    status, code, words = expected
     assert status == done.returncode, done.stderr
     assert f"error[{code}]" in done.stderr
     assert words in done.stderr
