@@ -377,7 +377,7 @@ def _check_script(instance: Instance) -> str:
 
 def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnostic | None:
     """Return what the preflight's answer from ``host`` (or ssh's error) says is wrong, or None."""
-    said = [line[len(_MARK) + 1:] for line in out.splitlines() if line.startswith(_MARK + " ")]
+    said = [line.partition(_MARK + " ")[2] for line in out.splitlines() if _MARK + " " in line]  # after a greeting too
     if said == ["ok"]:
         return None
     if said and said[-1] == "ok":
@@ -455,8 +455,7 @@ class _Sessions:
                 problem = _unreachable(instance.host, f"no answer within {self._budget_s:g} s")
             elif answer.endswith(_OK):
                 problem = _diagnose(instance.host, 0, answer.decode(errors="replace"), "", instance.cwd)
-                self.early[index] = b"".join(line for line in answer.splitlines(keepends=True)
-                                             if not line.startswith(_MARK.encode()))
+                self.early[index] = _greeting(answer)
             else:  # the session ended before its check did: ssh failed, or the directory is missing
                 problem = self._failure(instance, answer, deadline)
             if problem is not None:
@@ -515,6 +514,17 @@ class _Sessions:
         """Start every instance: "G" on each session's input."""
         for proc in self.procs.values():
             _send(proc, b"G\n")
+
+
+def _greeting(answer: bytes) -> bytes:
+    """Return what a login shell printed around a check's lines (a greeting, even one without a newline)."""
+    mark = (_MARK + " ").encode()
+    kept = []
+    for line in answer.splitlines(keepends=True):
+        if mark in line:
+            line = line.partition(mark)[0]  # noqa: PLW2901 - what came before the mark on its line
+        kept.append(line)
+    return b"".join(kept)
 
 
 def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:

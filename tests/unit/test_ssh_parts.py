@@ -303,3 +303,12 @@ def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Pa
         client.close()
 
     assert (1, 255, False) == (len(failed), session.returncode, planted.exists())
+
+
+def test_a_login_greeting_without_a_newline_is_no_problem_and_stays_the_instances_output() -> None:
+    """A shell that prints 'Welcome' (no newline) before the check: the host passed, and the greeting is kept."""
+    from poprun.backends.ssh import _greeting
+
+    answer = "Welcome to pod9poprun-preflight ok\n"
+
+    assert (None, b"Welcome to pod9") == (_diagnose("pod9", 0, answer, "", "/app"), _greeting(answer.encode()))
