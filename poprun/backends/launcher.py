@@ -106,6 +106,7 @@ class LauncherLaunch:
         self._done = threading.Event()
         self._result: ApplyResult | None = None
         self._error: BaseException | None = None
+        self._open_pipes = 2  # the launcher's pipes not at their end yet
         for instance in plan.instances:
             self._event(InstanceStarted(index=instance.index, pid=proc.pid))
         threading.Thread(target=self._run, name=self.thread_name, daemon=True).start()
@@ -195,18 +196,33 @@ class LauncherLaunch:
                 assert pipe is not None
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, stream)
-            while len(selector.get_map()) > 1:
+            self._open_pipes = 2
+            self._attach(selector)
+            while self._open_pipes or self._busy():
                 for key, _ in selector.select(self._timeout()):
                     if key.data is None:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
+                    elif callable(key.data):
+                        key.data(key.fd)
                     else:
                         self._read(key, splitters[key.data], selector)
                 self._router.flush()
                 self._due()
+            self._detach()
         for splitter in splitters.values():
             self._pass_on(splitter.end())
         self._router.flush()
+
+    def _attach(self, selector: selectors.BaseSelector) -> None:
+        """Register more sources of output with ``selector`` (their data: a callable taking the descriptor)."""
+
+    def _busy(self) -> bool:
+        """Return whether to go on reading once the launcher's pipes are closed."""
+        return False
+
+    def _detach(self) -> None:
+        """Close what :meth:`_attach` registered: reading is over."""
 
     def _read(self, key: selectors.SelectorKey, splitter: Splitter, selector: selectors.BaseSelector) -> None:
         try:
@@ -218,6 +234,7 @@ class LauncherLaunch:
             return
         selector.unregister(key.fileobj)
         key.fileobj.close()  # type: ignore[union-attr]
+        self._open_pipes -= 1
 
     def _pass_on(self, pieces: list[Piece]) -> None:
         for index, stream, data in pieces:
