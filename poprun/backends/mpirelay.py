@@ -7,7 +7,8 @@ Why: OpenMPI 4.1's ``--tag-output`` loses output (it tags each 4 KiB read into a
 buffer and drops what does not fit: ``mpirun --tag-output seq 2000`` prints about 1,300
 lines), and untagged, the lines of two instances interleave mid-line. So poprun does not let
 the instances' output go through mpirun at all. Each app context runs the program through a
-small wrapper (:func:`relay_words`: ``sh``, then the host's ``python3 -I -S``) that connects
+small wrapper (:func:`relay_words`: ``sh``, then poprun's own Python where the host has it at
+the same path, else the host's ``python3``, with ``-I -S``) that connects
 to poprun's listening socket, authenticates with the launch's random token (given to the
 wrapper in the environment, never on a command line, and removed before the program starts),
 waits for poprun's acknowledgement, makes the connection the program's stdout (and another
@@ -35,6 +36,7 @@ import errno
 import secrets
 import selectors
 import socket
+import sys
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -95,8 +97,10 @@ def main():
         os._exit(127 if e.errno == 2 else 126)
 main()
 """ % {"connect": CONNECT_S, "variable": RELAY_VARIABLE}  # noqa: UP031 - the code holds braces
-# Runs the wrapper with the host's python3; without one, the program as it is (output through mpirun).
-SHELL = ('if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; fi; '
+# Runs the wrapper with $1 (poprun's own Python, when the host has it at the same path), else the host's
+# python3; without either, the program as it is (its output then goes through mpirun).
+SHELL = ('p=$1; shift; if [ -x "$p" ]; then exec "$p" -I -S -c "$0" "$@"; fi; '
+         'if command -v python3 >/dev/null 2>&1; then exec python3 -I -S -c "$0" "$@"; fi; '
          'echo "poprun: instance $1: no python3 on $(hostname): its output goes through mpirun, which may lose '
          'lines" >&2; shift 3; exec "$@"')
 
@@ -110,7 +114,8 @@ def relay_words(index: int, *, local: bool, merge: bool) -> list[str]:
     ``local``: the instance runs on this machine (it finds poprun at 127.0.0.1); ``merge``:
     its stderr goes with its stdout (``--merge-stderr-to-stdout``).
     """
-    return ["sh", "-c", SHELL, WRAPPER, str(index), "1" if merge else "12", "127.0.0.1" if local else ""]
+    return ["sh", "-c", SHELL, WRAPPER, sys.executable or "python3", str(index), "1" if merge else "12",
+            "127.0.0.1" if local else ""]
 
 
 class _Connection:
