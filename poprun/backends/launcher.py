@@ -60,10 +60,13 @@ _READ = 1 << 18  # bytes read from a pipe at once
 
 
 def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: Mapping[str, str],
-                   remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = ()) -> tuple[
-                       subprocess.Popen[bytes], Watchdog]:
+                   remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = (),
+                   executable: str | None = None) -> tuple[subprocess.Popen[bytes], Watchdog]:
     """
     Start the launcher ``argv`` with ``env`` in the group of a new watchdog (which removes ``remove`` should poprun die).
+
+    ``executable``, when given, is the file run, ``argv[0]`` then being only the name the
+    launcher sees itself called by.
 
     Raises:
         LaunchError: when the watchdog or the launcher cannot start; then nothing is left: the
@@ -76,7 +79,7 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
         remove_directories(list(cleanup))
         raise LaunchError(str(exc.strerror)) from exc
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+        proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
                                 stderr=subprocess.PIPE, env=dict(env), process_group=watchdog.group)
         watchdog.await_ready()
     except (OSError, WatchdogError) as exc:

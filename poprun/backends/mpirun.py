@@ -303,8 +303,10 @@ class MpirunBackend:
                       keepalive_s=settings.host_timeout_s)
         try:
             wrap = _Wrap(local=local, merge=settings.merge)
+            # Called "mpirun", not by its path: OpenMPI takes an absolute argv[0] for --prefix and would put
+            # its own bin and lib directories first on the instances' PATH and LD_LIBRARY_PATH.
             argv = mpirun_command(evolve(plan, mpi=evolve(plan.mpi, global_args=settings.global_args)),
-                                  mpirun=mpirun, environ=source, wrap=wrap)
+                                  mpirun="mpirun", environ=source, wrap=wrap)
             remove = temporary_directories(plan)
             router = Router(plan, sink)  # every instance's output comes here: the router writes --output-filename's files
         except BaseException:
@@ -312,7 +314,8 @@ class MpirunBackend:
             raise
         env = source | settings.env | {RELAY_VARIABLE: relay.variable}
         try:
-            proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router)
+            proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
+                                            executable=mpirun)
         except BaseException:
             relay.close(lambda *_: None)
             raise
