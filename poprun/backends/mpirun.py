@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 _DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
+_DRAIN_MAX_S = 5.0  # and every one this long after (a program's child that outlived it may hold one)
 _TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the relay's greetings
 
 
@@ -119,13 +120,13 @@ class MpirunLaunch(LauncherLaunch):
         self._kill_children()
 
     def _busy(self) -> bool:
-        """Go on while an instance's connection is open, until it has been silent for a moment after mpirun ended."""
+        """Go on while an instance's connection is open, until it is silent for a moment after mpirun ended (5 s at most)."""
         if not self._relay.open_streams():
             return False
         now = time.monotonic()
         if self._ended_at is None:
             self._ended_at = now  # its pipes are closed: it has ended
-        return now - max(self._ended_at, self._last_data) < _DRAIN_IDLE_S
+        return now - max(self._ended_at, self._last_data) < _DRAIN_IDLE_S and now - self._ended_at < _DRAIN_MAX_S
 
     def _detach(self) -> None:
         self._relay.close(self._router.end)
@@ -157,12 +158,32 @@ class MpirunLaunch(LauncherLaunch):
             self._children.setdefault(pid, _start_time(pid))
 
     def _kill_children(self) -> None:
-        for pid, started in self._children.items():
-            if started and _start_time(pid) == started:
-                with contextlib.suppress(OSError):
-                    os.kill(pid, signal.SIGKILL)
+        """
+        Kill mpirun's children seen (its ssh clients), and what its instances left to poprun.
+
+        mpirun puts each instance in a process group of its own, out of reach of the
+        watchdog's group: a process an instance started in the background outlives it, and,
+        poprun being a subreaper, is re-parented to poprun when the instance ends.
+        """
+        since, own = self._watchdog.started, os.getpgrp()
+        known = {self._proc.pid, self._watchdog.pid}
+        found = dict(self._children)
+        for _ in range(3):  # a killed process's children are re-parented to poprun in turn
+            found |= {pid: started for pid in _children_of(os.getpid())
+                      if pid not in known and (started := _start_time(pid)) >= since}
+            if not found:
+                return
+            for pid, started in found.items():
+                if started and _start_time(pid) == started:
+                    with contextlib.suppress(OSError):
+                        group = os.getpgid(pid)
+                        if group != own:  # its instance's group (mpirun gives each its own), or its own
+                            os.killpg(group, signal.SIGKILL)
+                        os.kill(pid, signal.SIGKILL)
                 with contextlib.suppress(OSError):
                     os.waitpid(pid, os.WNOHANG)  # re-parented to poprun (a subreaper): reap it
+            known |= found.keys()
+            found = {}
 
     def _instance_lost(self, index: int) -> None:
         """Take the news that the connection of instance ``index`` broke for want of an answer: its host is gone."""
