@@ -43,6 +43,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from poprun.backends import watchdog as watchdog_module
 from poprun.backends.base import ApplyResult, InstanceEnded, LaunchError, OutputSink
 from poprun.backends.files import which
 from poprun.backends.launcher import LauncherLaunch, start_launcher
@@ -169,8 +170,9 @@ class MpirunLaunch(LauncherLaunch):
         known = {self._proc.pid, self._watchdog.pid}
         found = dict(self._children)
         for _ in range(3):  # a killed process's children are re-parented to poprun in turn
-            found |= {pid: started for pid in _children_of(os.getpid())
-                      if pid not in known and (started := _start_time(pid)) >= since}
+            if watchdog_module._subreaper:  # noqa: SLF001 - only then are poprun's new children orphans of the launch
+                found |= {pid: started for pid in _children_of(os.getpid())
+                          if pid not in known and (started := _start_time(pid)) >= since}
             if not found:
                 return
             for pid, started in found.items():
