@@ -54,7 +54,11 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 
 # The wrapper's Python (3.6 and later; no site, no environment): argv is INDEX STREAMS ADDRESSES PROGRAM...
 # STREAMS is "12" (a connection each for stdout and stderr) or "1" (one for both: --merge-stderr-to-stdout).
-WRAPPER = r"""import os, socket, sys
+# The program's stdout and stderr are pipes, as under plain mpirun; a relay process, a grandchild
+# in a session of its own (no child of the program, out of reach of signals to the instance's
+# group), copies each pipe to its connection until every writer has closed it, or until poprun
+# closes the connection (the socket becomes readable: poprun never writes after its "k").
+WRAPPER = r"""import os, select, socket, sys
 def addresses(given):
     found = [a for a in given.split(",") if a]
     ssh = os.environ.get("SSH_CONNECTION", "").split()
@@ -70,33 +74,89 @@ def connect(places, port, token, index, stream):
             if s.recv(1) == b"k":
                 s.settimeout(None)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                keep(s)
                 return s
             s.close()
         except (OSError, ValueError):
             pass
     return None
+def keep(s):
+    try:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
+        for o, v in ((socket.TCP_KEEPIDLE, %(step)s), (socket.TCP_KEEPINTVL, %(step)s), (socket.TCP_KEEPCNT, 2)):
+            s.setsockopt(socket.IPPROTO_TCP, o, v)
+    except (OSError, AttributeError):
+        pass
+def relay(pairs):
+    os.setsid()
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    back = {s.fileno(): (r, s) for r, s in pairs}
+    ends = dict((r, s) for r, s in pairs)
+    while ends:
+        ready = select.select(list(ends) + list(back), [], [])[0]
+        for fd in ready:
+            if fd in back:
+                r, s = back.pop(fd)
+                ends.pop(r, None)
+                continue
+            s = ends[fd]
+            data = os.read(fd, 262144)
+            try:
+                if data:
+                    s.sendall(data)
+                    continue
+            except OSError:
+                pass
+            del ends[fd]
+            back.pop(s.fileno(), None)
+            s.close()
 def main():
     index, streams, given = sys.argv[1:4]
     program = sys.argv[4:]
     port, _, token = os.environ.pop("%(variable)s", "").partition(":")
     places = addresses(given)
+    pairs = []
     for fd in (1, 2)[:len(streams)]:
         s = connect(places, int(port or 0), token, index, "stdout" if fd == 1 else "stderr")
         if s is None:
             os.write(2, ("poprun: instance %%s cannot reach poprun at %%s: its output goes through mpirun, which "
                          "may lose lines\n" %% (index, " or ".join(places) or "no address")).encode())
             break
-        os.dup2(s.fileno(), fd)
+        r, w = os.pipe()
+        os.dup2(w, fd)
         if len(streams) == 1:
-            os.dup2(s.fileno(), 2)
-        s.close()
+            os.dup2(w, 2)
+        os.close(w)
+        pairs.append((r, s))
+    if pairs:
+        child = os.fork()
+        if child == 0:
+            try:
+                if os.fork() == 0:
+                    relay(pairs)
+            finally:
+                os._exit(0)
+        os.waitpid(child, 0)
+        for r, s in pairs:
+            os.close(r)
+            s.close()
     try:
         os.execvp(program[0], program)
     except OSError as e:
         os.write(2, ("poprun: cannot run %%s: %%s\n" %% (program[0], e.strerror)).encode())
         os._exit(127 if e.errno == 2 else 126)
 main()
-""" % {"connect": CONNECT_S, "variable": RELAY_VARIABLE}  # noqa: UP031 - the code holds braces
+"""
+
+
+def _wrapper(keepalive_s: float) -> str:
+    """Return the wrapper's code for a host timeout of ``keepalive_s`` (its relay's keepalives)."""
+    step = max(1, round(keepalive_s / 3))
+    return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "step": step}
+
+
 # Runs the wrapper with $1 (poprun's own Python, when the host has it at the same path), else the host's
 # python3; without either, the program as it is (its output then goes through mpirun).
 SHELL = ('p=$1; shift; if [ -x "$p" ]; then exec "$p" -I -S -c "$0" "$@"; fi; '
@@ -107,14 +167,15 @@ SHELL = ('p=$1; shift; if [ -x "$p" ]; then exec "$p" -I -S -c "$0" "$@"; fi; '
 KEEPALIVE = (socket.TCP_KEEPIDLE, socket.TCP_KEEPINTVL, socket.TCP_KEEPCNT) if hasattr(socket, "TCP_KEEPIDLE") else ()
 
 
-def relay_words(index: int, *, local: bool, merge: bool) -> list[str]:
+def relay_words(index: int, *, local: bool, merge: bool, keepalive_s: float) -> list[str]:
     """
     Return the words that run an instance's program through the wrapper; the program's words follow them.
 
     ``local``: the instance runs on this machine (it finds poprun at 127.0.0.1); ``merge``:
-    its stderr goes with its stdout (``--merge-stderr-to-stdout``).
+    its stderr goes with its stdout (``--merge-stderr-to-stdout``); ``keepalive_s``: the host
+    timeout (the relay process gives up on a poprun that does not answer within it).
     """
-    return ["sh", "-c", SHELL, WRAPPER, sys.executable or "python3", str(index), "1" if merge else "12",
+    return ["sh", "-c", SHELL, _wrapper(keepalive_s), sys.executable or "python3", str(index), "1" if merge else "12",
             "127.0.0.1" if local else ""]
 
 
@@ -162,6 +223,10 @@ class Relay:
         """Register the listener, and from now on each connection, with ``selector``; ``callback(fd)`` handles them."""
         self._selector, self._callback = selector, callback
         selector.register(self.listener, selectors.EVENT_READ, callback)
+
+    def open_instances(self) -> set[int]:
+        """Return the instances with a stream still connected (not ended)."""
+        return {c.key[0] for c in self._connections.values() if c.key is not None}
 
     def open_streams(self) -> int:
         """Return how many instance streams are connected and not ended yet."""

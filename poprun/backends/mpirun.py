@@ -50,7 +50,14 @@ from poprun.backends.launcher import LauncherLaunch, start_launcher
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
 from poprun.backends.mpiout import TagSplitter, parse_failure
 from poprun.backends.mpirelay import RELAY_VARIABLE, Relay, relay_words
-from poprun.backends.mpistart import host_lost, lost_hosts, mpirun_missing, mpirun_settings, startup_failure
+from poprun.backends.mpistart import (
+    host_lost,
+    lost_daemon,
+    lost_hosts,
+    mpirun_missing,
+    mpirun_settings,
+    startup_failure,
+)
 from poprun.backends.output import Router
 from poprun.backends.watchdog import Watchdog
 from poprun.core.diagnostic import DiagnosticError
@@ -81,7 +88,7 @@ class MpirunLaunch(LauncherLaunch):
         self._messages = bytearray()  # mpirun's own stderr, the last _OWN_TEXT bytes: where the failure is named
         self._held = bytearray()  # mpirun's stderr while no instance has started (see _own)
         self._relay = relay
-        self._tagged = False  # an instance's output came through mpirun (its wrapper could not reach poprun)
+        self._tagged_by: set[int] = set()  # instances whose output came through mpirun (their wrapper could not reach poprun)
         self._lost: dict[str, str] = {}  # host -> how poprun noticed that it stopped answering
         self._ended_at: float | None = None  # when mpirun ended
         self._last_data = 0.0
@@ -89,6 +96,7 @@ class MpirunLaunch(LauncherLaunch):
         self._looked_at = 0.0
         self._pidfd: int | None = None
         self._selector: selectors.BaseSelector | None = None
+        self._silent: set[int] = set()  # instances whose connection was still open when reading ended
         super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
 
     def _splitter(self, stream: Stream) -> TagSplitter:
@@ -118,7 +126,7 @@ class MpirunLaunch(LauncherLaunch):
             os.close(self._pidfd)
             self._pidfd = None
         self._ended_at = time.monotonic()
-        self._kill_children()
+        self._kill_children(adopted=False)
 
     def _busy(self) -> bool:
         """Go on while an instance's connection is open, until it is silent for a moment after mpirun ended (5 s at most)."""
@@ -130,6 +138,10 @@ class MpirunLaunch(LauncherLaunch):
         return now - max(self._ended_at, self._last_data) < _DRAIN_IDLE_S and now - self._ended_at < _DRAIN_MAX_S
 
     def _detach(self) -> None:
+        # still connected, or never heard of (its host went down before its wrapper reached poprun)
+        self._silent = self._relay.open_instances() | (set(range(len(self._plan.instances))) - self._relay.started
+                                                        - self._tagged_by)
+        self._kill_children()
         self._relay.close(self._router.end)
         if self._pidfd is not None:
             os.close(self._pidfd)
@@ -158,19 +170,21 @@ class MpirunLaunch(LauncherLaunch):
         for pid in _children_of(self._proc.pid):
             self._children.setdefault(pid, _start_time(pid))
 
-    def _kill_children(self) -> None:
+    def _kill_children(self, *, adopted: bool = True) -> None:
         """
-        Kill mpirun's children seen (its ssh clients), and what its instances left to poprun.
+        Kill mpirun's children seen (its ssh clients, its instances' groups), and with ``adopted`` what poprun adopted.
 
         mpirun puts each instance in a process group of its own, out of reach of the
         watchdog's group: a process an instance started in the background outlives it, and,
-        poprun being a subreaper, is re-parented to poprun when the instance ends.
+        poprun being a subreaper, is re-parented to poprun when the instance ends; so are the
+        relay processes of this machine's instances (:mod:`poprun.backends.mpirelay`), which
+        are killed only once their connections are read to the end.
         """
         since, own = self._watchdog.started, os.getpgrp()
         known = {self._proc.pid, self._watchdog.pid}
         found = dict(self._children)
         for _ in range(3):  # a killed process's children are re-parented to poprun in turn
-            if watchdog_module._subreaper:  # noqa: SLF001 - only then are poprun's new children orphans of the launch
+            if adopted and watchdog_module._subreaper:  # noqa: SLF001 - only then are poprun's new children orphans of the launch
                 found |= {pid: started for pid in _children_of(os.getpid())
                           if pid not in known and (started := _start_time(pid)) >= since}
             if not found:
@@ -199,8 +213,7 @@ class MpirunLaunch(LauncherLaunch):
 
     # -- mpirun's own words ------------------------------------------------------------------
     def _pass_on(self, pieces: list[Piece]) -> None:
-        if not self._tagged and any(index is not None for index, _, _ in pieces):
-            self._tagged = True
+        self._tagged_by.update(index for index, _, _ in pieces if index is not None)
         if self._held and self._started():
             self._release()
         super()._pass_on(pieces)
@@ -230,7 +243,7 @@ class MpirunLaunch(LauncherLaunch):
 
     def _started(self) -> bool:
         """Return whether an instance has started: its wrapper connected, or its output came through mpirun."""
-        return self._tagged or bool(self._relay.started)
+        return bool(self._tagged_by or self._relay.started)
 
     def _release(self) -> None:
         """Pass on mpirun's messages held back while no instance had started."""
@@ -246,9 +259,13 @@ class MpirunLaunch(LauncherLaunch):
             DiagnosticError: PR411 when a host stopped answering; when nothing started, mpirun's
                 own failure (PR412, PR421-PR423).
         """
+        text = self._messages.decode(errors="replace")
+        if code != 0 and self._started() and lost_daemon(text):  # a daemon's ssh ended: its instances went silent
+            for index in sorted(self._silent):
+                host = self._plan.instances[index].host
+                self._lost.setdefault(host, f"mpirun lost its daemon on {host}, and instance {index} there fell silent")
         if self._lost:
             raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
-        text = self._messages.decode(errors="replace")
         if code != 0 and not stopped and not self._started():
             raise DiagnosticError([startup_failure(text, code, self._plan)])
         self._release()
@@ -293,12 +310,13 @@ def _start_time(pid: int) -> int:
 class _Wrap:
     """The relay wrapper of each app context (see :mod:`poprun.backends.mpirelay`)."""
 
-    def __init__(self, *, local: frozenset[str], merge: bool) -> None:
+    def __init__(self, *, local: frozenset[str], merge: bool, keepalive_s: float) -> None:
         self.forward: tuple[str, ...] = (RELAY_VARIABLE,)
-        self._local, self._merge = local, merge
+        self._local, self._merge, self._keepalive_s = local, merge, keepalive_s
 
     def words(self, instance: Instance) -> list[str]:
-        return relay_words(instance.index, local=instance.host in self._local, merge=self._merge)
+        return relay_words(instance.index, local=instance.host in self._local, merge=self._merge,
+                           keepalive_s=self._keepalive_s)
 
 
 class MpirunBackend:
@@ -325,7 +343,7 @@ class MpirunBackend:
         relay = Relay(count=len(plan.instances), remote=any(i.host not in local for i in plan.instances),
                       keepalive_s=settings.host_timeout_s)
         try:
-            wrap = _Wrap(local=local, merge=settings.merge)
+            wrap = _Wrap(local=local, merge=settings.merge, keepalive_s=settings.host_timeout_s)
             # Called "mpirun", not by its path: OpenMPI takes an absolute argv[0] for --prefix and would put
             # its own bin and lib directories first on the instances' PATH and LD_LIBRARY_PATH.
             argv = mpirun_command(evolve(plan, mpi=evolve(plan.mpi, global_args=settings.global_args)),

@@ -113,7 +113,12 @@ _UNKNOWN = re.compile(r"mpirun: Error: (unknown option .*|.*)")
 _SLOTS = re.compile(r"There are not enough slots available in the system|All nodes which are allocated for this job "
                     r"are already filled")
 _SSH = re.compile(r"^(ssh: .*|.*Permission denied.*|Host key verification failed.*)$", re.MULTILINE)
-_DAEMONS = "ORTE was unable to reliably start one or more daemons"
+_DAEMONS = "ORTE was unable to reliably start one or more daemons"  # also when a daemon's ssh dies mid-run
+
+
+def lost_daemon(text: str) -> bool:
+    """Return whether mpirun's ``text`` says one of its daemons failed (its ssh client ended)."""
+    return _DAEMONS in text
 
 
 def startup_failure(text: str, code: int, plan: LaunchPlan) -> Diagnostic:

@@ -102,3 +102,23 @@ def test_the_relay_token_is_on_no_command_line(tmp_path: Path) -> None:
 
     assert 0 == done.returncode, done.stderr[-2000:]
     assert done.stdout.startswith(b"[] "), done.stdout
+
+
+def test_stdout_and_stderr_are_pipes_that_dev_stdout_opens(tmp_path: Path) -> None:
+    """As under plain mpirun, an instance's stdout and stderr are pipes: /dev/stdout and /dev/stderr can be opened."""
+    program = "[ -p /dev/stdout ] && [ -p /dev/stderr ] && echo pipes; echo out > /dev/stdout; echo err > /dev/stderr"
+
+    done = poprun("--num-instances=2", "--num-replicas=2", "--mpi-global-args=--tag-output", "sh", "-c", program,
+                  cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr[-2000:]
+    assert {(i, "stdout"): [b"pipes", b"out"] for i in range(2)} == by_instance(done.stdout)
+    assert {(i, "stderr"): [b"err"] for i in range(2)} == by_instance(done.stderr)
+
+
+def test_a_shell_that_waits_for_all_its_children_is_not_held_by_the_relay(tmp_path: Path) -> None:
+    """``wait`` without arguments returns once the shell's own children end (the relay is no child of the program)."""
+    done = poprun("--num-instances=1", "--num-replicas=1", "sh", "-c", "sleep 0.1 & wait; echo done", cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr[-2000:]
+    assert b"done\n" == done.stdout
