@@ -11,10 +11,14 @@ small wrapper (:func:`relay_words`: ``sh``, then poprun's own Python where the h
 the same path, else the host's ``python3``, with ``-I -S``) that connects
 to poprun's listening socket, authenticates with the launch's random token (given to the
 wrapper in the environment, never on a command line, and removed before the program starts),
-waits for poprun's acknowledgement, makes the connection the program's stdout (and another
-its stderr), and execs the program. The program is then mpirun's child exactly as before (same
-pid, same signals, same exit status); only its output goes straight to poprun, through the
-kernel, whole and once, however OpenMPI handles output.
+waits for poprun's acknowledgement, and execs the program with pipes for its stdout and stderr
+(as under plain mpirun: ``/dev/stdout`` opens, ``isatty`` is false), which a relay process
+copies to the connections. The relay is a grandchild of the wrapper in a session of its own:
+no child of the program (a shell's ``wait`` does not wait for it), out of reach of the signals
+that stop the instance's group, and it ends when every writer of the pipes has closed them or
+when poprun closes the connection. The program is then mpirun's child exactly as before (same
+pid, same signals, same exit status); only its output goes to poprun directly, whole and
+once, however OpenMPI handles output.
 
 Where the wrapper finds poprun: on an instance of this machine at ``127.0.0.1``; on another
 host at the address its ssh connection came from (``SSH_CONNECTION``, which mpirun's ssh
@@ -56,8 +60,9 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # STREAMS is "12" (a connection each for stdout and stderr) or "1" (one for both: --merge-stderr-to-stdout).
 # The program's stdout and stderr are pipes, as under plain mpirun; a relay process, a grandchild
 # in a session of its own (no child of the program, out of reach of signals to the instance's
-# group), copies each pipe to its connection until every writer has closed it, or until poprun
-# closes the connection (the socket becomes readable: poprun never writes after its "k").
+# group, holding no descriptor of mpirun's), copies each pipe to its connection until every
+# writer has closed it, or until poprun closes the connection (the socket becomes readable:
+# poprun never writes after its "k").
 WRAPPER = r"""import os, select, socket, sys
 def addresses(given):
     found = [a for a in given.split(",") if a]
@@ -92,6 +97,11 @@ def relay(pairs):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
+    keep = sorted([r for r, _ in pairs] + [s.fileno() for _, s in pairs])
+    low = 3
+    for fd in keep + [1 << 20]:
+        os.closerange(low, min(fd, 1 << 20))
+        low = fd + 1
     back = {s.fileno(): (r, s) for r, s in pairs}
     ends = dict((r, s) for r, s in pairs)
     while ends:
