@@ -222,6 +222,7 @@ class Relay:
         self._selector: selectors.BaseSelector | None = None
         self._callback: Callable[[int], None] | None = None
         self.started: set[int] = set()  # instances whose wrapper connected
+        self.peers: dict[int, str] = {}  # instance -> the address its connection came from
         self._taken: set[tuple[int, Stream]] = set()
 
     @property
@@ -310,6 +311,9 @@ class Relay:
         conn.key = key
         self._taken.add(key)
         self.started.add(key[0])
+        with contextlib.suppress(OSError, IndexError):
+            peer = conn.sock.getpeername()[0]
+            self.peers[key[0]] = peer.removeprefix("::ffff:")  # an IPv4 address on a dual-stack socket
         self._keep_alive(conn.sock)
         try:
             conn.sock.send(b"k")

@@ -56,6 +56,7 @@ from poprun.backends.mpistart import (
     lost_hosts,
     mpirun_missing,
     mpirun_settings,
+    ssh_host_named,
     startup_failure,
 )
 from poprun.backends.output import Router
@@ -84,10 +85,12 @@ class MpirunLaunch(LauncherLaunch):
     thread_name = "poprun-mpirun"
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
-                 sink: OutputSink, grace_s: float, relay: Relay, remove: tuple[str, ...] = ()) -> None:
+                 sink: OutputSink, grace_s: float, relay: Relay, ssh_args: str = "",
+                 remove: tuple[str, ...] = ()) -> None:
         self._messages = bytearray()  # mpirun's own stderr, the last _OWN_TEXT bytes: where the failure is named
         self._held = bytearray()  # mpirun's stderr while no instance has started (see _own)
         self._relay = relay
+        self._ssh_args = ssh_args  # the options mpirun gives its ssh (plm_rsh_args): how ssh sees the hosts
         self._tagged_by: set[int] = set()  # instances whose output came through mpirun (their wrapper could not reach poprun)
         self._lost: dict[str, str] = {}  # host -> how poprun noticed that it stopped answering
         self._ended_at: float | None = None  # when mpirun ended
@@ -206,6 +209,13 @@ class MpirunLaunch(LauncherLaunch):
         host = self._plan.instances[index].host
         self._host_lost(host, f"poprun's connection to instance {index} on {host} got no answer")
 
+    def _host_at(self, name: str) -> str:
+        """Return the plan's host that ``name`` is, when it is the address an instance's connection came from (ssh names addresses)."""
+        if name in self._plan.topology.hosts:
+            return name
+        found = next((self._plan.instances[i].host for i, peer in self._relay.peers.items() if peer == name), None)
+        return found or ssh_host_named(name, self._plan.topology.hosts, self._ssh_args)
+
     def _host_lost(self, host: str, how: str) -> None:
         if host not in self._lost:
             self._lost[host] = how
@@ -230,7 +240,7 @@ class MpirunLaunch(LauncherLaunch):
             self._messages += data
             del self._messages[:-_OWN_TEXT]
             for host, how in lost_hosts(data.decode(errors="replace"), self._plan):
-                self._host_lost(host, how)
+                self._host_lost(self._host_at(host), how)
             if self._lost:  # what mpirun says while it is stopped for a lost host (its own teardown's trouble)
                 return
             if not self._started():
@@ -361,4 +371,4 @@ class MpirunBackend:
             relay.close(lambda *_: None)
             raise
         return MpirunLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                            relay=relay, remove=remove)
+                            relay=relay, ssh_args=settings.ssh_args, remove=remove)

@@ -19,6 +19,7 @@ the run (:func:`lost_hosts`, :func:`host_lost`: PR411).
 from __future__ import annotations
 
 import re
+import time
 
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
@@ -39,8 +40,9 @@ class Settings:
     """What the backend runs mpirun with: its global arguments, variables to add, and what they imply."""
 
     def __init__(self, *, global_args: tuple[str, ...], env: dict[str, str], merge: bool,
-                 host_timeout_s: float) -> None:
+                 host_timeout_s: float, ssh_args: str = "") -> None:
         self.global_args = global_args
+        self.ssh_args = ssh_args  # plm_rsh_args as mpirun's ssh gets them
         self.env = env
         self.merge = merge  # --merge-stderr-to-stdout: an instance's stderr goes with its stdout
         self.host_timeout_s = host_timeout_s
@@ -89,7 +91,34 @@ def mpirun_settings(global_args: Sequence[str], environ: Mapping[str, str]) -> S
         if name not in given and f"OMPI_MCA_{name}" not in environ:
             env[f"OMPI_MCA_{name}"] = str(number)
     merge = any(word in ("--merge-stderr-to-stdout", "-merge-stderr-to-stdout") for word in global_args)
-    return Settings(global_args=tuple(args), env=env, merge=merge, host_timeout_s=timeout)
+    given_args = [args[i + 2] for i in range(len(args) - 2) if args[i] in _MCA_FLAGS and args[i + 1] == "plm_rsh_args"]
+    ssh_args = given_args[-1] if given_args else env.get("OMPI_MCA_plm_rsh_args", environ.get("OMPI_MCA_plm_rsh_args", ""))
+    return Settings(global_args=tuple(args), env=env, merge=merge, host_timeout_s=timeout, ssh_args=ssh_args)
+
+
+def ssh_host_named(name: str, hosts: Sequence[str], ssh_args: str) -> str:
+    """
+    Return the host of ``hosts`` that ssh reaches at ``name`` (an address ssh printed), else ``name``.
+
+    Asks ``ssh -G`` (no connection is made) with mpirun's ssh options, which may name an
+    ``ssh_config`` whose aliases map to addresses; 2 s at most for all.
+    """
+    import shlex
+    import subprocess
+
+    deadline = time.monotonic() + 2
+    for host in hosts:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        try:
+            done = subprocess.run(["ssh", *shlex.split(ssh_args), "-G", host], capture_output=True, text=True,  # noqa: S603, S607 - ssh, as mpirun runs it
+                                  timeout=left, check=False, stdin=subprocess.DEVNULL)
+        except (OSError, ValueError, subprocess.TimeoutExpired):
+            break
+        if f"\nhostname {name}\n" in f"\n{done.stdout}":
+            return host
+    return name
 
 
 def _is_ssh(words: Sequence[str], environ: Mapping[str, str]) -> bool:

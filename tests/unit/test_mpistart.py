@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import selectors
+import shutil
 import socket
+from pathlib import Path
 
 import pytest
 
 from poprun.backends.mpirelay import Relay
-from poprun.backends.mpistart import host_timeout, mpirun_settings
+from poprun.backends.mpistart import host_timeout, mpirun_settings, ssh_host_named
 
 SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
 
@@ -91,3 +93,13 @@ def test_only_a_wrapper_with_the_token_naming_an_instance_is_acknowledged(greeti
     relay = Relay(count=2, remote=False, keepalive_s=15)
 
     assert answer == greet(relay, greeting.replace(b"{token}", relay.token.encode()))
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+def test_an_address_that_ssh_printed_is_told_as_the_host_ssh_config_names(tmp_path: Path) -> None:
+    """ssh says "Connection to 10.1.2.3 closed": with mpirun's ssh options (-F cfg), that is host h9."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host h8\n  HostName 10.1.2.2\nHost h9\n  HostName 10.1.2.3\n")
+
+    assert "h9" == ssh_host_named("10.1.2.3", ["h8", "h9"], f"-F {config} -o ServerAliveInterval=5")
+    assert "10.9.9.9" == ssh_host_named("10.9.9.9", ["h8", "h9"], f"-F {config}")

@@ -54,6 +54,11 @@ def start(hosts: TestHosts, marked: Marked, mark: str, *args: str) -> subprocess
                             env=marked.env | hosts.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
+def running(mark: str) -> str:
+    """Return the pattern of the command line of SLEEPER's child: the program itself runs (not its wrapper)."""
+    return rf"^sh -c sleep 60; : {mark}-child$"
+
+
 def normalised(hosts: TestHosts, text: str) -> str:
     """Return poprun's stderr with the hosts' subnet written 10.77.X."""
     return text.replace(hosts.subnet.rsplit(".", 1)[0] + ".", "10.77.X.")
@@ -86,7 +91,7 @@ def test_a_host_whose_link_goes_down_is_named_and_everything_ends(h2_comes_back:
     # GIVEN
     hosts, mark = h2_comes_back, f"poprun-mark-{uuid.uuid4().hex[:8]}"
     proc = start(hosts, marked, mark)
-    assert wait_for(lambda: len(marked_anywhere(hosts, f"{mark}-child")) == 3, within_s=20), "never ran"
+    assert wait_for(lambda: len(marked_anywhere(hosts, running(mark))) == 3, within_s=20), "never ran"
 
     # WHEN
     hosts.set_link("h2", up=False)
@@ -109,7 +114,7 @@ def test_a_host_whose_sessions_are_killed_is_named(fault_hosts: TestHosts, marke
     """Every process of h2's ssh sessions is killed mid-run (mpirun's daemon with them): PR411 names h2, all ends."""
     mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
     proc = start(fault_hosts, marked, mark)
-    assert wait_for(lambda: len(marked_anywhere(fault_hosts, f"{mark}-child")) == 3, within_s=20), "never ran"
+    assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
 
     fault_hosts.kill_sessions("h2")
     _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 15)
@@ -126,7 +131,7 @@ def test_ctrl_c_while_a_host_does_not_answer_ends_within_the_grace_period(h2_com
     """h2's link is down and poprun gets SIGINT at once: it ends within the grace period (5 s) plus 3 s, all gone."""
     hosts, mark = h2_comes_back, f"poprun-mark-{uuid.uuid4().hex[:8]}"
     proc = start(hosts, marked, mark)
-    assert wait_for(lambda: len(marked_anywhere(hosts, f"{mark}-child")) == 3, within_s=20), "never ran"
+    assert wait_for(lambda: len(marked_anywhere(hosts, running(mark))) == 3, within_s=20), "never ran"
 
     hosts.set_link("h2", up=False)
     time.sleep(0.5)
