@@ -174,6 +174,15 @@ class TestHosts:
         found = _processes_in({inode} if inode else set())
         return [f"{pid} {line}" for pid, (_, line) in sorted(found.items()) if re.search(pattern, line)]
 
+    def kill_sessions(self, name: str) -> list[int]:
+        """SIGKILL every process of host ``name`` but its listening sshd (its sessions, all they run); return the pids."""
+        listener = int((self.state / f"sshd_{name}.pid").read_text())
+        inode = _netns_inode(self.namespaces[name])
+        killed = [pid for pid in _processes_in({inode} if inode else set()) if pid != listener]
+        for pid in killed:
+            _kill(pid)
+        return killed
+
 
 def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False) -> TestHosts:
     """

@@ -60,10 +60,13 @@ _READ = 1 << 18  # bytes read from a pipe at once
 
 
 def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: Mapping[str, str],
-                   remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = ()) -> tuple[
-                       subprocess.Popen[bytes], Watchdog]:
+                   remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = (),
+                   executable: str | None = None) -> tuple[subprocess.Popen[bytes], Watchdog]:
     """
     Start the launcher ``argv`` with ``env`` in the group of a new watchdog (which removes ``remove`` should poprun die).
+
+    ``executable``, when given, is the file run, ``argv[0]`` then being only the name the
+    launcher sees itself called by.
 
     Raises:
         LaunchError: when the watchdog or the launcher cannot start; then nothing is left: the
@@ -76,7 +79,7 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
         remove_directories(list(cleanup))
         raise LaunchError(str(exc.strerror)) from exc
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+        proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
                                 stderr=subprocess.PIPE, env=dict(env), process_group=watchdog.group)
         watchdog.await_ready()
     except (OSError, WatchdogError) as exc:
@@ -106,6 +109,7 @@ class LauncherLaunch:
         self._done = threading.Event()
         self._result: ApplyResult | None = None
         self._error: BaseException | None = None
+        self._open_pipes = 2  # the launcher's pipes not at their end yet
         for instance in plan.instances:
             self._event(InstanceStarted(index=instance.index, pid=proc.pid))
         threading.Thread(target=self._run, name=self.thread_name, daemon=True).start()
@@ -195,18 +199,33 @@ class LauncherLaunch:
                 assert pipe is not None
                 os.set_blocking(pipe.fileno(), False)
                 selector.register(pipe, selectors.EVENT_READ, stream)
-            while len(selector.get_map()) > 1:
+            self._open_pipes = 2
+            self._attach(selector)
+            while self._open_pipes or self._busy():
                 for key, _ in selector.select(self._timeout()):
                     if key.data is None:
                         with contextlib.suppress(BlockingIOError):
                             os.read(self._wake_r, 4096)
+                    elif callable(key.data):
+                        key.data(key.fd)
                     else:
                         self._read(key, splitters[key.data], selector)
                 self._router.flush()
                 self._due()
+            self._detach()
         for splitter in splitters.values():
             self._pass_on(splitter.end())
         self._router.flush()
+
+    def _attach(self, selector: selectors.BaseSelector) -> None:
+        """Register more sources of output with ``selector`` (their data: a callable taking the descriptor)."""
+
+    def _busy(self) -> bool:
+        """Return whether to go on reading once the launcher's pipes are closed."""
+        return False
+
+    def _detach(self) -> None:
+        """Close what :meth:`_attach` registered: reading is over."""
 
     def _read(self, key: selectors.SelectorKey, splitter: Splitter, selector: selectors.BaseSelector) -> None:
         try:
@@ -218,6 +237,7 @@ class LauncherLaunch:
             return
         selector.unregister(key.fileobj)
         key.fileobj.close()  # type: ignore[union-attr]
+        self._open_pipes -= 1
 
     def _pass_on(self, pieces: list[Piece]) -> None:
         for index, stream, data in pieces:

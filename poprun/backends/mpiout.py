@@ -23,7 +23,10 @@ looked at (processes spawned by the program would share indices with the instanc
 OpenMPI 4.1 loses output that nothing here can recover: it tags a frame into an 8 KiB buffer
 and drops what does not fit, so a 4 KiB read of lines shorter than about 14 bytes loses its
 end, sometimes in the middle of a tag (``mpirun --tag-output seq 2000`` prints 1347 lines).
-The splitter then sees a line cut short, or a cut tag, which is text.
+The splitter then sees a line cut short, or a cut tag, which is text. That is why the mpirun
+backend relays the instances' output itself (:mod:`poprun.backends.mpirelay`); what still
+comes here is mpirun's own messages and the output of an instance whose wrapper could not
+reach poprun.
 """
 
 from __future__ import annotations

@@ -7,49 +7,76 @@ command, which ``poprun plan --explain`` shows too) and ``poprun.planner.plan``;
 poprun runs the one command of :func:`~poprun.planner.mpicommand.mpirun_command` (global args
 first, ``--bind-to none``, ``--tag-output``, ``-H host:slots``, one app context per instance,
 so MPI rank = instance index) as its child, in the process group of a
-:class:`~poprun.backends.watchdog.Watchdog`, and reads its two pipes: mpirun's tags
-(``--tag-output``, always) tell which instance wrote each line
-(:class:`~poprun.backends.mpiout.TagSplitter`), and the :class:`~poprun.backends.output.Router`
-forwards each instance's lines as the local backend does (tagged or not, only one instance's,
-the failure report's tail). mpirun's own messages are passed on as they come. Known limit,
-OpenMPI 4.1.4's: under ``--tag-output`` it drops part of bulk output made of very short lines
-(see :mod:`poprun.planner.mpicommand`); the local and ssh backends have no such problem.
-With ``--output-filename`` in the global arguments mpirun writes the files itself (its layout
-is the one the local backend copies).
+:class:`~poprun.backends.watchdog.Watchdog`. Each instance's program runs through the output
+relay's wrapper (:mod:`poprun.backends.mpirelay`): its stdout and stderr are connections to
+poprun, so its output never passes through mpirun (OpenMPI 4.1.4's ``--tag-output`` loses
+bulk output of short lines) and every line arrives once, whole, attributed. The
+:class:`~poprun.backends.output.Router` forwards each instance's lines as the local backend does
+(tagged or not, only one instance's, the failure report's tail, ``--output-filename``'s files in
+mpirun's layout). What still comes through mpirun's pipes is split by its tags
+(:class:`~poprun.backends.mpiout.TagSplitter`): the output of an instance whose wrapper could
+not reach poprun, and mpirun's own messages, held back until an instance has started.
 
 Lifecycle: when an instance fails, mpirun stops the others and exits; its message says which
 instance failed first and how (:func:`~poprun.backends.mpiout.parse_failure`), which becomes
-the root cause, the others being reported as stopped. To stop the launch poprun sends mpirun
-SIGTERM (mpirun passes it on to every instance and tears its daemons down), then SIGKILL to the
-whole group after the grace period; on other hosts, mpirun's daemons end their instances when
-they lose mpirun. If poprun dies, even by SIGKILL, the watchdog kills mpirun.
+the root cause, the others being reported as stopped. When mpirun fails before any instance
+started, its failure is told as mpirun's or a host's (:mod:`poprun.backends.mpistart`: PR412,
+PR421-PR423, exit 125). A host that stops answering is noticed within the host timeout by the
+relay's keepalives, by the ssh clients' ServerAlive and by mpirun's own keepalives
+(:func:`~poprun.backends.mpistart.mpirun_settings`), named (PR411, exit 125), and the launch is
+stopped. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
+and tears its daemons down), then SIGKILL to the whole group after the grace period, and to
+mpirun's children outside it (its ssh clients, in groups of their own, which would keep its
+pipes open); when mpirun exits, whatever of its children is left is killed too. On other hosts,
+mpirun's daemons end their instances when they lose mpirun. If poprun dies, even by SIGKILL,
+the watchdog kills mpirun.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import selectors
 import signal
 import subprocess
+import time
 from collections.abc import Mapping
+from pathlib import Path
 
-from poprun.backends.base import NOT_FOUND, ApplyResult, InstanceEnded, LaunchError, OutputSink
+from poprun.backends import watchdog as watchdog_module
+from poprun.backends.base import ApplyResult, InstanceEnded, LaunchError, OutputSink
 from poprun.backends.files import which
 from poprun.backends.launcher import LauncherLaunch, start_launcher
 from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
 from poprun.backends.mpiout import TagSplitter, parse_failure
+from poprun.backends.mpirelay import RELAY_VARIABLE, Relay, relay_words
+from poprun.backends.mpistart import (
+    host_lost,
+    lost_daemon,
+    lost_hosts,
+    mpirun_missing,
+    mpirun_settings,
+    ssh_host_named,
+    startup_failure,
+)
 from poprun.backends.output import Router
 from poprun.backends.watchdog import Watchdog
+from poprun.core.diagnostic import DiagnosticError
 from poprun.core.record import evolve
 from poprun.planner.mpicommand import mpirun_command
-from poprun.planner.plan import LaunchPlan
+from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import ClassVar
 
     from poprun.backends.base import Stream
+    from poprun.backends.launcher import Piece
 
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
+_DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
+_DRAIN_MAX_S = 5.0  # and every one this long after (a program's child that outlived it may hold one)
+_TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the relay's greetings
 
 
 class MpirunLaunch(LauncherLaunch):
@@ -58,24 +85,202 @@ class MpirunLaunch(LauncherLaunch):
     thread_name = "poprun-mpirun"
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
-                 sink: OutputSink, grace_s: float, remove: tuple[str, ...] = ()) -> None:
+                 sink: OutputSink, grace_s: float, relay: Relay, ssh_args: str = "",
+                 remove: tuple[str, ...] = ()) -> None:
         self._messages = bytearray()  # mpirun's own stderr, the last _OWN_TEXT bytes: where the failure is named
+        self._held = bytearray()  # mpirun's stderr while no instance has started (see _own)
+        self._relay = relay
+        self._ssh_args = ssh_args  # the options mpirun gives its ssh (plm_rsh_args): how ssh sees the hosts
+        self._tagged_by: set[int] = set()  # instances whose output came through mpirun (their wrapper could not reach poprun)
+        self._lost: dict[str, str] = {}  # host -> how poprun noticed that it stopped answering
+        self._ended_at: float | None = None  # when mpirun ended
+        self._last_data = 0.0
+        self._children: dict[int, int] = {}  # mpirun's children seen (its ssh clients): pid -> start time
+        self._looked_at = 0.0
+        self._pidfd: int | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._silent: set[int] = set()  # instances whose connection was still open when reading ended
         super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
 
     def _splitter(self, stream: Stream) -> TagSplitter:
         return TagSplitter(stream)
 
+    # -- sources besides mpirun's pipes: the relay, mpirun's end -------------------------
+    def _attach(self, selector: selectors.BaseSelector) -> None:
+        self._selector = selector
+        self._relay.attach(selector, self._relay_ready)
+        with contextlib.suppress(OSError, AttributeError):  # pidfd_open: Linux 5.3
+            self._pidfd = os.pidfd_open(self._proc.pid)
+            selector.register(self._pidfd, selectors.EVENT_READ, self._mpirun_ended)
+
+    def _relay_ready(self, fd: int) -> None:
+        self._relay.ready(fd, feed=self._feed, end=self._router.end, lost=self._instance_lost)
+
+    def _feed(self, index: int, stream: Stream, data: bytes) -> None:
+        self._last_data = time.monotonic()
+        if self._held:
+            self._release()
+        self._router.feed(index, stream, data)
+
+    def _mpirun_ended(self, _fd: int) -> None:
+        """Take mpirun's exit: whatever it left (ssh clients to a host that does not answer) is killed."""
+        if self._selector is not None and self._pidfd is not None:
+            self._selector.unregister(self._pidfd)
+            os.close(self._pidfd)
+            self._pidfd = None
+        self._ended_at = time.monotonic()
+        self._kill_children(adopted=False)
+
+    def _busy(self) -> bool:
+        """Go on while an instance's connection is open, until it is silent for a moment after mpirun ended (5 s at most)."""
+        if not self._relay.open_streams():
+            return False
+        now = time.monotonic()
+        if self._ended_at is None:
+            self._ended_at = now  # its pipes are closed: it has ended
+        return now - max(self._ended_at, self._last_data) < _DRAIN_IDLE_S and now - self._ended_at < _DRAIN_MAX_S
+
+    def _detach(self) -> None:
+        # still connected, or never heard of (its host went down before its wrapper reached poprun)
+        self._silent = self._relay.open_instances() | (set(range(len(self._plan.instances))) - self._relay.started
+                                                        - self._tagged_by)
+        self._kill_children()
+        self._relay.close(self._router.end)
+        if self._pidfd is not None:
+            os.close(self._pidfd)
+            self._pidfd = None
+
+    def _timeout(self) -> float | None:
+        due = super()._timeout()
+        return _TICK_S if due is None else min(due, _TICK_S)
+
+    def _due(self) -> None:
+        super()._due()
+        now = time.monotonic()
+        if now - self._looked_at >= _TICK_S:
+            self._looked_at = now
+            self._relay.expire()
+            self._remember_children()
+
+    # -- stopping --------------------------------------------------------------------------
+    def _kill(self) -> None:
+        """Kill mpirun's group, and mpirun's children that left it (its ssh clients)."""
+        self._remember_children()
+        super()._kill()
+        self._kill_children()
+
+    def _remember_children(self) -> None:
+        for pid in _children_of(self._proc.pid):
+            self._children.setdefault(pid, _start_time(pid))
+
+    def _kill_children(self, *, adopted: bool = True) -> None:
+        """
+        Kill mpirun's children seen (its ssh clients, its instances' groups), and with ``adopted`` what poprun adopted.
+
+        mpirun puts each instance in a process group of its own, out of reach of the
+        watchdog's group: a process an instance started in the background outlives it, and,
+        poprun being a subreaper, is re-parented to poprun when the instance ends; so are the
+        relay processes of this machine's instances (:mod:`poprun.backends.mpirelay`), which
+        are killed only once their connections are read to the end.
+        """
+        since, own = self._watchdog.started, os.getpgrp()
+        known = {self._proc.pid, self._watchdog.pid}
+        found = dict(self._children)
+        for _ in range(3):  # a killed process's children are re-parented to poprun in turn
+            if adopted and watchdog_module._subreaper:  # noqa: SLF001 - only then are poprun's new children orphans of the launch
+                found |= {pid: started for pid in _children_of(os.getpid())
+                          if pid not in known and (started := _start_time(pid)) >= since}
+            if not found:
+                return
+            for pid, started in found.items():
+                if started and _start_time(pid) == started:
+                    with contextlib.suppress(OSError):
+                        group = os.getpgid(pid)
+                        if group != own:  # its instance's group (mpirun gives each its own), or its own
+                            os.killpg(group, signal.SIGKILL)
+                        os.kill(pid, signal.SIGKILL)
+                with contextlib.suppress(OSError):
+                    os.waitpid(pid, os.WNOHANG)  # re-parented to poprun (a subreaper): reap it
+            known |= found.keys()
+            found = {}
+
+    def _instance_lost(self, index: int) -> None:
+        """Take the news that the connection of instance ``index`` broke for want of an answer: its host is gone."""
+        host = self._plan.instances[index].host
+        self._host_lost(host, f"poprun's connection to instance {index} on {host} got no answer")
+
+    def _host_at(self, name: str) -> str:
+        """Return the plan's host that ``name`` is, when it is the address an instance's connection came from (ssh names addresses)."""
+        if name in self._plan.topology.hosts:
+            return name
+        found = next((self._plan.instances[i].host for i, peer in self._relay.peers.items() if peer == name), None)
+        return found or ssh_host_named(name, self._plan.topology.hosts, self._ssh_args)
+
+    def _host_lost(self, host: str, how: str) -> None:
+        if host not in self._lost:
+            self._lost[host] = how
+            self.terminate(self._grace_s)
+
+    # -- mpirun's own words ------------------------------------------------------------------
+    def _pass_on(self, pieces: list[Piece]) -> None:
+        self._tagged_by.update(index for index, _, _ in pieces if index is not None)
+        if self._held and self._started():
+            self._release()
+        super()._pass_on(pieces)
+
     def _own(self, stream: Stream, data: bytes) -> None:
-        """Untagged: mpirun's own words, passed on as they are."""
-        super()._own(stream, data)
+        """
+        Take mpirun's own words (and its ssh clients'): passed on as they are, once an instance has started.
+
+        Until then its stderr is held back: if mpirun fails before starting any instance, the
+        diagnostic that says why replaces its page of advice. Once a host is lost, PR411 says
+        what happened, and mpirun's stderr (the trouble of its teardown) is no longer shown.
+        """
         if stream == "stderr":  # mpirun's messages: kept to find the failing instance in
             self._messages += data
             del self._messages[:-_OWN_TEXT]
+            for host, how in lost_hosts(data.decode(errors="replace"), self._plan):
+                self._host_lost(self._host_at(host), how)
+            if self._lost:  # what mpirun says while it is stopped for a lost host (its own teardown's trouble)
+                return
+            if not self._started():
+                self._held += data
+                if len(self._held) <= _OWN_TEXT:
+                    return
+                data, self._held = bytes(self._held), bytearray()
+        self._release()
+        super()._own(stream, data)
+
+    def _started(self) -> bool:
+        """Return whether an instance has started: its wrapper connected, or its output came through mpirun."""
+        return bool(self._tagged_by or self._relay.started)
+
+    def _release(self) -> None:
+        """Pass on mpirun's messages held back while no instance had started."""
+        if self._held:
+            held, self._held = bytes(self._held), bytearray()
+            super()._own("stderr", held)
 
     def _make_result(self, code: int, *, stopped: bool) -> ApplyResult:
-        """Return the result: the instance mpirun names as failing first is the root cause, the others stopped."""
+        """
+        Return the result: the instance mpirun names as failing first is the root cause, the others stopped.
+
+        Raises:
+            DiagnosticError: PR411 when a host stopped answering; when nothing started, mpirun's
+                own failure (PR412, PR421-PR423).
+        """
+        text = self._messages.decode(errors="replace")
+        if code != 0 and self._started() and lost_daemon(text):  # a daemon's ssh ended: its instances went silent
+            for index in sorted(self._silent):
+                host = self._plan.instances[index].host
+                self._lost.setdefault(host, f"mpirun lost its daemon on {host}, and instance {index} there fell silent")
+        if self._lost:
+            raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
+        if code != 0 and not stopped and not self._started():
+            raise DiagnosticError([startup_failure(text, code, self._plan)])
+        self._release()
         count = len(self._plan.instances)
-        found = parse_failure(self._messages.decode(errors="replace")) if code != 0 else None
+        found = parse_failure(text) if code != 0 else None
         if code == 0:
             ends = [InstanceEnded(index=i, pid=self._proc.pid, exit_code=0) for i in range(count)]
         elif found is not None and 0 <= found[0] < count and not stopped:
@@ -93,6 +298,37 @@ class MpirunLaunch(LauncherLaunch):
         return self._result_of(ends)
 
 
+def _children_of(pid: int) -> list[int]:
+    """Return the pids of ``pid``'s children (every thread's), or [] when it is gone."""
+    found: list[int] = []
+    with contextlib.suppress(OSError):
+        for task in os.scandir(f"/proc/{pid}/task"):
+            with contextlib.suppress(OSError):
+                found += [int(child) for child in Path(task.path, "children").read_text().split()]
+    return found
+
+
+def _start_time(pid: int) -> int:
+    """Return when ``pid`` started (clock ticks after boot), or 0 when it is gone or a zombie."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return 0
+    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else 0  # noqa: PLR2004 - field 22
+
+
+class _Wrap:
+    """The relay wrapper of each app context (see :mod:`poprun.backends.mpirelay`)."""
+
+    def __init__(self, *, local: frozenset[str], merge: bool, keepalive_s: float) -> None:
+        self.forward: tuple[str, ...] = (RELAY_VARIABLE,)
+        self._local, self._merge, self._keepalive_s = local, merge, keepalive_s
+
+    def words(self, instance: Instance) -> list[str]:
+        return relay_words(instance.index, local=instance.host in self._local, merge=self._merge,
+                           keepalive_s=self._keepalive_s)
+
+
 class MpirunBackend:
     """Runs the plan with OpenMPI's ``mpirun``: every host, this one too, through mpirun's own launch."""
 
@@ -106,17 +342,33 @@ class MpirunBackend:
         Start mpirun with the plan's command; return without waiting.
 
         Raises:
-            LaunchError: 127 when ``mpirun`` is not on PATH, 125 when it cannot be started.
+            LaunchError: 125 when ``mpirun`` is not on PATH (PR420) or cannot be started.
         """
         source = dict(env_source)
         mpirun = which("mpirun", source.get("PATH", os.defpath))
         if mpirun is None:
-            raise LaunchError("mpirun not found on PATH: install OpenMPI (Debian: apt-get install openmpi-bin) "
-                              "or use another backend", status=NOT_FOUND)
-        argv = mpirun_command(plan, mpirun=mpirun, environ=source)
-        remove = temporary_directories(plan)
-        # mpirun writes --output-filename's files itself: the router only forwards
-        router = Router(evolve(plan, output=evolve(plan.output, output_filename=None)), sink)
-        proc, watchdog = start_launcher(argv, env=source, group_env=source, remove=remove, router=router)
+            raise LaunchError("mpirun not found", diagnostics=(mpirun_missing(),))
+        settings = mpirun_settings(plan.mpi.global_args, source)
+        local = frozenset(("localhost", "127.0.0.1", "::1", os.uname().nodename, os.uname().nodename.split(".")[0]))
+        relay = Relay(count=len(plan.instances), remote=any(i.host not in local for i in plan.instances),
+                      keepalive_s=settings.host_timeout_s)
+        try:
+            wrap = _Wrap(local=local, merge=settings.merge, keepalive_s=settings.host_timeout_s)
+            # Called "mpirun", not by its path: OpenMPI takes an absolute argv[0] for --prefix and would put
+            # its own bin and lib directories first on the instances' PATH and LD_LIBRARY_PATH.
+            argv = mpirun_command(evolve(plan, mpi=evolve(plan.mpi, global_args=settings.global_args)),
+                                  mpirun="mpirun", environ=source, wrap=wrap)
+            remove = temporary_directories(plan)
+            router = Router(plan, sink)  # every instance's output comes here: the router writes --output-filename's files
+        except BaseException:
+            relay.close(lambda *_: None)
+            raise
+        env = source | settings.env | {RELAY_VARIABLE: relay.variable}
+        try:
+            proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
+                                            executable=mpirun)
+        except BaseException:
+            relay.close(lambda *_: None)
+            raise
         return MpirunLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                            remove=remove)
+                            relay=relay, ssh_args=settings.ssh_args, remove=remove)

@@ -21,6 +21,15 @@ from poprun.planner.plan import Instance, LaunchPlan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from collections.abc import Container, Sequence
+    from typing import Protocol
+
+    class Wrapper(Protocol):
+        """What runs each instance's program: variables to forward, and the words before the program."""
+
+        forward: tuple[str, ...]
+
+        def words(self, instance: Instance) -> list[str]:
+            """Return the words that go before ``instance``'s program."""
 
 BIND_NONE = ("--bind-to", "none")
 TAG = "--tag-output"
@@ -31,8 +40,8 @@ _SPELLINGS = {"--tag-output": ("--tag-output", "-tag-output"),
               "--allow-run-as-root": ("--allow-run-as-root", "-allow-run-as-root")}
 
 
-def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
-                   environ: Container[str] | None = None) -> tuple[str, ...]:
+def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Container[str] | None = None,
+                   wrap: Wrapper | None = None) -> tuple[str, ...]:
     """
     Return the argv of the OpenMPI 4 ``mpirun`` command that runs ``plan``, one word per item.
 
@@ -44,13 +53,13 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
       planned binding runs through :func:`bound_argv` (numactl or taskset: the role of real
       poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing.
     - ``--tag-output``, always, as real poprun did: the tags say which instance wrote each
-      line, so lines arrive whole and attributed (:mod:`poprun.backends.mpiout`) and poprun tags
-      or strips them itself as ``plan.output.tag`` says. Untagged, OpenMPI forwards 4 KiB reads
-      and the lines of two instances can interleave mid-line. Known OpenMPI 4.1.4 limit: under
-      ``--tag-output`` it drops part of bulk output made of very short lines (under about 14
-      bytes: ``mpirun -np 1 --tag-output seq 2000 | wc -l`` prints about 1,300). A flag the
-      global arguments already hold is not added again (evidence B shows real poprun
-      repeating ``--tag-output``).
+      line of what still passes through mpirun (:mod:`poprun.backends.mpiout`). The mpirun
+      backend relays the instances' output itself (:mod:`poprun.backends.mpirelay`), because
+      OpenMPI 4.1.4's ``--tag-output`` drops part of bulk output made of very short lines
+      (under about 14 bytes: ``mpirun -np 1 --tag-output seq 2000 | wc -l`` prints about
+      1,300) and, untagged, interleaves the lines of two instances mid-line. A flag the global
+      arguments already hold is not added again (evidence B shows real poprun repeating
+      ``--tag-output``).
     - ``--allow-run-as-root`` when ``plan.mpi.allow_run_as_root``. ``--oversubscribe`` never:
       ``-H`` gives each host as many slots as it has instances, so none is oversubscribed.
     - With ``plan.mpi.host_subnet``: ``--mca oob_tcp_if_include NET --mca btl_tcp_if_include
@@ -76,6 +85,9 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
       the program. ``-x`` cannot remove a variable, so the variables of ``env.unset`` that
       ``env.set`` does not set are removed by running the program through ``env -u NAME ...
       --``, and only when there are any (as the local backend does: unset, then set).
+    - With ``wrap`` (the mpirun backend's output relay, not shown by ``plan --explain``): each
+      context also forwards the variables ``wrap.forward`` names, and its program runs through
+      the words ``wrap.words(instance)`` return, outside all the rest.
     """
     words = [mpirun, *plan.mpi.global_args]
     given = set(plan.mpi.global_args)
@@ -92,7 +104,7 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun",
     for position, instance in enumerate(plan.instances):
         if position:
             words.append(":")
-        words += app_context(instance, slots=slots[instance.host], environ=environ)
+        words += app_context(instance, slots=slots[instance.host], environ=environ, wrap=wrap)
     return tuple(words)
 
 
@@ -109,16 +121,21 @@ def _slots(instances: Sequence[Instance]) -> dict[str, str]:
     return {host: f"{host}:{n}" for host, n in counts.items()}
 
 
-def app_context(instance: Instance, *, slots: str, environ: Container[str] | None = None) -> list[str]:
+def app_context(instance: Instance, *, slots: str, environ: Container[str] | None = None,
+                wrap: Wrapper | None = None) -> list[str]:
     """Return the words of one instance's app context (see :func:`mpirun_command`); ``slots`` is ``host:N``."""
     env = instance.env
     words = ["-np", "1", "--host", slots, "-wdir", instance.cwd]
+    for name in wrap.forward if wrap is not None else ():
+        words += ["-x", name]
     for name, value in env.set:
         words += ["-x", f"{name}={value}"]
     for name in env.forward:
         if environ is None or name in environ:
             words += ["-x", name]
     words += instance.mpi_local_args
+    if wrap is not None:
+        words += wrap.words(instance)
     set_names = {name for name, _ in env.set}
     removed = [name for name in env.unset if name not in set_names]
     if removed:

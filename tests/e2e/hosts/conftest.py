@@ -19,3 +19,9 @@ from tests.testhosts import TestHosts
 def test_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Bring up hosts h1..h4 once per session; tear them down at its end, whatever happened."""
     yield from session_hosts(tmp_path_factory.mktemp("testhosts"), 4, what="the test hosts")
+
+
+@pytest.fixture(scope="module")
+def fault_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
+    """Bring up hosts h1..h3 for one module whose tests take hosts down (the session's hosts stay healthy)."""
+    yield from session_hosts(tmp_path_factory.mktemp("faulthosts"), 3, what="the fault-test hosts")

@@ -1,0 +1,105 @@
+"""mpirun's settings for a launch (keepalives appended, the user's values kept) and the relay's greeting rules."""
+
+from __future__ import annotations
+
+import selectors
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+
+from poprun.backends.mpirelay import Relay
+from poprun.backends.mpistart import host_timeout, mpirun_settings, ssh_host_named
+
+SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
+
+
+def test_ssh_keepalives_are_appended_to_the_users_plm_rsh_args_from_the_environment() -> None:
+    """OMPI_MCA_plm_rsh_args=-F cfg: the ssh options come after the user's (ssh keeps the first value given)."""
+    settings = mpirun_settings((), {"OMPI_MCA_plm_rsh_args": "-F cfg"})
+
+    assert f"-F cfg {SSH_15}" == settings.env["OMPI_MCA_plm_rsh_args"]
+    assert {"OMPI_MCA_oob_tcp_keepalive_time": "5", "OMPI_MCA_oob_tcp_keepalive_intvl": "5",
+            "OMPI_MCA_oob_tcp_keepalive_probes": "2"} == {k: v for k, v in settings.env.items() if "keepalive" in k}
+
+
+def test_plm_rsh_args_on_the_command_line_get_the_options_there() -> None:
+    """--mca plm_rsh_args in --mpi-global-args: appended there (the command line beats the environment)."""
+    settings = mpirun_settings(("--mca", "plm_rsh_args", "-p 2222", "--oversubscribe"), {})
+
+    assert ("--mca", "plm_rsh_args", f"-p 2222 {SSH_15}", "--oversubscribe") == settings.global_args
+    assert "OMPI_MCA_plm_rsh_args" not in settings.env
+
+
+@pytest.mark.parametrize(("args", "environ"), [
+    (("--mca", "oob_tcp_keepalive_time", "60"), {}),
+    ((), {"OMPI_MCA_oob_tcp_keepalive_time": "60"}),
+])
+def test_the_users_keepalive_stands(args: tuple[str, ...], environ: dict[str, str]) -> None:
+    """A keepalive MCA parameter the user set (command line or environment) is not set again."""
+    assert "OMPI_MCA_oob_tcp_keepalive_time" not in mpirun_settings(args, environ).env
+
+
+def test_an_agent_other_than_ssh_gets_no_ssh_options() -> None:
+    """plm_rsh_agent=rsh: ssh's -o options would break it; none are added."""
+    assert "OMPI_MCA_plm_rsh_args" not in mpirun_settings((), {"OMPI_MCA_plm_rsh_agent": "rsh"}).env
+
+
+def test_output_filename_is_left_to_poprun_and_merge_is_seen() -> None:
+    """--output-filename (both spellings) is taken out (the router writes the files); --merge-stderr-to-stdout noted."""
+    settings = mpirun_settings(("--output-filename", "out", "--output-filename=o2", "--merge-stderr-to-stdout"), {})
+
+    assert ("--merge-stderr-to-stdout",) == settings.global_args
+    assert settings.merge
+
+
+@pytest.mark.parametrize(("value", "expected"), [("30", 30.0), ("0", 15.0), ("x", 15.0), ("-1", 15.0), ("", 15.0)])
+def test_host_timeout_is_a_positive_number_or_15(value: str, expected: float) -> None:
+    """POPRUN_HOST_TIMEOUT: seconds; anything else is the default."""
+    assert expected == host_timeout({"POPRUN_HOST_TIMEOUT": value})
+
+
+def greet(relay: Relay, greeting: bytes) -> bytes:
+    """Connect to ``relay``, say ``greeting``; return what poprun answers before closing (b"" for nothing)."""
+    fed: list[tuple[int, str, bytes]] = []
+    with selectors.DefaultSelector() as selector, socket.create_connection(("127.0.0.1", relay.port)) as client:
+        relay.attach(selector, lambda fd: relay.ready(fd, feed=lambda i, s, d: fed.append((i, s, d)),
+                                                      end=lambda *_: None, lost=lambda _: None))
+        client.sendall(greeting)
+        client.settimeout(5)
+        answer = b""
+        while not answer:
+            for key, _ in selector.select(0.1):
+                key.data(key.fd)
+            try:
+                client.settimeout(0.05)
+                answer = client.recv(1) or b"closed"
+            except TimeoutError:
+                continue
+        relay.close(lambda *_: None)
+    return answer
+
+
+@pytest.mark.parametrize(("greeting", "answer"), [
+    (b"{token} 1 stdout\n", b"k"),
+    (b"wrong 1 stdout\n", b"closed"),
+    (b"{token} 2 stdout\n", b"closed"),  # no instance 2 of 2
+    (b"{token} 1 stdin\n", b"closed"),
+    (b"{token} 1\n", b"closed"),
+])
+def test_only_a_wrapper_with_the_token_naming_an_instance_is_acknowledged(greeting: bytes, answer: bytes) -> None:
+    """A greeting without the launch's token, or naming no instance and stream, is closed unanswered."""
+    relay = Relay(count=2, remote=False, keepalive_s=15)
+
+    assert answer == greet(relay, greeting.replace(b"{token}", relay.token.encode()))
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="no ssh client")
+def test_an_address_that_ssh_printed_is_told_as_the_host_ssh_config_names(tmp_path: Path) -> None:
+    """ssh says "Connection to 10.1.2.3 closed": with mpirun's ssh options (-F cfg), that is host h9."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host h8\n  HostName 10.1.2.2\nHost h9\n  HostName 10.1.2.3\n")
+
+    assert "h9" == ssh_host_named("10.1.2.3", ["h8", "h9"], f"-F {config} -o ServerAliveInterval=5")
+    assert "10.9.9.9" == ssh_host_named("10.9.9.9", ["h8", "h9"], f"-F {config}")
