@@ -33,6 +33,8 @@ if TYPE_CHECKING:
 
 BIND_NONE = ("--bind-to", "none")
 TAG = "--tag-output"
+YIELD = "mpi_yield_when_idle"
+"""Set to 1 when a host has more instances than CPUs: what ``--oversubscribe`` does, without its other effects."""
 SUBNET_PARAMETERS = ("oob_tcp_if_include", "btl_tcp_if_include")
 """The MCA parameters --host-subnet sets: the control plane, then the data plane (PopRun guide 2.2.3)."""
 _MCA_FLAGS = frozenset(("--mca", "-mca", "--gmca", "-gmca"))
@@ -61,7 +63,10 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
       arguments already hold is not added again (evidence B shows real poprun repeating
       ``--tag-output``).
     - ``--allow-run-as-root`` when ``plan.mpi.allow_run_as_root``. ``--oversubscribe`` never:
-      ``-H`` gives each host as many slots as it has instances, so none is oversubscribed.
+      ``-H`` gives each host as many slots as it has instances, so none is oversubscribed in
+      OpenMPI's eyes, and its processes busy-poll. When a host has more instances than CPUs
+      (``plan.mpi.crowded_hosts``), ``--mca mpi_yield_when_idle 1`` makes them yield, as an
+      oversubscribed run does (unless the global arguments set it).
     - With ``plan.mpi.host_subnet``: ``--mca oob_tcp_if_include NET --mca btl_tcp_if_include
       NET``, the control and data planes of the PopRun guide's section 2.2.3 (OpenMPI takes
       CIDR notation for both), before ``-H``. A parameter the global arguments already set is
@@ -94,11 +99,13 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
     own_binding = not given.isdisjoint(("--bind-to", "-bind-to"))  # stands (--process-placement disabled)
     flags = [*([] if own_binding else BIND_NONE), TAG, *(["--allow-run-as-root"] if plan.mpi.allow_run_as_root else [])]
     words += [flag for flag in flags if given.isdisjoint(_SPELLINGS.get(flag, ()))]
+    given_mca = _mca_names(plan.mpi.global_args)
     if plan.mpi.host_subnet is not None:
-        given_mca = _mca_names(plan.mpi.global_args)
         for name in SUBNET_PARAMETERS:
             if name not in given_mca:
                 words += ["--mca", name, plan.mpi.host_subnet]
+    if plan.mpi.crowded_hosts and YIELD not in given_mca:
+        words += ["--mca", YIELD, "1"]
     slots = _slots(plan.instances)
     words += ["-H", ",".join(slots.values())]
     for position, instance in enumerate(plan.instances):

@@ -152,6 +152,8 @@ class Mpi:
     global_args: tuple[str, ...]
     host_subnet: str | None
     allow_run_as_root: bool
+    # The hosts with more instances than CPUs: their MPI processes yield when idle (mpi_yield_when_idle).
+    crowded_hosts: tuple[str, ...] = ()
 
 
 @record

@@ -242,3 +242,38 @@ def _offline_elsewhere(s: Solver, topo: p.Topology) -> bool:
     return is_on(s.spec.offline_mode) and any(h not in s.ctx.local_names for h in topo.hosts)
 
 
+
+
+def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...], backend: str) -> tuple[str, ...]:
+    """
+    Return the hosts of an mpirun launch that hold more instances than they have CPUs, and say so.
+
+    OpenMPI busy-polls unless it knows a host is oversubscribed; ``-H host:N`` tells it the host
+    has a slot per instance, so the mpirun command asks such hosts' processes to yield
+    (:data:`poprun.planner.mpicommand.YIELD`). Only this machine's CPUs (its cpuset) are known
+    without asking a host; a recorded ``POPRUN_HOST_TOPOLOGY`` describes placement, not this count.
+    """
+    if backend != "mpirun":
+        return ()
+    counts: dict[str, int] = {}
+    for instance in instances:
+        counts[instance.host] = counts.get(instance.host, 0) + 1
+    crowded = []
+    for host in topo.hosts:
+        cpus = _known_cpus(s, host)
+        if cpus is not None and counts.get(host, 0) > cpus:
+            crowded.append(host)
+            s.decide(f"mpi yield {host}", "yes", SourceSpan.derived("mpi"),
+                     f"{counts[host]} instances on {cpus} CPU{'s' if cpus != 1 else ''}: their MPI processes yield "
+                     "when idle (--mca mpi_yield_when_idle 1), as under --oversubscribe, instead of busy-polling")
+    return tuple(crowded)
+
+
+def _known_cpus(s: Solver, host: str) -> int | None:
+    """Return how many CPUs an instance on ``host`` may use, where that is known without asking the host."""
+    from poprun.planner.binding import TOPOLOGY_VARIABLE
+
+    if s.ctx.environ.get(TOPOLOGY_VARIABLE) or host not in s.ctx.local_names or s.ctx.probe is None:
+        return None  # a recorded topology is for placement; another host's CPUs are its own
+    found = s.ctx.probe()
+    return len(found.cpuset) if found.cpuset is not None else sum(len(node.cpus) for node in found.numa_nodes)

@@ -205,3 +205,30 @@ def test_the_users_bind_to_stands_and_bound_instances_run_through_taskset() -> N
 
     assert ["mpirun", "--map-by", "core", "--bind-to", "core", "--tag-output", "-H", "localhost:1"] == head
     assert ["poprun-bind", "1", "0", "python3", "train.py"] == list(mpirun_command(bound)[-5:])
+
+
+def _two_cpus() -> object:
+    from poprun.planner.machine import HostTopology, NumaNode
+
+    return HostTopology(name="laptop", numa_nodes=(NumaNode(0, 0, ((0,), (1,))),), cpuset=(0, 1))
+
+
+def test_more_instances_than_cpus_here_make_mpi_yield_when_idle():
+    """4 instances on a host of 2 CPUs: --mca mpi_yield_when_idle 1, as --oversubscribe would; 2 instances: not."""
+    ctx = evolve(CTX, probe=_two_cpus)
+    crowded = plan_of("--num-instances", "4", "--num-replicas", "4", "--process-placement", "disabled", ctx=ctx)
+    roomy = plan_of("--num-instances", "2", "--num-replicas", "2", "--process-placement", "disabled", ctx=ctx)
+
+    assert (("localhost",), ()) == (crowded.mpi.crowded_hosts, roomy.mpi.crowded_hosts)
+    assert "--mca mpi_yield_when_idle 1" in shlex.join(mpirun_command(crowded))
+    assert "mpi_yield_when_idle" not in shlex.join(mpirun_command(roomy))
+    assert any(d.key == "mpi yield localhost" and "4 instances on 2 CPUs" in d.reason for d in crowded.explanation)
+
+
+def test_the_users_own_yield_setting_stands():
+    """--mpi-global-args '--mca mpi_yield_when_idle 0': the user's value, and no second one."""
+    ctx = evolve(CTX, probe=_two_cpus)
+    plan = plan_of("--num-instances", "4", "--num-replicas", "4", "--process-placement", "disabled",
+                   "--mpi-global-args=--mca mpi_yield_when_idle 0", ctx=ctx)
+
+    assert 1 == shlex.join(mpirun_command(plan)).count("mpi_yield_when_idle")
