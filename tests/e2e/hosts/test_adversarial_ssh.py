@@ -1,0 +1,287 @@
+"""
+Adversarial checks of the ssh backend's guarantees (README "Guarantees"), with real processes and hosts.
+
+Each test here failed when it was written: it records a way the guarantees, or the promises of
+the ssh backend's docstring, were broken by an attacker or by an operator's odd environment.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.hosts.test_ssh_backend import PY, wait_for
+from tests.testhosts import TestHosts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+NOBODY = 65534
+# A listener that accepts TCP on port 22 and never says a word: a host whose sshd hangs.
+MUTE = ("import socket, sys\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind((sys.argv[1], 22)); s.listen(100); held = []\n"
+        "while True: held.append(s.accept()[0])\n")
+
+
+@pytest.fixture
+def short_tmpdir() -> Iterator[Path]:
+    """A private TMPDIR short enough for ssh's control sockets, so that poprun's own directories can be found."""
+    path = Path(tempfile.mkdtemp(prefix="adv", dir="/tmp"))  # noqa: S108
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
+    """Replace h4's sshd with a listener that accepts connections and never answers; restore it after."""
+    test_hosts.stop_sshd("h4")
+    listener = subprocess.Popen(["ip", "netns", "exec", test_hosts.namespaces["h4"], PY, "-c", MUTE,  # noqa: S607
+                                 test_hosts.addresses["h4"]], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        yield "h4"
+    finally:
+        listener.kill()
+        listener.wait()
+        test_hosts.start_sshd("h4")
+
+
+def command_lines() -> dict[int, bytes]:
+    found = {}
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
+            except OSError:
+                continue
+    return found
+
+
+def start(hosts: TestHosts, *args: str, cwd: Path, env: dict[str, str] | None = None,
+          stdin: int | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([PY, "-m", "poprun.cli.main", *args], cwd=cwd, env=os.environ | hosts.env() | (env or {}),
+                            stdin=stdin, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+
+
+def run(hosts: TestHosts, *args: str, cwd: Path, env: dict[str, str] | None = None,
+        timeout: float = 40) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([PY, "-m", "poprun.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          env=os.environ | hosts.env() | (env or {}), timeout=timeout, check=False,
+                          stdin=subprocess.DEVNULL)
+
+
+# --- 1. Piped stdin: another user of a host reads it ----------------------------------------------------------------
+
+
+def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: TestHosts, tmp_path: Path,
+                                                                    short_tmpdir: Path) -> None:
+    """
+    `echo PASSWORD | poprun --host h1,h2 ...`: the FIFO's path (/tmp/poprun-stdin-<hex>) is on the remote
+    command line from the preflight on, and the directory is only made after "G". User nobody on h1
+    watches ps, makes that directory (0777) with a FIFO `in` first: the stdin session checks only that
+    `in` is a FIFO, not whose, and copies poprun's stdin into it. Nobody must read the user's input.
+    """
+    stop = threading.Event()
+
+    def attacker() -> None:
+        seen: set[str] = set()
+        prefix = b"/tmp/poprun-stdin-"
+        while not stop.is_set():
+            for line in command_lines().values():
+                at = line.find(prefix)
+                if at < 0:
+                    continue
+                directory = line[at:at + len(prefix) + 12].decode()
+                if directory in seen:
+                    continue
+                seen.add(directory)
+                loot = short_tmpdir / f"loot-{len(seen)}"
+                pid = os.fork()
+                if pid == 0:  # pragma: no cover - the attacker, as user nobody
+                    try:
+                        os.setgid(NOBODY)
+                        os.setuid(NOBODY)
+                        os.mkdir(directory, 0o777)
+                        os.chmod(directory, 0o777)
+                        os.mkfifo(f"{directory}/in", 0o666)
+                        fd = os.open(f"{directory}/in", os.O_RDONLY)
+                        data = b""
+                        while chunk := os.read(fd, 65536):
+                            data += chunk
+                        os.write(os.open(str(loot), os.O_WRONLY | os.O_CREAT, 0o666), data)
+                    finally:
+                        os._exit(0)
+            time.sleep(0.001)
+
+    short_tmpdir.chmod(0o777)  # the attacker writes what it read there
+    thread = threading.Thread(target=attacker, daemon=True)
+    thread.start()
+    try:
+        done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2", "--num-instances", "2",
+                               "--num-replicas", "2", "sh", "-c", "cat >/dev/null"], cwd=tmp_path,
+                              env=os.environ | test_hosts.env(), input=b"PASSWORD=hunter2\n", capture_output=True,
+                              timeout=40, check=False)
+        time.sleep(1)
+    finally:
+        stop.set()
+        thread.join()
+        for planted in Path("/tmp").glob("poprun-stdin-*"):  # noqa: S108
+            if planted.stat().st_uid == NOBODY:
+                shutil.rmtree(planted, ignore_errors=True)
+    stolen = [p.read_bytes() for p in short_tmpdir.glob("loot-*")]
+
+    assert not any(b"hunter2" in s for s in stolen), (stolen, done.returncode, done.stderr[-500:])
+
+
+# --- 2. SIGKILL: what is left here ------------------------------------------------------------------------------------
+
+
+def test_sigkill_while_instances_run_leaves_no_ssh_client_running_here(test_hosts: TestHosts, tmp_path: Path,
+                                                                        short_tmpdir: Path) -> None:
+    """
+    README: "nothing left running even when poprun itself is killed". poprun is SIGKILLed while 4 instances
+    run on h1,h2: its shared connections (ssh -f -N ... ControlPersist=30, daemonised out of the clients'
+    process group) stay up for 30 s, connected to the hosts.
+    """
+    proc = start(test_hosts, "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
+                 "echo up; sleep 30", cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
+    assert proc.stdout is not None
+    for _ in range(4):
+        assert proc.stdout.readline() == b"up\n"
+    proc.kill()
+    proc.communicate()
+    needle = f"{short_tmpdir}/poprun-ssh-".encode()
+
+    def clients() -> dict[int, bytes]:
+        return {pid: line for pid, line in command_lines().items() if needle in line}
+
+    try:
+        assert wait_for(lambda: not clients(), within_s=5), clients()
+    finally:
+        for pid in clients():
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_sigkill_during_the_preflight_leaves_no_directory_or_ssh_client(test_hosts: TestHosts, tmp_path: Path,
+                                                                         short_tmpdir: Path, mute_h4: str) -> None:
+    """
+    poprun is SIGKILLed while it waits for h4 (accepts TCP, never answers) in the preflight: the temporary
+    cache and the control directory are made before the watchdog that removes them starts, so both stay
+    in TMPDIR for good, and h1's shared connection runs on.
+    """
+    proc = start(test_hosts, "--host", f"h1,{mute_h4}", "--num-instances", "4", "--num-replicas", "4", "true",
+                 cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
+    try:
+        assert wait_for(lambda: any(short_tmpdir.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
+        time.sleep(0.3)
+    finally:
+        proc.kill()
+        proc.communicate()
+    needle = f"{short_tmpdir}/poprun-ssh-".encode()
+    time.sleep(3)
+    left_dirs = sorted(p.name for p in short_tmpdir.iterdir())
+    left_procs = {pid: line for pid, line in command_lines().items() if needle in line}
+    for pid in left_procs:
+        os.kill(pid, signal.SIGKILL)
+
+    assert ([], {}) == (left_dirs, left_procs)
+
+
+# --- 3. Hosts that do not answer -----------------------------------------------------------------------------------
+
+
+def test_interrupt_during_the_preflight_ends_at_once_with_130(test_hosts: TestHosts, tmp_path: Path,
+                                                               short_tmpdir: Path, mute_h4: str) -> None:
+    """
+    README: Ctrl-C stops poprun and it exits 130. Sent while the preflight waits for h4 (a listener that
+    never answers), poprun goes on waiting for it and then exits 125 with PR406, seconds later.
+    """
+    proc = start(test_hosts, "--host", f"h1,{mute_h4}", "--num-instances", "4", "--num-replicas", "4", "true",
+                 cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
+    assert wait_for(lambda: any(short_tmpdir.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
+    time.sleep(0.2)
+    proc.send_signal(signal.SIGINT)
+    sent = time.monotonic()
+    _, err = proc.communicate(timeout=30)
+    took = time.monotonic() - sent
+
+    assert (130, True) == (proc.returncode, took < 1.0), (took, err.decode()[-400:])
+
+
+def test_a_host_that_never_answers_is_reported_within_the_preflight_time(test_hosts: TestHosts, tmp_path: Path,
+                                                                           mute_h4: str) -> None:
+    """
+    ssh.py: a host that cannot be reached is reported "within PREFLIGHT_S seconds (4.5), never a hang".
+    With two instances a host, planning's topology probe waits 3-4 s for h4 first, then the preflight
+    waits again: PR406 comes after some 6 s.
+    """
+    started = time.monotonic()
+    done = run(test_hosts, "--host", f"h1,{mute_h4}", "--num-instances", "4", "--num-replicas", "4", "true",
+               cwd=tmp_path)
+    took = time.monotonic() - started
+
+    assert 125 == done.returncode, done.stderr
+    assert "PR406" in done.stderr
+    assert took < 4.5 + 1.0, took
+
+
+# --- 4. Odd environments make healthy hosts "unreachable" ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("odd", ["with space", "per%hcent", "quo'te"])
+def test_a_tmpdir_with_odd_characters_does_not_make_healthy_hosts_unreachable(test_hosts: TestHosts, tmp_path: Path,
+                                                                               short_tmpdir: Path, odd: str) -> None:
+    """
+    TMPDIR=/tmp/xxx/'with space' (or with % or a quote): the control path goes unquoted into `ssh -o
+    ControlPath=...`, which splits it, expands %h or rejects the quote; every healthy host is then
+    reported as "cannot be reached" (PR406, exit 125). The launch should run (or name TMPDIR).
+    """
+    tmpdir = short_tmpdir / odd
+    tmpdir.mkdir()
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4", "true", cwd=tmp_path,
+               env={"TMPDIR": str(tmpdir)})
+
+    assert "PR406" not in done.stderr, done.stderr
+    assert 0 == done.returncode, done.stderr
+
+
+def test_a_long_tmpdir_does_not_make_healthy_hosts_unreachable(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """
+    A TMPDIR of some 90 characters (pytest's own tmp_path, a Slurm job's TMPDIR): ssh's control socket
+    path is then too long for a Unix socket and every healthy host is "cannot be reached" (PR406).
+    """
+    tmpdir = tmp_path / ("t" * max(1, 90 - len(str(tmp_path))))
+    tmpdir.mkdir()
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4", "true", cwd=tmp_path,
+               env={"TMPDIR": str(tmpdir)})
+
+    assert "PR406" not in done.stderr, done.stderr
+    assert 0 == done.returncode, done.stderr
+
+
+def test_a_forwarded_value_of_many_lines_does_not_make_healthy_hosts_unreachable(test_hosts: TestHosts,
+                                                                                  tmp_path: Path) -> None:
+    """
+    --mpi-global-args='-x CERTS' with a 120 kB value of 20,000 lines (a certificate bundle, a config): the
+    remote shell reads it line by line, appending to a string (quadratic in dash), past the 4.5 s preflight;
+    both healthy hosts are then reported as "cannot be reached" (PR406). 10,000 forwarded variables do
+    the same.
+    """
+    value = "\n".join("xxxxx" for _ in range(20000))
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2",
+               "--mpi-global-args=-x CERTS", "sh", "-c", 'echo "${#CERTS}"', cwd=tmp_path, env={"CERTS": value})
+
+    assert "PR406" not in done.stderr, done.stderr[-600:]
+    assert (0, [str(len(value))] * 2) == (done.returncode, done.stdout.split()), done.stderr[-600:]
