@@ -53,6 +53,7 @@ def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
         time.sleep(0.5)
         yield "h4"
     finally:
+        settle(test_hosts)
         listener.kill()
         listener.wait()
         test_hosts.start_sshd("h4")
@@ -67,6 +68,15 @@ def command_lines() -> dict[int, bytes]:
             except OSError:
                 continue
     return found
+
+
+def settle(hosts: TestHosts) -> None:
+    """
+    Wait for the hosts' login shells to finish their start-up (~/.bashrc's `pyenv rehash` here): a session
+    SIGKILLed by the hosts' teardown in the middle of it leaves pyenv's lock, which then stalls every ssh
+    session on this machine for 60 s.
+    """
+    wait_for(lambda: not any(hosts.processes(name, "pyenv-rehash|bash -c") for name in hosts.names), within_s=15)
 
 
 def start(hosts: TestHosts, *args: str, cwd: Path, env: dict[str, str] | None = None,
@@ -172,6 +182,7 @@ def test_sigkill_while_instances_run_leaves_no_ssh_client_running_here(test_host
     finally:
         for pid in clients():
             os.kill(pid, signal.SIGKILL)
+        settle(test_hosts)
 
 
 def test_sigkill_during_the_preflight_leaves_no_directory_or_ssh_client(test_hosts: TestHosts, tmp_path: Path,
@@ -195,6 +206,7 @@ def test_sigkill_during_the_preflight_leaves_no_directory_or_ssh_client(test_hos
     left_procs = {pid: line for pid, line in command_lines().items() if needle in line}
     for pid in left_procs:
         os.kill(pid, signal.SIGKILL)
+    settle(test_hosts)
 
     assert ([], {}) == (left_dirs, left_procs)
 
@@ -285,3 +297,58 @@ def test_a_forwarded_value_of_many_lines_does_not_make_healthy_hosts_unreachable
 
     assert "PR406" not in done.stderr, done.stderr[-600:]
     assert (0, [str(len(value))] * 2) == (done.returncode, done.stdout.split()), done.stderr[-600:]
+
+
+# --- 5. A host with a /tmp of its own (not shared with this machine, as real hosts are) ------------------------------
+
+
+def _sshd_pid(hosts: TestHosts, name: str) -> int:
+    found = hosts.processes(name, r"^(/usr/sbin/)?sshd")
+    assert found, f"no sshd on {name}"
+    return int(found[0].split()[0])
+
+
+@pytest.fixture
+def private_tmp_h4(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
+    """
+    Restart h4's sshd in a mount namespace of its own with an empty tmpfs on /tmp (the hosts' state and
+    ``tmp_path``, the launch's working directory, are bound or made there); yield h4's /tmp as seen from here.
+    """
+    state = test_hosts.state
+    keep = Path(tempfile.mkdtemp(prefix="advstate", dir="/run"))
+    test_hosts.stop_sshd("h4")
+    script = (f"mount --bind {state} {keep} && mount -t tmpfs tmpfs /tmp && mkdir -p {state} {tmp_path} && "
+              f"mount --bind {keep} {state} && hostname h4 && "
+              f"exec /usr/sbin/sshd -f {state}/sshd_h4.conf -E {state}/sshd_h4.log")
+    subprocess.run(["ip", "netns", "exec", test_hosts.namespaces["h4"], "unshare", "--mount",  # noqa: S607
+                    "--propagation", "private", "--uts", "sh", "-c", script], check=True, timeout=10)
+    try:
+        assert wait_for(lambda: test_hosts.ssh("h4", "true", timeout=5).returncode == 0, within_s=10)
+        yield Path(f"/proc/{_sshd_pid(test_hosts, 'h4')}/root/tmp")
+    finally:
+        settle(test_hosts)
+        test_hosts.stop_sshd("h4")
+        test_hosts.start_sshd("h4")
+        keep.rmdir()
+
+
+def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHosts, tmp_path: Path,
+                                                              private_tmp_h4: Path) -> None:
+    """
+    Two instances on h4, whose /tmp is its own: the first makes the temporary cache there with a marker per
+    instance. poprun is SIGKILLed as soon as that cache exists: the sessions end (their clients are killed),
+    but a session that has not reached its wait for "G" (still reading its environment, or killed by
+    SIGPIPE while printing its check) never removes its marker, so /tmp/poprun-cache-* stays on h4 for good.
+    The race is lost about every other time: up to 6 tries, each must leave nothing.
+    """
+    for attempt in range(6):
+        proc = start(test_hosts, "--host", "h4,h3", "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
+                     "sleep 20", cwd=tmp_path)
+        try:
+            assert wait_for(lambda: any(private_tmp_h4.glob("poprun-cache-*")), within_s=15), "no cache made on h4"
+        finally:
+            proc.kill()
+            proc.communicate()
+
+        assert wait_for(lambda: not any(private_tmp_h4.glob("poprun-*")), within_s=4), \
+            (attempt, test_hosts.ssh("h4", "ls -a /tmp /tmp/poprun-cache-*/.poprun-alive").stdout)
