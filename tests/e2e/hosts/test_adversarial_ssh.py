@@ -7,6 +7,7 @@ the ssh backend's docstring, were broken by an attacker or by an operator's odd 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -352,3 +353,67 @@ def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHo
 
         assert wait_for(lambda: not any(private_tmp_h4.glob("poprun-*")), within_s=4), \
             (attempt, test_hosts.ssh("h4", "ls -a /tmp /tmp/poprun-cache-*/.poprun-alive").stdout)
+
+
+# --- 6. A slow but healthy host -----------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_h2(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
+    """Yield an ssh_config where host `h2slow` is h2 behind a proxy that delays every chunk by 0.3 s (a far link)."""
+    import socket
+
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(50)
+    port = listener.getsockname()[1]
+
+    def pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                time.sleep(0.3)
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+
+    def serve() -> None:
+        while True:
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return
+            upstream = socket.create_connection((test_hosts.addresses["h2"], 22))
+            threading.Thread(target=pump, args=(client, upstream), daemon=True).start()
+            threading.Thread(target=pump, args=(upstream, client), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    config = tmp_path / "slow_config"
+    config.write_text(f"Host h2slow\n  HostName 127.0.0.1\n  Port {port}\n  HostKeyAlias {test_hosts.addresses['h2']}\n"
+                      + test_hosts.ssh_config.read_text())
+    try:
+        yield config
+    finally:
+        listener.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the proxy's sockets
+def test_a_slow_healthy_host_is_not_unreachable_with_a_long_host_timeout(test_hosts: TestHosts, tmp_path: Path,
+                                                                          slow_h2: Path) -> None:
+    """
+    h2 behind a slow link: `ssh h2slow hostname` answers in some 6 s. PR411's doc: "On a slow or congested
+    network, a longer POPRUN_HOST_TIMEOUT avoids declaring a busy host lost"; with POPRUN_HOST_TIMEOUT=60
+    the preflight still gives up after its fixed 4.5 s and reports h2slow as "cannot be reached" (PR406),
+    whose hint is to "try 'ssh h2slow'", which works.
+    """
+    reached = subprocess.run(["ssh", "-F", str(slow_h2), "h2slow", "hostname"], capture_output=True, text=True,
+                             timeout=30, check=False, stdin=subprocess.DEVNULL)
+    assert "h2" == reached.stdout.strip(), reached.stderr
+    done = run(test_hosts, "--host", "h1,h2slow", "--num-instances", "2", "--num-replicas", "2", "true", cwd=tmp_path,
+               env={"POPRUN_SSH_CONFIG": str(slow_h2), "POPRUN_HOST_TIMEOUT": "60"})
+
+    assert (0, "") == (done.returncode, done.stderr)
