@@ -417,3 +417,32 @@ def test_a_slow_healthy_host_is_not_unreachable_with_a_long_host_timeout(test_ho
                env={"POPRUN_SSH_CONFIG": str(slow_h2), "POPRUN_HOST_TIMEOUT": "60"})
 
     assert (0, "") == (done.returncode, done.stderr)
+
+
+# --- 7. Ctrl-Z ----------------------------------------------------------------------------------------------------------
+
+
+def _state(pid: int) -> str:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+
+
+def test_ctrl_z_longer_than_the_host_timeout_does_not_kill_the_remote_instances(test_hosts: TestHosts,
+                                                                               tmp_path: Path) -> None:
+    """
+    README: "Ctrl-Z stops the instances with poprun and `fg` continues them". Under the ssh backend the
+    stopped poprun sends no heartbeat, so after POPRUN_HOST_TIMEOUT (3 s here, 15 s by default) every
+    remote wrapper kills its instance: after `fg` poprun reports them "killed by SIGKILL (possibly out of
+    memory)" and exits 137. A coffee break with Ctrl-Z kills a multi-host training run.
+    """
+    proc = start(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2", "sh", "-c",
+                 'echo start; sleep 4; echo "finished $POPDIST_INSTANCE_INDEX"', cwd=tmp_path,
+                 env={"POPRUN_HOST_TIMEOUT": "3"})
+    assert proc.stdout is not None
+    assert [b"start\n", b"start\n"] == [proc.stdout.readline(), proc.stdout.readline()]
+    proc.send_signal(signal.SIGTSTP)
+    assert wait_for(lambda: _state(proc.pid) == "T", within_s=3), "poprun did not stop"
+    time.sleep(6)
+    proc.send_signal(signal.SIGCONT)
+    out, err = proc.communicate(timeout=30)
+
+    assert (0, {b"finished 0", b"finished 1"}) == (proc.returncode, set(out.splitlines())), err.decode()[-600:]
