@@ -446,3 +446,24 @@ def test_ctrl_z_longer_than_the_host_timeout_does_not_kill_the_remote_instances(
     out, err = proc.communicate(timeout=30)
 
     assert (0, {b"finished 0", b"finished 1"}) == (proc.returncode, set(out.splitlines())), err.decode()[-600:]
+
+
+# --- 8. Forwarded values that do not arrive --------------------------------------------------------------------------
+
+
+def test_forwarded_variables_named_like_the_wrappers_own_arrive_unchanged(test_hosts: TestHosts,
+                                                                           tmp_path: Path) -> None:
+    """
+    `-x n -x e -x l -x t -x f -x p -x go` (legal POSIX names): _READ_ENV ends with `unset e l n`, so n, e
+    and l never reach a remote instance, and the wrapper's own `t=$1; f=$2; p=$3` and `read -r go` assign
+    the exported t, f, p and go: the program sees t=15, f=- (or the stdin FIFO's path), p=sh, go=G.
+    On this machine (local backend) each arrives as it is.
+    """
+    names = ["n", "e", "l", "t", "f", "p", "go"]
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2",
+               "--mpi-global-args=" + " ".join(f"-x {n}" for n in names), "sh", "-c",
+               " ".join(f'printf "%s\\n" "{n}=${n}";' for n in names), cwd=tmp_path,
+               env={n: f"value-of-{n}" for n in names})
+
+    assert 0 == done.returncode, done.stderr
+    assert sorted(f"{n}=value-of-{n}" for n in names for _ in range(2)) == sorted(done.stdout.splitlines())
