@@ -467,3 +467,20 @@ def test_forwarded_variables_named_like_the_wrappers_own_arrive_unchanged(test_h
 
     assert 0 == done.returncode, done.stderr
     assert sorted(f"{n}=value-of-{n}" for n in names for _ in range(2)) == sorted(done.stdout.splitlines())
+
+
+# --- 9. Many instances on one host --------------------------------------------------------------------------------------
+
+
+def test_more_instances_on_a_host_than_sshds_max_sessions_add_no_ssh_noise_to_their_output(test_hosts: TestHosts,
+                                                                                            tmp_path: Path) -> None:
+    """
+    12 instances on each of h1 and h2 (an IPU-POD64 host runs 16), with sshd's default MaxSessions (10): the
+    sessions past the tenth are refused by the shared connection and ssh falls back to a connection of its
+    own, printing "mux_client_request_session: session request failed: Session open refused by peer" and
+    "ControlSocket ... already exists, disabling multiplexing" into those instances' stderr (tagged as theirs
+    under --tag-output, in their --output-filename files). A program that prints nothing must show nothing.
+    """
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "24", "--num-replicas", "24", "true", cwd=tmp_path)
+
+    assert (0, "", "") == (done.returncode, done.stdout, done.stderr)
