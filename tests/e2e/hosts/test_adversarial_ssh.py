@@ -484,3 +484,17 @@ def test_more_instances_on_a_host_than_sshds_max_sessions_add_no_ssh_noise_to_th
     done = run(test_hosts, "--host", "h1,h2", "--num-instances", "24", "--num-replicas", "24", "true", cwd=tmp_path)
 
     assert (0, "", "") == (done.returncode, done.stdout, done.stderr)
+
+
+def test_a_local_tmpdir_that_a_host_lacks_does_not_stop_the_launch(test_hosts: TestHosts, tmp_path: Path,
+                                                                   short_tmpdir: Path, private_tmp_h4: Path) -> None:
+    """
+    TMPDIR here is a directory that exists only on this machine (a Slurm job's TMPDIR, a $HOME/tmp that is
+    not shared): the temporary cache "on each host" is made at the same absolute path there, whose parent
+    h4 lacks, and the launch is refused with PR409 ("the temporary executable cache ... cannot be made"),
+    though h4 has a /tmp of its own.
+    """
+    done = run(test_hosts, "--host", "h4,h3", "--num-instances", "4", "--num-replicas", "4", "true", cwd=tmp_path,
+               env={"TMPDIR": str(short_tmpdir)})
+
+    assert (0, "") == (done.returncode, done.stderr)
