@@ -39,3 +39,16 @@ def test_a_nul_in_a_spec_program_is_no_internal_error(tmp_path: Path) -> None:
     done = poprun("plan", str(spec), "--num-instances", "2", "--num-replicas", "2", cwd=tmp_path, env={})
 
     assert "internal error" not in done.stderr, done.stderr
+
+
+def test_a_nul_in_a_spec_value_is_no_internal_error(tmp_path: Path) -> None:
+    """
+    `[env] set = { NV = "a\\u0000b" }` is planned without a word; the local backend then ends in "internal
+    error: ValueError: embedded null byte" (the ssh backend silently drops the NUL: the instance gets "ab").
+    Expected: the spec is rejected with a diagnostic, as a bad variable name is.
+    """
+    spec = tmp_path / "nul.toml"
+    spec.write_text('[env]\nset = { NV = "a\\u0000b" }\n')
+    done = poprun("apply", str(spec), "--num-instances", "2", "--num-replicas", "2", "true", cwd=tmp_path, env={})
+
+    assert "internal error" not in done.stderr, done.stderr
