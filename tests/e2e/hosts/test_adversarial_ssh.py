@@ -498,3 +498,51 @@ def test_a_local_tmpdir_that_a_host_lacks_does_not_stop_the_launch(test_hosts: T
                env={"TMPDIR": str(short_tmpdir)})
 
     assert (0, "") == (done.returncode, done.stderr)
+
+
+# --- 10. A login shell that greets without a newline ------------------------------------------------------------------
+
+GREETER = "poprunadv"
+
+
+@pytest.fixture
+def greeting_user(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
+    """
+    A user whose ~/.bashrc sets the terminal's title (`printf '\\033]0;user@host\\007'`: no newline), as
+    many do; yield an ssh_config that logs into the hosts as that user. The hosts' state and ``tmp_path``
+    are made reachable to the user for the test only.
+    """
+    subprocess.run(["useradd", "-m", "-s", "/bin/bash", GREETER], capture_output=True, check=False)  # noqa: S607
+    subprocess.run(["usermod", "-p", "*", GREETER], check=True)  # noqa: S607 - unlocked: key logins only
+    home = Path("/home") / GREETER
+    (home / ".bashrc").write_text('printf "\\033]0;%s@%s\\007" "$USER" "$HOSTNAME"\n')
+    changed: dict[Path, int] = {}
+    for path in [*test_hosts.state.parents, test_hosts.state, *tmp_path.parents, tmp_path,
+                 test_hosts.state / "authorized_keys"]:
+        if path != Path("/") and path not in changed:
+            changed[path] = path.stat().st_mode & 0o7777
+            path.chmod(changed[path] | (0o005 if path.is_dir() else 0o004) | (0o002 if path == tmp_path else 0))
+    config = tmp_path / "greeter_config"
+    config.write_text(test_hosts.ssh_config.read_text().replace("User root", f"User {GREETER}"))
+    try:
+        yield config
+    finally:
+        for path, mode in changed.items():
+            path.chmod(mode)
+        subprocess.run(["userdel", "-r", GREETER], capture_output=True, check=False)  # noqa: S607
+
+
+def test_a_greeting_without_a_newline_does_not_make_healthy_hosts_unreachable(test_hosts: TestHosts, tmp_path: Path,
+                                                                              greeting_user: Path) -> None:
+    """
+    The login shell prints a title escape without a newline before poprun's check: the check's first line
+    is then "\\033]0;...\\007poprun-preflight ok", not recognised, and every healthy host is reported as
+    "cannot be reached: ssh exited with 0" (PR406). `ssh h1 true` works; so must the launch.
+    """
+    fixed = tmp_path / "cache"
+    done = run(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2",
+               f"--executable-cache-path={fixed}", "sh", "-c", "echo ran", cwd=tmp_path,
+               env={"POPRUN_SSH_CONFIG": str(greeting_user)})
+
+    assert "PR406" not in done.stderr, done.stderr
+    assert 0 == done.returncode, done.stderr
