@@ -16,6 +16,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -546,3 +547,40 @@ def test_a_greeting_without_a_newline_does_not_make_healthy_hosts_unreachable(te
 
     assert "PR406" not in done.stderr, done.stderr
     assert 0 == done.returncode, done.stderr
+
+
+# --- 11. Piped stdin's FIFO left on a host ------------------------------------------------------------------------------
+
+
+def test_interrupt_while_instance_0s_host_is_unreachable_leaves_no_stdin_fifo_there(test_hosts: TestHosts,
+                                                                                     tmp_path: Path) -> None:
+    """
+    Instance 0 (reading poprun's stdin) runs on h3 and ignores SIGTERM; h3's link goes down, Ctrl-C twice:
+    poprun exits 130 at once, the instance is gone from h3 once the link is back, but its wrapper never
+    removed the FIFO's directory: /tmp/poprun-stdin-<hex>/in stays on h3 for good. (A host frozen until
+    PR411 leaves one too.)
+    """
+    mark = f"adv-{uuid.uuid4().hex[:8]}"
+    proc = start(test_hosts, "--host", "h3,h2", "--num-instances", "2", "--num-replicas", "2", "sh", "-c",
+                 f"trap '' TERM; echo up; sleep 60; : {mark}", cwd=tmp_path, env={"POPRUN_HOST_TIMEOUT": "3"})
+    assert proc.stdout is not None
+    assert [b"up\n", b"up\n"] == [proc.stdout.readline(), proc.stdout.readline()]
+    named = [line for line in command_lines().values() if mark.encode() in line and b"/tmp/poprun-stdin-" in line]
+    assert named, "no stdin FIFO for instance 0"
+    at = named[0].index(b"/tmp/poprun-stdin-")
+    fifo_dir = Path(named[0][at:at + len("/tmp/poprun-stdin-") + 12].decode())
+    test_hosts.set_link("h3", up=False)
+    try:
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.5)
+        proc.send_signal(signal.SIGINT)
+        proc.communicate(timeout=30)
+    finally:
+        test_hosts.set_link("h3", up=True)
+    assert wait_for(lambda: test_hosts.ssh("h3", "true", timeout=10).returncode == 0, within_s=20)
+
+    assert wait_for(lambda: not test_hosts.processes("h3", mark), within_s=10), test_hosts.processes("h3", mark)
+    removed = wait_for(lambda: not fifo_dir.exists(), within_s=5)
+    left = sorted(p.name for p in fifo_dir.iterdir()) if not removed else []
+    shutil.rmtree(fifo_dir, ignore_errors=True)  # the other tests look for none in /tmp
+    assert removed, left
