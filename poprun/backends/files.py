@@ -34,11 +34,13 @@ def private_directory(prefix: str, *, max_length: int | None = None) -> str:
     Make a new directory only its owner can use (0o700) in the temporary directory, as ``tempfile.mkdtemp``.
 
     The temporary directory is ``$TMPDIR``, else ``/tmp``; the name is ``prefix`` and 12 random hex
-    digits. With ``max_length``, a ``$TMPDIR`` that would make the path longer is passed over for
-    ``/tmp`` (a socket's path in it must fit the kernel's limit of about 100 bytes).
+    digits. A ``$TMPDIR`` that is not a directory is passed over for ``/tmp``, as ``tempfile`` does;
+    so is one that would make the path longer than ``max_length`` (a socket's path in it must fit
+    the kernel's limit of about 100 bytes).
     """
     parent = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - the name is random and the mode private
-    if max_length is not None and len(os.path.abspath(parent)) + len(prefix) + 13 > max_length:  # noqa: PTH100
+    if not os.path.isdir(parent) or (  # noqa: PTH112 - a TMPDIR that is gone: /tmp, as tempfile does
+            max_length is not None and len(os.path.abspath(parent)) + len(prefix) + 13 > max_length):  # noqa: PTH100
         parent = "/tmp"  # noqa: S108
     for _ in range(100):
         path = os.path.join(parent, prefix + os.urandom(6).hex())  # noqa: PTH118

@@ -142,13 +142,13 @@ until [ -d "$1" ] && [ ! -h "$1" ] && [ -O "$1" ] && [ -p "$1/in" ] && [ ! -h "$
   [ $__poprun_i -lt 200 ] || exit 0; sleep 0.05; __poprun_i=$((__poprun_i + 1)); done
 exec cat > "$1/in"
 """
-# Reads the environment poprun sends before anything else (a count of lines, then that many
-# lines of `export NAME='value'`), so that no value is ever on a command line (ps shows those).
+# Reads the environment poprun sends before anything else (a count of bytes, then that many
+# bytes of `export NAME='value'` lines), so that no value is ever on a command line (ps shows
+# those). `head -c` reads exactly that many bytes, at once: the lines that follow are the wrapper's.
 _READ_ENV = """\
 IFS= read -r __poprun_n || exit 0
-__poprun_e=; while [ "$__poprun_n" -gt 0 ]; do IFS= read -r __poprun_l || exit 0; __poprun_e="$__poprun_e$__poprun_l
-"; __poprun_n=$((__poprun_n - 1)); done
-eval "$__poprun_e"; unset __poprun_e __poprun_l __poprun_n"""
+__poprun_e=$(head -c "$__poprun_n"; echo .) || exit 0
+eval "${__poprun_e%.}"; unset __poprun_e __poprun_n"""
 _LINES = {int(signal.SIGTSTP): b"S\n", int(signal.SIGCONT): b"C\n"}  # to the wrappers: stop, continue
 _INTERPRETERS = ("python", "python3", "bash", "sh", "perl")
 
@@ -351,9 +351,8 @@ def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
     bad = next((name for name in [*names, *instance.env.unset] if not _NAME.match(name)), None)
     if bad is not None:
         raise LaunchError(f"instance {instance.index}: {bad!r} is not a variable name")
-    exports = [f"export {shlex.quote(f'{name}={env[name]}')}" for name in names]
-    text = "\n".join(exports)
-    return f"{text.count(chr(10)) + 1 if exports else 0}\n{text}{chr(10) if exports else ''}".encode()
+    text = "".join(f"export {shlex.quote(f'{name}={env[name]}')}\n" for name in names).encode()
+    return b"%d\n%s" % (len(text), text)
 
 
 def _check_script(instance: Instance) -> str:
@@ -510,8 +509,11 @@ class _Sessions:
         err = proc.stderr.read().decode(errors="replace")
         return _diagnose(instance.host, status, answer.decode(errors="replace"), err, instance.cwd)
 
-    def go(self) -> None:
-        """Start every instance: "G" on each session's input."""
+    def go(self, router: Router) -> None:
+        """Pass on what the checks' answers held besides the checks, then start every instance: "G" on its input."""
+        for index, early in self.early.items():
+            if early:
+                router.feed(index, "stdout", early)
         for proc in self.procs.values():
             _send(proc, b"G\n")
 
@@ -601,10 +603,11 @@ class SshBackend:
         budget = preflight_budget(source, timeout_s)
         deadline = time.monotonic() + budget
         slots = _slots(plan)
-        _connect(plan, client, _shared_connections(plan, slots), budget)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
         remove = temporary_directories(plan)
+        # first: should poprun die from here on, the watchdog removes the directories and the connections
         watchdog, clients = _watchdogs((*remove, client.directory), source)
+        _connect(plan, client, _shared_connections(plan, slots), budget, guards=(clients, watchdog))
         router = Router(plan, sink)
         procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
@@ -632,10 +635,7 @@ class SshBackend:
                 raise
             raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
         ordered = [procs[i] for i in range(len(plan.instances))]
-        for index, early in sessions.early.items():
-            if early:
-                router.feed(index, "stdout", early)
-        sessions.go()
+        sessions.go(router)
         beat = _Heartbeat([procs[index] for index in sorted(remote)], interval_s=timeout_s / 3)
         feeder = _feed(client, plan.instances[0].host, stdin, stdin_directory, env=source, group=clients.group)
 
@@ -708,17 +708,25 @@ def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeo
             for index in sorted(remote)}
 
 
-def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, int]], budget_s: float) -> None:
+def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, int]], budget_s: float, *,
+             guards: tuple[Watchdog, ...]) -> None:
     """
-    Open the shared ``connections`` first.
+    Open the shared ``connections`` first; on any failure, close the watchdogs ``guards`` too.
 
     Raises:
         PreflightError: naming each host that could not be connected to, and why.
     """
-    failed = client.connect(connections, timeout_s=budget_s)
+    try:
+        failed = client.connect(connections, timeout_s=budget_s)
+    except BaseException:
+        for guard in guards:
+            guard.close()
+        raise
     problems = [d for host, (status, err) in failed.items()
                 if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
     if problems:
+        for guard in guards:
+            guard.close()
         raise PreflightError(problems)
 
 

@@ -62,7 +62,9 @@ _SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null;
            'p=$1; c=$2; shift 2; exec "$p" -I -S -c "$c" "$@"')
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
 # killing it (the watchdog, now this Python, goes with the instances), kills the group and the
-# cgroup (the watchdog is not in it), removes the cgroup once empty, then removes the paths.
+# cgroup (the watchdog is not in it), removes the cgroup once empty, kills every process whose
+# command line names one of the paths (the ssh backend's shared connections, which ssh moves out
+# of every group: their sockets are in its directory), then removes the paths.
 _CLEANUP = """\
 import os, shutil, signal, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM})
@@ -83,6 +85,15 @@ if os.fork() == 0:
             for folder, _, _ in os.walk(cgroup, topdown=False):
                 os.rmdir(folder)
         except OSError:
+            pass
+    needles = [os.fsencode(path) + b"/" for path in sys.argv[2:]]
+    for entry in os.listdir("/proc") if needles and os.path.isdir("/proc") else ():
+        try:
+            with open("/proc/" + entry + "/cmdline", "rb") as file:
+                line = file.read()
+            if entry.isdigit() and int(entry) != os.getpid() and any(n in line for n in needles):
+                os.kill(int(entry), signal.SIGKILL)
+        except (OSError, ValueError):
             pass
     for path in sys.argv[2:]:
         shutil.rmtree(path, ignore_errors=True)

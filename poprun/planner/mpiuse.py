@@ -39,6 +39,8 @@ def probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | 
     """
     if not argv:
         return None
+    if any("\0" in word for word in (*argv, cwd)):  # no such file can exist: the launch says so
+        return None
     program = _find(argv[0], cwd, environ.get("PATH", os.defpath))
     if program is None:
         return None
@@ -84,7 +86,7 @@ def _find(name: str, cwd: str, path: str, *, search_cwd: bool = True) -> str | N
         return os.path.join(cwd, name)  # noqa: PTH118
     for directory in path.split(os.pathsep):
         candidate = os.path.join(directory or cwd, name)  # noqa: PTH118
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112
+        if "\0" not in candidate and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112
             return candidate
     return os.path.join(cwd, name) if search_cwd else None  # noqa: PTH118 - PopRun runs ./name from the cwd
 
@@ -93,7 +95,7 @@ def _read(path: str) -> bytes:
     """Return the first :data:`_MAX_BYTES` of the regular file ``path``; b"" for anything else or on error."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
+    except (OSError, ValueError):  # ValueError: a NUL in the name
         return b""
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):  # a FIFO, a device, a directory: never read
