@@ -125,7 +125,7 @@ __poprun_c=$!
   done
   kill -KILL -$__poprun_c || kill -KILL $__poprun_c; }} <&3 3<&- 9<&- >/dev/null 2>&1 &
 __poprun_r=$!
-exec 3<&-
+exec 3<&- >/dev/null 2>/dev/null
 wait $__poprun_c; __poprun_s=$?
 kill -KILL -$__poprun_c 2>/dev/null
 kill $__poprun_r 2>/dev/null
@@ -461,6 +461,17 @@ class _Sessions:
                 problems.setdefault(instance.host, problem)
         return list(problems.values())
 
+    def check(self, plan: LaunchPlan, deadline: float) -> None:
+        """
+        Read every check (at most until the deadline).
+
+        Raises:
+            PreflightError: naming each host that cannot run the plan, and why.
+        """
+        problems = self.await_checks(plan, deadline)
+        if problems:
+            raise PreflightError(problems)
+
     def _read_checks(self, deadline: float) -> dict[int, bytes | None]:
         """Return each session's answer: up to its check's ``ok``, to its end, or None if neither came in time."""
         answers: dict[int, bytes] = dict.fromkeys(self.procs, b"")
@@ -620,20 +631,18 @@ class SshBackend:
                     client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
             sessions = _Sessions(procs, inputs, budget_s=budget)
-            problems = sessions.await_checks(plan, deadline)
-            if problems:
-                raise PreflightError(problems)
+            sessions.check(plan, deadline)
             for instance, env in zip(plan.instances, envs, strict=True):
                 if instance.index not in remote:
                     procs[instance.index] = start_instance(instance, env, executable(instance, env), watchdog.group)
             watchdog.await_ready()
             clients.await_ready()
-        except (WatchdogError, LaunchError, OSError) as exc:
+        except BaseException as exc:  # an interrupt too: nothing of the launch is left
             clients.close()
             abandon(watchdog, list(procs.values()), router)
-            if isinstance(exc, LaunchError):
-                raise
-            raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+            if isinstance(exc, OSError):
+                raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+            raise
         ordered = [procs[i] for i in range(len(plan.instances))]
         sessions.go(router)
         beat = _Heartbeat([procs[index] for index in sorted(remote)], interval_s=timeout_s / 3)

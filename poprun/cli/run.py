@@ -131,8 +131,9 @@ class _Interrupts:
     """
     What stops a launch: SIGINT, SIGTERM or SIGHUP (a second one kills), or a closed output stream.
 
-    Before the launch begins a stop signal unwinds the steps before it (:class:`_Stopped`);
-    once it has, it stops the launch. A stream whose reader is gone (``poprun ... | head -1``)
+    Until the backend has started the launch a stop signal unwinds the steps before it
+    (:class:`_Stopped`), the backend's start included (it undoes what it began: a preflight
+    waiting on a host that does not answer ends at once); once it has, it stops the launch. A stream whose reader is gone (``poprun ... | head -1``)
     stops the launch as a SIGPIPE would, once; ``signals`` lists what came, SIGPIPE included.
     """
 
@@ -146,7 +147,7 @@ class _Interrupts:
     def __call__(self, signum: int, _frame: FrameType | None) -> None:
         self.signals.append(signum)
         self._stops += 1
-        if not self._launching:
+        if self.launch is None:  # before the launch, or while the backend starts it (a preflight that waits)
             raise _Stopped(signum)
         self._reporter.stopping(f"received {signal_name(signum)}")
         if self.launch is not None:
