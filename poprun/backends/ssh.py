@@ -86,7 +86,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the on
 # The wrapper waits for poprun's "G" (go: every host passed the preflight; anything else, or the
 # end of stdin, and it exits 0 without starting anything), then runs the program ($4...) in its
 # own session. Then it reads poprun's lines: "T" stops the program's group with SIGTERM, "S" and
-# "C" stop and continue it (Ctrl-Z and fg), "H" is poprun's heartbeat; the end of stdin, or no
+# "C" stop and continue it (Ctrl-Z and fg: SIGSTOP, since a SIGTSTP to the program's session of
+# its own, an orphaned process group, is discarded by the kernel), "H" is poprun's heartbeat; the end of stdin, or no
 # line for $1 seconds while not stopped (the link to poprun is down: poprun sends "H" three
 # times in that time), kills the group. Exits with the program's status (128+N: signal N).
 # (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
@@ -119,7 +120,7 @@ __poprun_c=$!
     else __poprun_w=$(timeout "$__poprun_t" sh -c 'IFS= read -r w && echo "x$w"') || break; fi
     case $__poprun_w in
       xT) kill -TERM -$__poprun_c || kill -TERM $__poprun_c;;
-      xS) __poprun_z=1; kill -TSTP -$__poprun_c || kill -TSTP $__poprun_c;;
+      xS) __poprun_z=1; kill -STOP -$__poprun_c || kill -STOP $__poprun_c;;
       xC) __poprun_z=; kill -CONT -$__poprun_c || kill -CONT $__poprun_c;;
     esac
   done

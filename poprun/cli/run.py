@@ -180,11 +180,9 @@ class _Interrupts:
         forward = getattr(self.launch, "forward", None)  # a LocalLaunch can signal its instances
         if forward is not None:
             forward(signal.SIGTSTP)
-        previous = signal.signal(signal.SIGTSTP, signal.SIG_DFL)
-        try:
-            os.kill(os.getpid(), signal.SIGTSTP)  # stops here until SIGCONT
-        finally:
-            signal.signal(signal.SIGTSTP, previous)
+        # SIGSTOP, not SIGTSTP: the kernel discards a SIGTSTP to an orphaned process group (poprun
+        # started by a script or a service), and the one who sent it wants poprun stopped
+        os.kill(os.getpid(), signal.SIGSTOP)  # stops here until SIGCONT
         if forward is not None:
             forward(signal.SIGCONT)
 

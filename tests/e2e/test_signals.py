@@ -80,6 +80,7 @@ def test_ctrl_z_stops_the_instances_with_poprun_and_fg_continues_them(tmp_path: 
                              "sh", "-c", script], cwd=tmp_path, env=marked.env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, process_group=0)
     instances = [pid for pid, _ in await_ready(proc, 2).values()]
+    time.sleep(0.3)  # the instances may print before the backend has handed poprun the launch to stop
 
     # WHEN
     proc.send_signal(signal.SIGTSTP)

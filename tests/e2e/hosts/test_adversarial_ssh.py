@@ -443,6 +443,7 @@ def test_ctrl_z_longer_than_the_host_timeout_does_not_kill_the_remote_instances(
                  env={"POPRUN_HOST_TIMEOUT": "3"})
     assert proc.stdout is not None
     assert [b"start\n", b"start\n"] == [proc.stdout.readline(), proc.stdout.readline()]
+    time.sleep(0.3)  # the instances may print before the backend has handed poprun the launch to stop
     proc.send_signal(signal.SIGTSTP)
     assert wait_for(lambda: _state(proc.pid) == "T", within_s=3), "poprun did not stop"
     time.sleep(6)
