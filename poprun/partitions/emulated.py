@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -26,6 +25,7 @@ from urllib.parse import quote
 
 from poprun.partitions import deadline, wire
 from poprun.partitions.provider import (
+    LeaseTokens,
     MalformedAnswerError,
     NotFoundError,
     Owner,
@@ -54,8 +54,7 @@ class EmulatedProvider:
 
     def __init__(self, host: str, port: int, *, timeout_s: float = 120.0) -> None:
         self.host, self.port, self.timeout_s = host, port, timeout_s
-        self._tokens: dict[tuple[str, str], str] = {}  # (partition, owner id) -> the lease's secret
-        self._lock = threading.Lock()  # the lease's heartbeat renews from its own thread
+        self._tokens = LeaseTokens()  # (partition, owner id) -> the lease's secret
 
     @property
     def address(self) -> str:
@@ -160,17 +159,10 @@ class EmulatedProvider:
             self._keep(name, owner, None)
 
     def _token(self, name: str, owner: Owner | None) -> str | None:
-        with self._lock:
-            return None if owner is None else self._tokens.get((name, owner.id))
+        return self._tokens.get(name, owner)
 
     def _keep(self, name: str, owner: Owner | None, token: str | None) -> None:
-        if owner is None:
-            return
-        with self._lock:
-            if token is None:
-                self._tokens.pop((name, owner.id), None)
-            else:
-                self._tokens[(name, owner.id)] = token
+        self._tokens.keep(name, owner, token)
 
 
 def _body(response: http.client.HTTPResponse, what: str) -> bytes:

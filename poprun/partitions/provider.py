@@ -16,6 +16,7 @@ import enum
 import os
 import shutil
 import socket
+import threading
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -242,3 +243,26 @@ def provider_for(partition: plan.Partition, environ: Mapping[str, str], *,
     from poprun.partitions.emulated import EmulatedProvider
 
     return EmulatedProvider(partition.server_host, partition.server_port, timeout_s=timeout)
+
+
+class LeaseTokens:
+    """The secret tokens of the leases a provider holds, by (partition, owner); safe to use from several threads."""
+
+    def __init__(self) -> None:
+        self._tokens: dict[tuple[str, str], str] = {}
+        self._lock = threading.Lock()  # a lease's heartbeat renews from its own thread
+
+    def get(self, name: str, owner: Owner | None) -> str | None:
+        """Return the token of ``owner``'s lease on partition ``name``, or None."""
+        with self._lock:
+            return None if owner is None else self._tokens.get((name, owner.id))
+
+    def keep(self, name: str, owner: Owner | None, token: str | None) -> None:
+        """Remember ``token`` for ``owner``'s lease on ``name`` (None: forget it)."""
+        if owner is None:
+            return
+        with self._lock:
+            if token is None:
+                self._tokens.pop((name, owner.id), None)
+            else:
+                self._tokens[(name, owner.id)] = token

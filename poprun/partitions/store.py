@@ -44,6 +44,7 @@ from poprun.partitions.provider import (
     CapacityError,
     ExistsError,
     InUseError,
+    LeaseTokens,
     NotFoundError,
     Owner,
     PartitionInfo,
@@ -138,7 +139,7 @@ class Store:
         self._db.executescript(_SCHEMA)
         if "token_hash" not in {row[1] for row in self._db.execute("PRAGMA table_info(leases)")}:
             self._db.execute(_MIGRATE)
-        self._tokens: dict[tuple[str, str], str] = {}  # (partition, owner id) -> token, as a Provider
+        self._tokens = LeaseTokens()  # (partition, owner id) -> the lease's secret
         self.inventory = Inventory()  # until the database's own is read
         self._init(inventory or Inventory())
 
@@ -235,17 +236,10 @@ class Store:
             self._keep(name, owner, None)
 
     def _token(self, name: str, owner: Owner | None) -> str | None:
-        with self._lock:
-            return None if owner is None else self._tokens.get((name, owner.id))
+        return self._tokens.get(name, owner)
 
     def _keep(self, name: str, owner: Owner | None, token: str | None) -> None:
-        if owner is None:
-            return
-        with self._lock:
-            if token is None:
-                self._tokens.pop((name, owner.id), None)
-            else:
-                self._tokens[(name, owner.id)] = token
+        self._tokens.keep(name, owner, token)
 
     # Changing, as the holder of a token (the HTTP server's calls) --------------------------
 

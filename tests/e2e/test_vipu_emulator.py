@@ -172,7 +172,7 @@ def test_a_lease_is_held_by_its_token_not_by_the_name_anyone_can_read(server):
     holder.create(PartitionRequest(name="pod16", size=16, num_gcds=1, num_ilds=1), owner=owner)
     status, listed = call(server.port, "GET", "/v1/partitions")
     (shown,) = listed["partitions"]  # type: ignore[misc]
-    token = holder._tokens[("pod16", owner.id)]
+    token = holder._tokens.get("pod16", owner)
     as_holder = {"owner": {"label": "launch", "host": "pod7", "pid": 1}}
 
     # WHEN another client presents the holder's name, or a guessed token
@@ -198,7 +198,7 @@ def test_the_holder_renews_and_releases_with_its_token(server):
     holder = client(server)
     owner = Owner(label="launch", host="pod7", pid=1)
     holder.create(PartitionRequest(name="pod16", size=16, num_gcds=1, num_ilds=1), owner=owner)
-    token = holder._tokens[("pod16", owner.id)]
+    token = holder._tokens.get("pod16", owner)
     with contextlib.closing(sqlite3.connect(server.db)) as db:
         stored = db.execute("SELECT token_hash FROM leases").fetchall()
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hosts.test_host_faults import command_lines
 from tests.e2e.hosts.test_ssh_backend import PY, wait_for
 from tests.testhosts import TestHosts
 
@@ -58,17 +59,6 @@ def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
         listener.kill()
         listener.wait()
         test_hosts.start_sshd("h4")
-
-
-def command_lines() -> dict[int, bytes]:
-    found = {}
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                found[int(entry.name)] = Path(entry.path, "cmdline").read_bytes()
-            except OSError:
-                continue
-    return found
 
 
 def settle(hosts: TestHosts) -> None:
