@@ -52,8 +52,10 @@ def base_plan() -> dict:
 
 
 def _paths(data: object, path: tuple = ()) -> list[tuple]:
-    """Return the path of every value in ``data`` (keys of objects, indices of arrays)."""
+    """Return the path of every value in ``data`` (keys of objects, indices of arrays), 12 levels deep at most."""
     found = [path]
+    if len(path) >= 12:
+        return found
     if isinstance(data, dict):
         for key, value in data.items():
             found += _paths(value, (*path, key))
@@ -90,7 +92,7 @@ def mutated(draw: st.DrawFn, base: dict) -> dict:
         if kind == "delete":
             del parent[path[-1]]
         else:
-            parent[path[-1]] = draw(st.sampled_from(HOSTILE))
+            parent[path[-1]] = copy.deepcopy(draw(st.sampled_from(HOSTILE)))  # never the shared object itself
     return data
 
 
