@@ -63,8 +63,8 @@ _SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null;
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
 # killing it (the watchdog, now this Python, goes with the instances), kills the group and the
 # cgroup (the watchdog is not in it), removes the cgroup once empty, kills every process whose
-# command line names one of the paths (the ssh backend's shared connections, which ssh moves out
-# of every group: their sockets are in its directory), then removes the paths.
+# command line names the ssh backend's socket directory among the paths (its shared connections,
+# which ssh moves out of every group), then removes the paths.
 _CLEANUP = """\
 import os, shutil, signal, sys, time
 signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGHUP, signal.SIGINT, signal.SIGQUIT, signal.SIGTERM})
@@ -86,7 +86,7 @@ if os.fork() == 0:
                 os.rmdir(folder)
         except OSError:
             pass
-    needles = [os.fsencode(path) + b"/" for path in sys.argv[2:]]
+    needles = [os.fsencode(path) + b"/" for path in sys.argv[2:] if os.path.basename(path).startswith("poprun-ssh-")]
     for entry in os.listdir("/proc") if needles and os.path.isdir("/proc") else ():
         try:
             with open("/proc/" + entry + "/cmdline", "rb") as file:
