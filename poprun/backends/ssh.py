@@ -303,7 +303,9 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
     if cache is not None:
         lines.append(_cache_script(cache, first=bool(cache_instances) and cache_instances[0] == instance.index))
         where = '"$__poprun_k"'
-    lines.append(_check_script(instance))
+    # the check prints in a subshell that survives a closed session (poprun killed meanwhile): the
+    # wrapper must still run, to see the end of its input and remove what the first instance made
+    lines.append(f"(trap '' PIPE\n{_check_script(instance)}\n)")
     lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance {host_timeout_s:g} "
                  f"{shlex.quote(stdin_directory or '-')} {where} " + shlex.join(bound_argv(instance)))
     return "\n".join(lines)

@@ -336,7 +336,8 @@ def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHo
     SIGPIPE while printing its check) never removes its marker, so /tmp/poprun-cache-* stays on h4 for good.
     The race is lost about every other time: up to 6 tries, each must leave nothing.
     """
-    for attempt in range(6):
+    shared = set(Path("/tmp").glob("poprun-cache-*"))  # h3's /tmp is this machine's: the watchdog removes the
+    for attempt in range(6):                           # cache here, and a late check on h3 must not make it again
         proc = start(test_hosts, "--host", "h4,h3", "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
                      "sleep 20", cwd=tmp_path)
         try:
@@ -347,6 +348,8 @@ def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHo
 
         assert wait_for(lambda: not any(private_tmp_h4.glob("poprun-*")), within_s=4), \
             (attempt, test_hosts.ssh("h4", "ls -a /tmp /tmp/poprun-cache-*/.poprun-alive").stdout)
+        assert wait_for(lambda: set(Path("/tmp").glob("poprun-cache-*")) <= shared, within_s=4), \
+            (attempt, set(Path("/tmp").glob("poprun-cache-*")) - shared)
 
 
 # --- 6. A slow but healthy host -----------------------------------------------------------------------------------------
