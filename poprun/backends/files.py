@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 
+_PLAIN = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._/-")
 _MADE: set[str] = set()  # the directories this process made and has not removed yet: the only ones it removes
 
 
@@ -35,12 +36,14 @@ def private_directory(prefix: str, *, max_length: int | None = None) -> str:
 
     The temporary directory is ``$TMPDIR``, else ``/tmp``; the name is ``prefix`` and 12 random hex
     digits. A ``$TMPDIR`` that is not a directory is passed over for ``/tmp``, as ``tempfile`` does;
-    so is one that would make the path longer than ``max_length`` (a socket's path in it must fit
-    the kernel's limit of about 100 bytes).
+    with ``max_length``, so is one that would make the path longer (a socket's path in it must fit
+    the kernel's limit of about 100 bytes) or that holds characters other than letters, digits and
+    ``._/-`` (ssh reads the path in its own syntax, where spaces, quotes and ``%`` mean something).
     """
     parent = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - the name is random and the mode private
     if not os.path.isdir(parent) or (  # noqa: PTH112 - a TMPDIR that is gone: /tmp, as tempfile does
-            max_length is not None and len(os.path.abspath(parent)) + len(prefix) + 13 > max_length):  # noqa: PTH100
+            max_length is not None and (len(os.path.abspath(parent)) + len(prefix) + 13 > max_length  # noqa: PTH100
+                                        or not _PLAIN.issuperset(os.path.abspath(parent)))):  # noqa: PTH100
         parent = "/tmp"  # noqa: S108
     for _ in range(100):
         path = os.path.join(parent, prefix + os.urandom(6).hex())  # noqa: PTH118

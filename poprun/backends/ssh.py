@@ -77,7 +77,8 @@ HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host 
 DEFAULT_HOST_TIMEOUT_S = 15.0
 _MARK = "poprun-preflight"
 _OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"
-_MADE = ".poprun-made"  # in a temporary cache made on a host: this launch made it, so it removes it there
+_MADE = ".poprun-made"  # in a temporary cache made on a host: the record that this poprun made it (holds _TOKEN)
+_TOKEN = os.urandom(8).hex()  # this poprun's own: a cache is removed on a host only when its _MADE holds it
 _LOCK = ".poprun-lock"  # ... and the file each instance there holds a shared lock on while it runs
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the only kind that reaches a shell
 # The scripts below name their own variables __poprun_*: they run with the instance's exported
@@ -94,23 +95,29 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the on
 # With a directory $2 (not "-"), the program reads a FIFO made in it, which poprun's second
 # session for the instance (:data:`_STDIN`) fills with poprun's own standard input; the wrapper
 # made the directory (it fails if the directory exists), so it removes it at the end.
-# With a temporary cache $3 that this launch made on the host (it holds _MADE), the wrapper
+# With a temporary cache $3 that this poprun made on the host (its own directory, whose _MADE
+# holds this poprun's _TOKEN: a record, not a name), the wrapper
 # holds a shared lock on its _LOCK while the program runs, and at the end the one that gets the
 # lock alone removes the cache: the last instance of the host to end, or any, when none started.
 _WRAPPER = f"""\
 __poprun_k=$3
+__poprun_made() {{
+  [ "$__poprun_k" != - ] && [ -d "$__poprun_k" ] && [ ! -h "$__poprun_k" ] && [ -O "$__poprun_k" ] &&
+    [ "$(cat -- "$__poprun_k/{_MADE}" 2>/dev/null)" = {_TOKEN} ]
+}}
 __poprun_done() {{
-  [ "$__poprun_k" != - ] && [ -f "$__poprun_k/{_MADE}" ] && [ ! -h "$__poprun_k" ] || return 0
+  __poprun_made || return 0
   (command exec 9<"$__poprun_k/{_LOCK}" && flock -n -x 9 && rm -rf -- "$__poprun_k") 2>/dev/null
   return 0
 }}
 IFS= read -r __poprun_go; [ "$__poprun_go" = G ] || {{ __poprun_done; exit 0; }}
 __poprun_t=$1; __poprun_f=$2; __poprun_p=$4; shift 4
 command -v -- "$__poprun_p" >/dev/null 2>&1 || {{ [ -x "./$__poprun_p" ] && __poprun_p=./$__poprun_p; }}
-[ "$__poprun_k" != - ] && [ -f "$__poprun_k/{_MADE}" ] && command exec 9<"$__poprun_k/{_LOCK}" && flock -s 9
+__poprun_made && command exec 9<"$__poprun_k/{_LOCK}" && flock -s 9
 exec 3<&0
 if [ "$__poprun_f" = - ]; then setsid -- "$__poprun_p" "$@" </dev/null 3<&- 9<&- &
-else mkdir -m 700 -- "$__poprun_f" && mkfifo -m 600 -- "$__poprun_f/in" || exit 125
+else mkdir -m 700 -- "$__poprun_f" || exit 125
+  mkfifo -m 600 -- "$__poprun_f/in" || {{ rm -rf -- "$__poprun_f"; exit 125; }}
   setsid -- "$__poprun_p" "$@" <"$__poprun_f/in" 3<&- 9<&- &
 fi
 __poprun_c=$!
@@ -317,7 +324,7 @@ def _cache_script(cache: str, *, first: bool) -> str:
 
     The cache is at the path made here when its parent exists there (a shared file system: the
     very directory), else under the host's /tmp with the same name; POPDIST_EXECUTABLE_CACHE_PATH
-    says which. The first instance makes it, with _MADE and _LOCK in it, unless it exists: an
+    says which. The first instance makes it, with _LOCK and _MADE (this poprun's _TOKEN) in it, unless it exists: an
     existing directory is used as it is, and never removed there, if it is this user's (or
     root's) and not a link; anything else fails the check.
     """
@@ -327,7 +334,7 @@ def _cache_script(cache: str, *, first: bool) -> str:
              f"export {EXECUTABLE_CACHE_PATH}=$__poprun_k"]
     if first:
         lines.append(f'if mkdir -m 700 -- "$__poprun_k" 2>/dev/null; then : > "$__poprun_k/{_LOCK}" && '
-                     f': > "$__poprun_k/{_MADE}" || echo "{_MARK} cache $__poprun_k"\n'
+                     f'printf %s {_TOKEN} > "$__poprun_k/{_MADE}" || echo "{_MARK} cache $__poprun_k"\n'
                      'elif [ -d "$__poprun_k" ] && [ ! -h "$__poprun_k" ] && { [ -O "$__poprun_k" ] || '
                      '{ __poprun_o=$(ls -ldn -- "$__poprun_k") && set -- $__poprun_o && [ "$3" = 0 ]; }; }; then :\n'
                      f'else echo "{_MARK} cache $__poprun_k"; fi')

@@ -180,19 +180,20 @@ def program(s: Solver, *, require_program: bool) -> tuple[str, ...]:
     return ()
 
 
-def backend(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str = "/") -> p.BackendChoice:
+def backend(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> p.BackendChoice:
     """
     Return the backend that runs the plan, and why.
 
     A program that will call MPI (:mod:`poprun.planner.mpiuse`) runs under ``mpirun``, as every
     program did under real PopRun, so that its instances form one MPI world; without ``mpirun``
-    it is PR313 (a warning: each instance would be an MPI world of one).
+    it is PR313 (a warning: each instance would be an MPI world of one). ``uses_mpi``: what
+    :func:`mpi_use` found, computed once by the caller.
     """
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
-    name, reason = backend_name(s, topo, argv=argv, cwd=cwd)
-    if name != "mpirun" and (why := _mpi_use(s, topo, argv, cwd)) is not None:
+    name, reason = backend_name(s, topo, uses_mpi=uses_mpi)
+    if name != "mpirun" and (why := uses_mpi) is not None:
         instead = ("offline mode runs the instances of other hosts here, where mpirun would start them there"
                    if _offline_elsewhere(s, topo) else "Open MPI's mpirun is not on PATH")
         s.warn("PR313", "the program calls MPI but will not run under mpirun",
@@ -204,7 +205,7 @@ def backend(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str
     return p.BackendChoice(name=name, reason=reason)
 
 
-def backend_name(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd: str = "/") -> tuple[str, str]:
+def backend_name(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> tuple[str, str]:
     """
     Return the name of the backend that will run the plan, and why; records nothing.
 
@@ -215,7 +216,7 @@ def backend_name(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd
     """
     if s.spec.backend is not None:
         return s.spec.backend.value, "as given"
-    why = _mpi_use(s, topo, argv, cwd)
+    why = uses_mpi
     if why is not None and not _offline_elsewhere(s, topo) and s.ctx.mpirun is not None and s.ctx.mpirun():
         return "mpirun", (f"the program calls MPI ({why}): mpirun starts the instances as one MPI world, as PopRun "
                           "did (--backend chooses another)")
@@ -230,7 +231,7 @@ def backend_name(s: Solver, topo: p.Topology, *, argv: tuple[str, ...] = (), cwd
     return "ssh", f"remote hosts ({shown}) are reached with ssh"
 
 
-def _mpi_use(s: Solver, topo: p.Topology, argv: tuple[str, ...], cwd: str) -> str | None:
+def mpi_use(s: Solver, topo: p.Topology, argv: tuple[str, ...], cwd: str) -> str | None:
     """Return why the program of several instances will call MPI (outside Slurm), or None."""
     if s.ctx.mpi_probe is None or topo.num_instances < 2 or s.ctx.environ.get("SLURM_JOB_ID"):  # noqa: PLR2004
         return None

@@ -68,14 +68,15 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     placement = policy.placement(s, topology)
     argv = policy.program(s, require_program=require_program)
     cwd = s.pick("cwd", s.spec.working_dir, s.ctx.cwd, "the directory poprun runs in (section 2.2.4: the same on every host)")
+    uses_mpi = policy.mpi_use(s, topology, argv, cwd)  # reads the program once: both steps below need it
     base_env = environment.base_env(s, topology, partition, cache, target,
-                                    backend=policy.backend_name(s, topology, argv=argv, cwd=cwd)[0])
+                                    backend=policy.backend_name(s, topology, uses_mpi=uses_mpi)[0])
     instances = tuple(
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
     instances = bind(s, instances, placement)
-    backend = policy.backend(s, topology, argv=argv, cwd=cwd)
+    backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),

@@ -312,3 +312,16 @@ def test_a_login_greeting_without_a_newline_is_no_problem_and_stays_the_instance
     answer = "Welcome to pod9poprun-preflight ok\n"
 
     assert (None, b"Welcome to pod9") == (_diagnose("pod9", 0, answer, "", "/app"), _greeting(answer.encode()))
+
+
+def test_a_cache_whose_record_is_not_this_poprun_s_is_never_removed_on_a_host(tmp_path: Path) -> None:
+    """A directory at the cache path holding a .poprun-made and a lock of another run (not its token) is kept."""
+    cache = tmp_path / "poprun-cache-0123456789ab"
+    cache.mkdir(mode=0o700)
+    (cache / ".poprun-made").write_text("not-this-token")
+    (cache / ".poprun-lock").write_text("")
+    (cache / "precious").write_text("keep me")
+
+    done = _run_with_cache(instance(tmp_path, "true"), cache)
+
+    assert (0, "keep me") == (done.returncode, (cache / "precious").read_text())

@@ -7,7 +7,10 @@ Skips where the machine cannot host them (not root, a tool missing), except unde
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -25,3 +28,13 @@ def test_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
 def fault_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Bring up hosts h1..h3 for one module whose tests take hosts down (the session's hosts stay healthy)."""
     yield from session_hosts(tmp_path_factory.mktemp("faulthosts"), 3, what="the fault-test hosts")
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """Yield a new directory with a short path, for TMPDIR: poprun's ssh sockets are made there only if they fit."""
+    path = Path(tempfile.mkdtemp(prefix="pt", dir="/tmp"))
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)  # the test's own directory, made just above

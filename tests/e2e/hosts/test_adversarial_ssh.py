@@ -37,16 +37,6 @@ MUTE = ("import socket, sys\n"
 
 
 @pytest.fixture
-def short_tmpdir() -> Iterator[Path]:
-    """A private TMPDIR short enough for ssh's control sockets, so that poprun's own directories can be found."""
-    path = Path(tempfile.mkdtemp(prefix="adv", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
 def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
     """Replace h4's sshd with a listener that accepts connections and never answers; restore it after."""
     test_hosts.stop_sshd("h4")
@@ -88,7 +78,7 @@ def run(hosts: TestHosts, *args: str, cwd: Path, env: dict[str, str] | None = No
 
 
 def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: TestHosts, tmp_path: Path,
-                                                                    short_tmpdir: Path) -> None:
+                                                                    short_tmp: Path) -> None:
     """
     `echo PASSWORD | poprun --host h1,h2 ...`: the FIFO's path (/tmp/poprun-stdin-<hex>) is on the remote
     command line from the preflight on, and the directory is only made after "G". User nobody on h1
@@ -110,7 +100,7 @@ def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: 
                 if directory in seen:
                     continue
                 seen.add(directory)
-                loot = short_tmpdir / f"loot-{len(seen)}"
+                loot = short_tmp / f"loot-{len(seen)}"
                 pid = os.fork()
                 if pid == 0:  # pragma: no cover - the attacker, as user nobody
                     signal.alarm(15)  # never outlives the test, whatever happens
@@ -129,7 +119,7 @@ def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: 
                         os._exit(0)
             time.sleep(0.001)
 
-    short_tmpdir.chmod(0o777)  # the attacker writes what it read there
+    short_tmp.chmod(0o777)  # the attacker writes what it read there
     thread = threading.Thread(target=attacker, daemon=True)
     thread.start()
     try:
@@ -145,7 +135,7 @@ def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: 
             with contextlib.suppress(OSError):
                 if planted.stat().st_uid == NOBODY:
                     shutil.rmtree(planted, ignore_errors=True)
-    stolen = [p.read_bytes() for p in short_tmpdir.glob("loot-*")]
+    stolen = [p.read_bytes() for p in short_tmp.glob("loot-*")]
 
     assert not any(b"hunter2" in s for s in stolen), (stolen, done.returncode, done.stderr[-500:])
 
@@ -154,20 +144,20 @@ def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: 
 
 
 def test_sigkill_while_instances_run_leaves_no_ssh_client_running_here(test_hosts: TestHosts, tmp_path: Path,
-                                                                        short_tmpdir: Path) -> None:
+                                                                        short_tmp: Path) -> None:
     """
     README: "nothing left running even when poprun itself is killed". poprun is SIGKILLed while 4 instances
     run on h1,h2: its shared connections (ssh -f -N ... ControlPersist=30, daemonised out of the clients'
     process group) stay up for 30 s, connected to the hosts.
     """
     proc = start(test_hosts, "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
-                 "echo up; sleep 30", cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
+                 "echo up; sleep 30", cwd=tmp_path, env={"TMPDIR": str(short_tmp)})
     assert proc.stdout is not None
     for _ in range(4):
         assert proc.stdout.readline() == b"up\n"
     proc.kill()
     proc.communicate()
-    needle = f"{short_tmpdir}/poprun-ssh-".encode()
+    needle = f"{short_tmp}/poprun-ssh-".encode()
 
     def clients() -> dict[int, bytes]:
         return {pid: line for pid, line in command_lines().items() if needle in line}
@@ -181,23 +171,23 @@ def test_sigkill_while_instances_run_leaves_no_ssh_client_running_here(test_host
 
 
 def test_sigkill_during_the_preflight_leaves_no_directory_or_ssh_client(test_hosts: TestHosts, tmp_path: Path,
-                                                                         short_tmpdir: Path, mute_h4: str) -> None:
+                                                                         short_tmp: Path, mute_h4: str) -> None:
     """
     poprun is SIGKILLed while it waits for h4 (accepts TCP, never answers) in the preflight: the temporary
     cache and the control directory are made before the watchdog that removes them starts, so both stay
     in TMPDIR for good, and h1's shared connection runs on.
     """
     proc = start(test_hosts, "--host", f"h1,{mute_h4}", "--num-instances", "4", "--num-replicas", "4", "true",
-                 cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
+                 cwd=tmp_path, env={"TMPDIR": str(short_tmp)})
     try:
-        assert wait_for(lambda: any(short_tmpdir.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
+        assert wait_for(lambda: any(short_tmp.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
         time.sleep(0.3)
     finally:
         proc.kill()
         proc.communicate()
-    needle = f"{short_tmpdir}/poprun-ssh-".encode()
+    needle = f"{short_tmp}/poprun-ssh-".encode()
     time.sleep(3)
-    left_dirs = sorted(p.name for p in short_tmpdir.iterdir())
+    left_dirs = sorted(p.name for p in short_tmp.iterdir())
     left_procs = {pid: line for pid, line in command_lines().items() if needle in line}
     for pid in left_procs:
         os.kill(pid, signal.SIGKILL)
@@ -210,14 +200,14 @@ def test_sigkill_during_the_preflight_leaves_no_directory_or_ssh_client(test_hos
 
 
 def test_interrupt_during_the_preflight_ends_at_once_with_130(test_hosts: TestHosts, tmp_path: Path,
-                                                               short_tmpdir: Path, mute_h4: str) -> None:
+                                                               short_tmp: Path, mute_h4: str) -> None:
     """
     README: Ctrl-C stops poprun and it exits 130. Sent while the preflight waits for h4 (a listener that
     never answers), poprun goes on waiting for it and then exits 125 with PR406, seconds later.
     """
     proc = start(test_hosts, "--host", f"h1,{mute_h4}", "--num-instances", "4", "--num-replicas", "4", "true",
-                 cwd=tmp_path, env={"TMPDIR": str(short_tmpdir)})
-    assert wait_for(lambda: any(short_tmpdir.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
+                 cwd=tmp_path, env={"TMPDIR": str(short_tmp)})
+    assert wait_for(lambda: any(short_tmp.glob("poprun-ssh-*")), within_s=15), "no preflight seen"
     time.sleep(0.2)
     proc.send_signal(signal.SIGINT)
     sent = time.monotonic()
@@ -250,13 +240,13 @@ def test_a_host_that_never_answers_is_reported_within_the_preflight_time(test_ho
 
 @pytest.mark.parametrize("odd", ["with space", "per%hcent", "quo'te"])
 def test_a_tmpdir_with_odd_characters_does_not_make_healthy_hosts_unreachable(test_hosts: TestHosts, tmp_path: Path,
-                                                                               short_tmpdir: Path, odd: str) -> None:
+                                                                               short_tmp: Path, odd: str) -> None:
     """
     TMPDIR=/tmp/xxx/'with space' (or with % or a quote): the control path goes unquoted into `ssh -o
     ControlPath=...`, which splits it, expands %h or rejects the quote; every healthy host is then
     reported as "cannot be reached" (PR406, exit 125). The launch should run (or name TMPDIR).
     """
-    tmpdir = short_tmpdir / odd
+    tmpdir = short_tmp / odd
     tmpdir.mkdir()
     done = run(test_hosts, "--host", "h1,h2", "--num-instances", "4", "--num-replicas", "4", "true", cwd=tmp_path,
                env={"TMPDIR": str(tmpdir)})
@@ -489,7 +479,7 @@ def test_more_instances_on_a_host_than_sshds_max_sessions_add_no_ssh_noise_to_th
 
 
 def test_a_local_tmpdir_that_a_host_lacks_does_not_stop_the_launch(test_hosts: TestHosts, tmp_path: Path,
-                                                                   short_tmpdir: Path, private_tmp_h4: Path) -> None:
+                                                                   short_tmp: Path, private_tmp_h4: Path) -> None:
     """
     TMPDIR here is a directory that exists only on this machine (a Slurm job's TMPDIR, a $HOME/tmp that is
     not shared): the temporary cache "on each host" is made at the same absolute path there, whose parent
@@ -497,7 +487,7 @@ def test_a_local_tmpdir_that_a_host_lacks_does_not_stop_the_launch(test_hosts: T
     though h4 has a /tmp of its own.
     """
     done = run(test_hosts, "--host", "h4,h3", "--num-instances", "4", "--num-replicas", "4", "true", cwd=tmp_path,
-               env={"TMPDIR": str(short_tmpdir)})
+               env={"TMPDIR": str(short_tmp)})
 
     assert (0, "") == (done.returncode, done.stderr)
 

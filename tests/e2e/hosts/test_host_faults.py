@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import signal
 import subprocess
-import tempfile
 import time
 import uuid
 from collections.abc import Iterator
@@ -46,16 +44,6 @@ def ssh_clients_left(tmp: Path) -> dict[int, bytes]:
     """Return the ssh clients of a poprun run with TMPDIR=``tmp`` still alive here (their ControlPath is there)."""
     needle = os.fsencode(tmp / "poprun-ssh-")
     return {pid: line for pid, line in command_lines().items() if needle in line}
-
-
-@pytest.fixture
-def short_tmp() -> Iterator[Path]:
-    """Yield a new directory with a short path, for TMPDIR: poprun's ssh sockets are made there only if they fit."""
-    path = Path(tempfile.mkdtemp(prefix="pt", dir="/tmp"))
-    try:
-        yield path
-    finally:
-        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture
