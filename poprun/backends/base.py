@@ -12,11 +12,11 @@ backend must not require one.
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Mapping
 
 from poprun.core.diagnostic import Diagnostic
-from poprun.core.record import record
+from poprun.core.events import Event, InstanceEnded, InstanceStarted
+from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult, InstanceFailure, signal_name
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -31,7 +31,10 @@ else:
 
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
-CANNOT_LAUNCH = 125
+
+__all__ = ["CANNOT_LAUNCH", "NOT_EXECUTABLE", "NOT_FOUND", "ApplyResult", "Backend", "Event", "EventSink",
+           "InstanceEnded", "InstanceFailure", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "Stream",
+           "environment", "signal_name"]
 
 
 def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
@@ -68,113 +71,11 @@ class OutputSink(Protocol):
         """
 
 
-@record
-class InstanceStarted:
-    """Instance ``index`` runs as process ``pid`` (on its host)."""
-
-    index: int
-    pid: int
-
-
-@record
-class InstanceEnded:
-    """
-    Instance ``index`` (process ``pid``) ended: ``exit_code``, or killed by ``signal``.
-
-    ``stopped`` as in :class:`InstanceFailure`: poprun was already stopping the launch;
-    ``lost``: its host stopped answering (its status is then the ssh client's).
-    """
-
-    index: int
-    pid: int
-    exit_code: int | None = None
-    signal: int | None = None
-    stopped: bool = False
-    lost: bool = False
-
-    @property
-    def status(self) -> int:
-        """Return the exit code, or 128+N for signal N."""
-        return 128 + self.signal if self.signal is not None else self.exit_code or 0
-
-
-Event = InstanceStarted | InstanceEnded
-
-
 class EventSink(OutputSink, Protocol):
     """An output sink that also hears of instances starting and ending, from the same thread as ``write``."""
 
     def event(self, event: Event) -> None:
         """Take note of ``event``; must return quickly (it is called between writes of output)."""
-
-
-@record
-class InstanceFailure:
-    """
-    One instance that ended badly.
-
-    Exactly one of ``exit_code`` and ``signal`` is set. ``stopped`` is True when poprun had
-    already begun stopping the launch (after another failure, or when interrupted) when this
-    instance ended, so it is a consequence, never the root cause. ``lost`` is True when its
-    host stopped answering: what became of the instance is unknown, and the host is to blame.
-    ``tail`` holds the last lines of its output (stdout and stderr as they arrived), kept even
-    when not shown.
-    """
-
-    index: int
-    host: str
-    exit_code: int | None = None
-    signal: int | None = None
-    stopped: bool = False
-    tail: tuple[str, ...] = ()
-    pid: int | None = None  # None when the backend does not know it (a remote or simulated instance)
-    lost: bool = False
-
-    @property
-    def status(self) -> int:
-        """Return the shell's view of how it ended: the exit code, or 128+N for signal N."""
-        return 128 + self.signal if self.signal is not None else self.exit_code or 0
-
-    @property
-    def signal_name(self) -> str | None:
-        """Return the name of the signal that killed it (``SIGKILL``), or None."""
-        return None if self.signal is None else signal_name(self.signal)
-
-
-def signal_name(number: int) -> str:
-    """Return ``SIGTERM`` for 15, or ``signal 99`` for a number with no name."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"signal {number}"
-
-
-@record
-class ApplyResult:
-    """
-    How a launch ended.
-
-    ``statuses`` holds each instance's status by index (0, an exit code, or 128+N for
-    signal N). ``failures`` lists every instance that did not end with 0, in the order they
-    were seen to end. ``root_cause`` is the index of the first failure that was not caused by
-    poprun stopping the launch, or None.
-    """
-
-    statuses: tuple[int, ...]
-    failures: tuple[InstanceFailure, ...] = ()
-    root_cause: int | None = None
-
-    @property
-    def status(self) -> int:
-        """Return poprun's exit status: the root cause's status, 125 when its host was lost, else 0 (design.md 3)."""
-        cause = self.failure(self.root_cause)
-        if cause is not None and cause.lost:
-            return CANNOT_LAUNCH
-        return cause.status if cause is not None else 0
-
-    def failure(self, index: int | None) -> InstanceFailure | None:
-        """Return the failure of instance ``index``, or None."""
-        return next((f for f in self.failures if f.index == index), None)
 
 
 class Launch(Protocol):
