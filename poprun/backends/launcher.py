@@ -112,7 +112,15 @@ class LauncherLaunch:
         self._open_pipes = 2  # the launcher's pipes not at their end yet
         for instance in plan.instances:
             self._event(InstanceStarted(index=instance.index, pid=proc.pid))
-        threading.Thread(target=self._run, name=self.thread_name, daemon=True).start()
+        thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
+        try:
+            thread.start()
+        except Exception:  # the thread could not start
+            raise
+        except BaseException:  # an interrupt (a signal handler's exception) during its start-up handshake:
+            self.terminate(0)  # it runs; stop everything, let it clean up, and let the interrupt go on
+            self._done.wait()
+            raise
 
     # -- the protocol ------------------------------------------------------------------
     def terminate(self, grace_s: float) -> None:

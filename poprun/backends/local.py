@@ -261,7 +261,7 @@ class LocalBackend:
         except WatchdogError as exc:
             abandon(watchdog, procs, router)
             raise LaunchError(str(exc.strerror)) from exc
-        except LaunchError:
+        except BaseException:  # a LaunchError, or an interrupt while starting: nothing of the launch is left
             abandon(watchdog, procs, router)
             raise
         return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,

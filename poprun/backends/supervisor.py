@@ -86,7 +86,15 @@ class LocalLaunch:
         self._error: BaseException | None = None
         for index, proc in enumerate(self._procs):  # before the thread starts: one thread at a time
             self._event(InstanceStarted(index=index, pid=proc.pid))
-        threading.Thread(target=self._run, name="poprun-supervisor", daemon=True).start()
+        thread = threading.Thread(target=self._run, name="poprun-supervisor", daemon=True)
+        try:
+            thread.start()
+        except Exception:  # the thread could not start
+            raise
+        except BaseException:  # an interrupt (a signal handler's exception) during its start-up handshake:
+            self.terminate(0)  # it runs; stop everything, let it clean up, and let the interrupt go on
+            self._done.wait()
+            raise
 
     def terminate(self, grace_s: float) -> None:
         """Send SIGTERM to every process of the launch now, SIGKILL after ``grace_s``; nothing once ended."""
