@@ -171,7 +171,7 @@ def plan(args: list[str]) -> int:
     old = _read_plan(command.diff.value, key="--diff") if command.diff is not None else None
     solution = _solve(spec, ctx, require_program=False)
     _check_plugin_backend(spec)
-    from poprun.cli import partition
+    from poprun.apply import partition
 
     planned, seen = partition.planned(solution.plan, ctx.environ)  # a bounded look at the V-IPU server
     _warn(seen)

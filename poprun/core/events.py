@@ -56,8 +56,82 @@ class InstanceEnded:
         return 128 + self.signal if self.signal is not None else self.exit_code or 0
 
 
-Event = InstanceStarted | InstanceEnded
-_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (InstanceStarted, InstanceEnded)}
+@record
+class PartitionAcquiring:
+    """The partition step began: the partition is being acquired from the V-IPU service."""
+
+    kind: ClassVar[str] = "partition-acquiring"
+
+    partition: str | None = None  # its name, when the plan names it
+
+
+@record
+class PartitionAcquired:
+    """The partition is this launch's: its variables are in every instance's environment."""
+
+    kind: ClassVar[str] = "partition-acquired"
+
+    partition: str | None = None
+
+
+@record
+class PartitionReleased:
+    """The partition was released (and removed, when poprun created it), whatever the launch did."""
+
+    kind: ClassVar[str] = "partition-released"
+
+    partition: str | None = None
+
+
+@record
+class LaunchStarting:
+    """
+    The backend starts the instances of the plan.
+
+    ``variables`` are what the apply step added to every instance's environment (the
+    partition's, the temporary executable cache's), sorted by name; ``cache`` is the temporary
+    executable cache, or None.
+    """
+
+    kind: ClassVar[str] = "launch-starting"
+
+    backend: str
+    instances: int
+    variables: tuple[tuple[str, str], ...] = ()
+    cache: str | None = None
+
+
+@record
+class LaunchRunning:
+    """The backend has started every instance; poprun waits for them."""
+
+    kind: ClassVar[str] = "launch-running"
+
+
+@record
+class Stopping:
+    """Every instance is being stopped, and why (told once, for the first reason)."""
+
+    kind: ClassVar[str] = "stopping"
+
+    reason: str
+
+
+@record
+class LaunchEnded:
+    """Every instance has ended: each one's status by index, and the root cause's index, or None."""
+
+    kind: ClassVar[str] = "launch-ended"
+
+    statuses: tuple[int, ...]
+    root_cause: int | None = None
+
+
+Event = (InstanceStarted | InstanceEnded | PartitionAcquiring | PartitionAcquired | PartitionReleased | LaunchStarting
+         | LaunchRunning | Stopping | LaunchEnded)
+_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (InstanceStarted, InstanceEnded, PartitionAcquiring,
+                                                            PartitionAcquired, PartitionReleased, LaunchStarting,
+                                                            LaunchRunning, Stopping, LaunchEnded)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:
@@ -65,7 +139,7 @@ def to_dict(event: Event) -> dict[str, Any]:
     data: dict[str, Any] = {"v": VERSION, "event": event.kind}
     for field in fields(type(event)):
         value = getattr(event, field.name)
-        data[field.name] = list(value) if isinstance(value, tuple) else value
+        data[field.name] = _plain(value)
     return data
 
 
@@ -75,5 +149,13 @@ def from_dict(data: dict[str, Any]) -> Event | None:
     if cls is None or data.get("v") != VERSION:
         return None
     names = {f.name for f in fields(cls)}
-    values: dict[str, Any] = {k: tuple(v) if isinstance(v, list) else v for k, v in data.items() if k in names}
+    values: dict[str, Any] = {k: _tuple(v) for k, v in data.items() if k in names}
     return cls(**values)
+
+
+def _plain(value: object) -> object:
+    return [_plain(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _tuple(value: object) -> object:
+    return tuple(_tuple(v) for v in value) if isinstance(value, list) else value

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import signal
 
+from poprun.core.diagnostic import Diagnostic
 from poprun.core.record import record
 
 CANNOT_LAUNCH = 125
@@ -57,6 +58,23 @@ def signal_name(number: int) -> str:
 
 
 @record
+class NotStarted:
+    """
+    Nothing of the plan ran: why, and poprun's exit status.
+
+    ``status`` is 125 (the backend or the partition could not be had, or the backend could not
+    launch), 126/127 (the program is not executable / not found), or 128+N when signal N
+    stopped poprun first (``signal``). ``message`` is one line; ``diagnostics``, when given,
+    say more (one per problem, with codes) and are shown instead.
+    """
+
+    status: int
+    message: str = ""
+    diagnostics: tuple[Diagnostic, ...] = ()
+    signal: int | None = None
+
+
+@record
 class ApplyResult:
     """
     How a launch ended.
@@ -64,12 +82,17 @@ class ApplyResult:
     ``statuses`` holds each instance's status by index (0, an exit code, or 128+N for
     signal N). ``failures`` lists every instance that did not end with 0, in the order they
     were seen to end. ``root_cause`` is the index of the first failure that was not caused by
-    poprun stopping the launch, or None.
+    poprun stopping the launch, or None. A backend's ``Launch.wait`` fills these three; the
+    apply step the rest.
     """
 
     statuses: tuple[int, ...]
     failures: tuple[InstanceFailure, ...] = ()
     root_cause: int | None = None
+    # What the apply step (poprun.apply) adds around a backend's result:
+    not_started: NotStarted | None = None  # nothing ran: why (then statuses is empty)
+    signals: tuple[int, ...] = ()  # what stopped poprun, in order (SIGPIPE when an output stream was closed)
+    warnings: tuple[Diagnostic, ...] = ()  # what to tell at the very end (releasing the partition)
 
     @property
     def status(self) -> int:

@@ -1,7 +1,7 @@
 """
 The partition step of a launch and of a plan: when poprun deals with V-IPU, and how.
 
-Layer: ``poprun.cli``; imports ``poprun.partitions`` lazily (nothing of it is loaded by a launch
+Layer: ``poprun.apply``; imports ``poprun.partitions`` lazily (nothing of it is loaded by a launch
 without a partition step).
 
 A plan that is not offline describes a partition (seed section 2.8). poprun acts on it when a
@@ -23,6 +23,7 @@ import os
 from collections.abc import Callable, Iterator, Mapping
 
 from poprun.core.diagnostic import Diagnostic
+from poprun.core.events import Event, PartitionAcquired, PartitionAcquiring, PartitionReleased
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
 
@@ -47,29 +48,33 @@ def wanted(plan: LaunchPlan, environ: Mapping[str, str]) -> bool:
 
 @contextlib.contextmanager
 def acquired(plan: LaunchPlan, environ: Mapping[str, str], warnings: list[Diagnostic], *,
-             status: Callable[[str], None] | None = None) -> Iterator[LaunchPlan]:
+             emit: Callable[[Event], None]) -> Iterator[Mapping[str, str]]:
     """
-    Yield ``plan`` with its partition acquired and its variables in every instance; release it after.
+    Yield the variables of ``plan``'s partition, acquired for this launch; release it after.
 
-    ``status`` hears that the partition is being acquired (the console's status line).
+    Yields no variables when the launch has no partition step (:func:`wanted`). ``emit`` hears
+    that the partition is being acquired, is acquired and is released; what releasing it warns
+    about is added to ``warnings``.
 
     Raises:
         DiagnosticError: PR500-PR507, PR509 or PR510, when the partition cannot be had (nothing is left behind).
     """
     if not wanted(plan, environ):
-        yield plan
+        yield {}
         return
     assert plan.partition is not None
     from poprun.partitions.actions import acquire, connect
 
-    if status is not None:
-        status("partition: acquiring it from the V-IPU service")
+    name = plan.partition.name
+    emit(PartitionAcquiring(partition=name))
     lease = acquire(plan.partition, connect(plan.partition, environ), owner="poprun")
     try:
         with lease:
-            yield plan.with_variables(lease.env)
-    finally:
+            emit(PartitionAcquired(partition=name))
+            yield lease.env
+    finally:  # released by the lease on every path
         warnings.extend(lease.warnings)
+        emit(PartitionReleased(partition=name))
 
 
 def planned(plan: LaunchPlan, environ: Mapping[str, str]) -> tuple[LaunchPlan, tuple[Diagnostic, ...]]:

@@ -1,0 +1,223 @@
+"""
+Applying a plan: the one library step between a finished plan and the backend that runs it.
+
+Layer: ``poprun.apply``; imports ``poprun.backends`` and ``poprun.partitions`` (lazily),
+``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
+events to the status line and logs, and its result to an exit status
+(:mod:`poprun.cli.run`); ``poprun.render.outcome`` shows the result.
+
+:func:`apply` owns every decision made at apply time, in this order, undone in reverse on
+every path:
+
+1. the backend, found by name in the registry;
+2. the partition step (:mod:`poprun.apply.partition`): the partition is acquired and its
+   variables set in every instance; it is released at the end, whatever happened;
+3. the temporary executable cache: made here (owner-only) and handed to the backend as a
+   :class:`~poprun.backends.base.TemporaryCache`; removed at the end, by record;
+4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`).
+
+Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
+which also receives the instances' output: the partition step, the launch starting (with the
+variables this step added), every instance starting and ending, the launch running, stopping
+(once, with the first reason) and ending.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+
+from popdist.env import EXECUTABLE_CACHE_PATH
+from poprun.apply import partition
+from poprun.backends.base import Backend, EventSink, Launch, LaunchError, Stream
+from poprun.backends.registry import BackendRegistry, default_registry
+from poprun.core.diagnostic import Diagnostic, DiagnosticError
+from poprun.core.events import (
+    Event,
+    InstanceEnded,
+    LaunchEnded,
+    LaunchRunning,
+    LaunchStarting,
+    Stopping,
+)
+from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult, NotStarted, signal_name
+from poprun.core.record import evolve
+from poprun.planner.plan import LaunchPlan
+
+__all__ = ["CACHE_PREFIX", "GRACE_S", "Control", "Stopped", "apply"]
+
+GRACE_S = 5.0  # between SIGTERM and SIGKILL when the launch is stopped
+CACHE_PREFIX = "poprun-cache-"  # a temporary cache's name begins so (a name only: it is removed by record)
+
+
+class Stopped(BaseException):  # like KeyboardInterrupt: it unwinds the steps before the launch
+    """A stop came before anything was launched (the partition step, the cache, the backend's start)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+class Control:
+    """
+    How the caller of :func:`apply` stops the launch, or pauses it; one per apply.
+
+    :meth:`stop` takes a signal number (SIGINT, SIGTERM, SIGHUP): called from a signal handler
+    before the launch has started (the partition step, a backend's preflight waiting on a host
+    that does not answer), it raises :class:`Stopped` there, which unwinds every step, the
+    backend's start included (a backend undoes what it began); once the launch runs, it stops
+    the instances (SIGTERM, SIGKILL after the grace period; a second stop kills at once).
+    Called from another thread before the launch, it takes effect as soon as the launch exists.
+    :meth:`output_closed` stops the launch as SIGPIPE would stop a tool, once. ``signals``
+    lists every stop, SIGPIPE included.
+    """
+
+    def __init__(self, *, grace_s: float = GRACE_S) -> None:
+        self.signals: list[int] = []
+        self.grace_s = grace_s
+        self._launch: Launch | None = None
+        self._stops = 0  # stop signals received: the second kills
+        self._tell: _Relay | None = None
+
+    def stop(self, signum: int) -> None:
+        """Stop the launch because of signal ``signum`` (see the class docstring)."""
+        self.signals.append(signum)
+        self._stops += 1
+        if self._launch is None:
+            if threading.current_thread() is threading.main_thread():
+                raise Stopped(signum)
+            return  # apply() stops the launch once it exists
+        self._stopping(f"received {signal_name(signum)}")
+        self._launch.terminate(self._grace())
+
+    def output_closed(self, stream: Stream) -> None:
+        """``stream`` has no reader any more: stop the launch, as SIGPIPE stops a tool (from any thread), once."""
+        if signal.SIGPIPE in self.signals:
+            return
+        self.signals.append(signal.SIGPIPE)
+        self._stopping(f"{stream} was closed")
+        if self._launch is not None:
+            self._launch.terminate(self.grace_s)
+
+    def forward(self, sig: int) -> None:
+        """Send ``sig`` (SIGTSTP, SIGCONT) to every instance, where the backend can (Ctrl-Z)."""
+        forward = getattr(self._launch, "forward", None)
+        if forward is not None:
+            forward(sig)
+
+    def _started(self, launch: Launch) -> None:
+        """Remember ``launch``; stop it at once if a stop came while it was starting."""
+        self._launch = launch
+        if self.signals:
+            if self.signals[-1] != signal.SIGPIPE:
+                self._stopping(f"received {signal_name(self.signals[-1])}")
+            launch.terminate(self._grace())
+
+    def _stopping(self, why: str) -> None:
+        if self._tell is not None:
+            self._tell.stopping(why)
+
+    def _grace(self) -> float:
+        return self.grace_s if self._stops <= 1 else 0
+
+
+class _Relay:
+    """The sink the backend writes to: output and instance events pass on; the first failure is told as stopping."""
+
+    def __init__(self, plan: LaunchPlan, sink: EventSink) -> None:
+        self._plan, self._sink = plan, sink
+        self._lock = threading.Lock()
+        self._stopping = False
+
+    def write(self, stream: Stream, data: bytes) -> None:
+        self._sink.write(stream, data)
+
+    def event(self, event: Event) -> None:
+        self._sink.event(event)
+        if isinstance(event, InstanceEnded):
+            if event.lost:
+                self.stopping(f"host {self._plan.instances[event.index].host} stopped answering")
+            elif event.status != 0 and not event.stopped:
+                self.stopping(f"instance {event.index} failed")
+
+    def stopping(self, why: str) -> None:
+        """Tell that every instance is being stopped, and why: once, for the first reason."""
+        with self._lock:
+            if self._stopping:
+                return
+            self._stopping = True
+        self._sink.event(Stopping(reason=why))
+
+
+def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
+          env_source: Mapping[str, str] | None = None, control: Control | None = None) -> ApplyResult:
+    """
+    Run ``plan`` with its backend (see the module docstring); return how it ended.
+
+    ``sink`` receives the instances' output and the events; ``env_source`` is the launching
+    environment (default ``os.environ``): forwarded variables and the V-IPU settings are read
+    from it. ``control`` is how the caller stops the launch. When nothing ran, the result's
+    ``not_started`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
+    """
+    control = control or Control()
+    environ = os.environ if env_source is None else env_source
+    try:
+        backend = (registry or default_registry()).get(plan.backend.name)
+    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both
+        message = str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)
+        return ApplyResult(statuses=(), not_started=NotStarted(status=CANNOT_LAUNCH, message=message))
+    relay = _Relay(plan, sink)
+    control._tell = relay  # noqa: SLF001 - the control and the step are one piece
+    released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
+    try:
+        with partition.acquired(plan, environ, released, emit=sink.event) as variables, \
+                _executable_cache(plan) as cache:
+            added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
+            result = _launch(backend, plan.with_variables(added), environ, relay=relay, control=control,
+                             started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
+                                                    variables=tuple(sorted(added.items())), cache=cache))
+    except DiagnosticError as exc:  # the partition could not be had: nothing started
+        result = ApplyResult(statuses=(), not_started=NotStarted(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
+    except Stopped as exc:  # before anything started
+        result = ApplyResult(statuses=(), not_started=NotStarted(status=128 + exc.signum, signal=exc.signum,
+                                                                 message=f"stopped by {signal_name(exc.signum)}"))
+    return evolve(result, signals=tuple(control.signals), warnings=tuple(released))
+
+
+@contextlib.contextmanager
+def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
+    """Yield the temporary executable cache made for ``plan`` (owner-only), or None; remove it after."""
+    if plan.cache.mode != "temporary":
+        yield None
+        return
+    from poprun.backends.files import private_directory, remove_directories
+
+    path = private_directory(CACHE_PREFIX)  # the backend removes it too (and its watchdog)
+    try:
+        yield path
+    finally:
+        if plan.cache.remove_at_exit:
+            remove_directories([path])
+
+
+def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay, control: Control,
+            started: LaunchStarting) -> ApplyResult:
+    """Launch and wait; return the result (``not_started`` when nothing could start)."""
+    relay.event(started)
+    try:
+        launch = backend.launch(plan, env_source=environ, sink=relay)
+    except LaunchError as exc:
+        return ApplyResult(statuses=(), not_started=NotStarted(status=exc.status, message=exc.message,
+                                                               diagnostics=exc.diagnostics))
+    control._started(launch)  # noqa: SLF001
+    relay.event(LaunchRunning())
+    try:
+        result = launch.wait()
+    except BaseException:
+        launch.terminate(0)
+        raise
+    relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
+    return result

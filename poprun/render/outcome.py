@@ -1,0 +1,84 @@
+"""
+How a launch ended, as poprun tells it on stderr: the failure report.
+
+Layer: ``poprun.render``; imports ``poprun.core`` only. :func:`render_outcome` is everything
+poprun writes about an applied plan once it has ended (:class:`~poprun.core.outcome.ApplyResult`
+from :func:`poprun.apply.apply`); :func:`render_failures` is its failure report.
+"""
+
+from __future__ import annotations
+
+import signal
+
+from poprun.core.diagnostic import Diagnostic
+from poprun.core.outcome import ApplyResult, InstanceFailure, signal_name
+
+
+def _plural(count: int, noun: str) -> str:
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
+def render_outcome(result: ApplyResult) -> str:
+    """
+    Return what poprun says on stderr about how the apply ended ("" for a quiet success).
+
+    When nothing ran: why (its diagnostics, else ``poprun: MESSAGE``). Then the warnings of the
+    end (releasing the partition). Then, when poprun was stopped with no instance to blame,
+    ``poprun: stopped by SIGNAL`` (nothing for SIGPIPE: the reader left); else the failure report.
+    """
+    parts: list[str] = []
+    cause = result.not_started
+    if cause is not None:
+        parts.append(_diagnostics(cause.diagnostics) if cause.diagnostics else f"poprun: {cause.message}\n")
+    if result.warnings:
+        parts.append(_diagnostics(result.warnings))
+    if cause is None:
+        if result.root_cause is None and result.signals:
+            if result.signals[0] != signal.SIGPIPE:
+                parts.append(f"poprun: stopped by {signal_name(result.signals[0])}\n")
+        else:
+            parts.append(render_failures(result))
+    return "".join(parts)
+
+
+def _diagnostics(diagnostics: tuple[Diagnostic, ...]) -> str:
+    from poprun.render.diagnostics import render_diagnostics  # json: not on the path of a launch that succeeds
+
+    return render_diagnostics(diagnostics, {})
+
+
+def describe(failure: InstanceFailure) -> str:
+    """Return how an instance ended: ``exited with status 3``, ``killed by SIGKILL (...)``."""
+    if failure.lost:
+        return f"lost: host {failure.host} stopped answering"
+    if failure.signal is None:
+        text = f"exited with status {failure.exit_code}"
+    else:
+        text = f"killed by {failure.signal_name}"
+        if failure.signal == signal.SIGKILL and not failure.stopped:
+            text += " (possibly out of memory)"
+    return text + (" (stopped by poprun)" if failure.stopped else "")
+
+
+def render_failures(result: ApplyResult) -> str:
+    """
+    Return the failure report, or "" when nothing failed.
+
+    Every failed instance, root cause first, with its host, PID, how it ended and the tail of its
+    output; then the root cause again, on the last line.
+    """
+    if not result.failures:
+        return ""
+    cause = result.failure(result.root_cause)
+    ordered = sorted(result.failures, key=lambda f: f is not cause)  # stable: the rest in the order seen
+    lines = [f"poprun: {_plural(len(ordered), 'instance')} failed"]
+    for failure in ordered:
+        pid = f" (PID {failure.pid})" if failure.pid is not None else ""
+        lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")
+        lines.extend(f"    | {line}" for line in failure.tail)
+    if cause is not None and cause.lost:
+        lines.append(f"Root cause: error[PR411]: host {cause.host} stopped answering (instance {cause.index} ran "
+                     "there); every other instance was stopped")
+    elif cause is not None:
+        lines.append(f"Root cause: instance {cause.index} on {cause.host} {describe(cause)}")
+    return "\n".join(lines) + "\n"

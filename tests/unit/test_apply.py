@@ -1,0 +1,257 @@
+"""The apply step as a library: its events, its result, its stops, and the view of how it ended."""
+
+import json
+import signal
+import threading
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from poprun.apply import Control, apply
+from poprun.backends.base import LaunchError
+from poprun.backends.conformance import MemorySink, probe_plan
+from poprun.backends.registry import BackendRegistry
+from poprun.backends.testing import Outcome, RecordingBackend
+from poprun.cli.run import exit_status
+from poprun.core import events
+from poprun.core.diagnostic import error, warning
+from poprun.core.outcome import ApplyResult, InstanceFailure, NotStarted
+from poprun.core.record import evolve
+from poprun.core.span import COMMAND_LINE, SourceSpan
+from poprun.planner.plan import Cache
+from poprun.render.outcome import render_outcome
+
+
+class Sink(MemorySink):
+    """Keeps the output and every event, in order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[events.Event] = []
+
+    def event(self, event: events.Event) -> None:
+        self.events.append(event)
+
+    def kinds(self) -> list[str]:
+        return [e.kind for e in self.events]
+
+
+def _apply(backend, plan, **kwargs):
+    sink = Sink()
+    result = apply(plan, sink=sink, registry=BackendRegistry({plan.backend.name: lambda: backend}), env_source={},
+                   **kwargs)
+    return result, sink
+
+
+def test_a_successful_apply_reports_its_steps_as_events(tmp_path):
+    """Starting, running, ended: in order, with the backend and the instance count; the result is the backend's."""
+    result, sink = _apply(RecordingBackend(), probe_plan("pass", tmp_path, backend="local", instances=3))
+
+    assert ["launch-starting", "launch-running", "launch-ended"] == sink.kinds()
+    assert events.LaunchStarting(backend="local", instances=3) == sink.events[0]
+    assert events.LaunchEnded(statuses=(0, 0, 0)) == sink.events[-1]
+    assert (0, None, (), ()) == (result.status, result.not_started, result.signals, result.warnings)
+
+
+def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp_path):
+    """A temporary cache: made here (0o700), in every instance's environment and the event, removed at the end."""
+    backend = RecordingBackend()
+    plan = evolve(probe_plan("pass", tmp_path, backend="local"),
+                  cache=Cache(mode="temporary", path=None, per_host=False, remove_at_exit=True))
+
+    _, sink = _apply(backend, plan)
+
+    starting = sink.events[0]
+    assert isinstance(starting, events.LaunchStarting) and starting.cache is not None
+    assert (("POPDIST_EXECUTABLE_CACHE_PATH", starting.cache),) == starting.variables
+    assert {starting.cache} == {i.env.get("POPDIST_EXECUTABLE_CACHE_PATH") for i in backend.plans[0].instances}
+    assert not (tmp_path / starting.cache).exists()
+
+
+def test_an_unknown_backend_is_not_started_with_125(tmp_path):
+    """No backend of the plan's name: nothing runs, 125, and no event."""
+    sink = Sink()
+    result = apply(probe_plan("pass", tmp_path, backend="nosuch"), sink=sink, registry=BackendRegistry({}),
+                   env_source={})
+
+    assert result.not_started is not None and 125 == result.not_started.status
+    assert "nosuch" in result.not_started.message
+    assert [] == sink.events
+
+
+def test_a_launch_error_is_not_started_with_its_status(tmp_path):
+    """The backend could not launch: its status and message, the launch announced but never running."""
+    result, sink = _apply(RecordingBackend(error=LaunchError("program 'x' not found", status=127)),
+                          probe_plan("pass", tmp_path, backend="local"))
+
+    assert NotStarted(status=127, message="program 'x' not found") == result.not_started
+    assert ["launch-starting"] == sink.kinds()
+
+
+def test_a_failure_is_told_as_stopping_once(tmp_path):
+    """Instance events pass through; the first failure is told as the reason for stopping, once."""
+    backend = _Emitting({0: 3, 1: 4})
+    result, sink = _apply(backend, probe_plan("pass", tmp_path, backend="local"))
+
+    assert [events.Stopping(reason="instance 0 failed")] == [e for e in sink.events if isinstance(e, events.Stopping)]
+    assert ["launch-starting", "instance-started", "instance-started", "launch-running", "instance-ended",
+            "stopping", "instance-ended", "launch-ended"] == sink.kinds()
+    assert 3 == result.status
+
+
+def test_a_stop_from_another_thread_before_the_launch_stops_it_as_soon_as_it_exists(tmp_path):
+    """Control.stop from a thread before the launch: the launch is terminated once started, with the grace."""
+    backend = RecordingBackend({0: Outcome(until_stopped=True)})
+    control = Control(grace_s=2.0)
+    stopper = threading.Thread(target=control.stop, args=(signal.SIGTERM,))
+    stopper.start()
+    stopper.join()
+
+    result, sink = _apply(backend, probe_plan("pass", tmp_path, backend="local"), control=control)
+
+    assert [2.0] == backend.running[0].terminations
+    assert (signal.SIGTERM,) == result.signals
+    assert events.Stopping(reason="received SIGTERM") in sink.events
+
+
+def test_a_second_stop_kills_at_once(tmp_path):
+    """Two stops once the launch runs: SIGTERM with the grace, then no grace."""
+    backend = RecordingBackend({0: Outcome(until_stopped=True)})
+    control = Control(grace_s=2.0)
+
+    class StopTwice(Sink):
+        def event(self, event):
+            super().event(event)
+            if isinstance(event, events.LaunchRunning):
+                control.stop(signal.SIGINT)
+                control.stop(signal.SIGINT)
+
+    sink = StopTwice()
+    result = apply(probe_plan("pass", tmp_path, backend="local"), sink=sink, control=control, env_source={},
+                   registry=BackendRegistry({"local": lambda: backend}))
+
+    assert [2.0, 0] == backend.running[0].terminations
+    assert (signal.SIGINT, signal.SIGINT) == result.signals
+    assert 1 == sum(isinstance(e, events.Stopping) for e in sink.events)
+    assert 130 == exit_status(result, failed_output=False)
+
+
+def test_a_closed_output_stream_stops_the_launch_once_as_sigpipe(tmp_path):
+    """output_closed twice: one SIGPIPE, one termination with the grace; exit 141 and nothing said."""
+    backend = RecordingBackend({0: Outcome(until_stopped=True)})
+    control = Control(grace_s=2.0)
+
+    class Closing(Sink):
+        def event(self, event):
+            super().event(event)
+            if isinstance(event, events.LaunchRunning):
+                control.output_closed("stdout")
+                control.output_closed("stderr")
+
+    sink = Closing()
+    result = apply(probe_plan("pass", tmp_path, backend="local"), sink=sink, control=control, env_source={},
+                   registry=BackendRegistry({"local": lambda: backend}))
+
+    assert ([2.0], (signal.SIGPIPE,)) == (backend.running[0].terminations, result.signals)
+    assert events.Stopping(reason="stdout was closed") in sink.events
+    assert (141, "") == (exit_status(result, failed_output=False), render_outcome(result))
+
+
+class _Emitting(RecordingBackend):
+    """A RecordingBackend whose launch also tells each instance starting and ending, as real backends do."""
+
+    def launch(self, plan, *, env_source, sink, **kwargs):
+        launch = super().launch(plan, env_source=env_source, sink=sink, **kwargs)
+        for instance in plan.instances:
+            sink.event(events.InstanceStarted(index=instance.index, pid=100 + instance.index))
+        wait = launch.wait
+
+        def wait_and_tell():
+            result = wait()
+            for index, status in enumerate(result.statuses):
+                sink.event(events.InstanceEnded(index=index, pid=100 + index, exit_code=status,
+                                                stopped=index != result.root_cause and status != 0))
+            return result
+
+        launch.wait = wait_and_tell
+        return launch
+
+
+# -- the events as data --------------------------------------------------------------------
+
+SAMPLES = [
+    events.InstanceStarted(index=0, pid=12),
+    events.InstanceEnded(index=1, pid=13, signal=9, stopped=True),
+    events.PartitionAcquiring(partition="p1"),
+    events.PartitionAcquired(),
+    events.PartitionReleased(partition="p1"),
+    events.LaunchStarting(backend="ssh", instances=4, variables=(("A", "1"), ("B", "x y")), cache="/tmp/c"),
+    events.LaunchRunning(),
+    events.Stopping(reason="received SIGINT"),
+    events.LaunchEnded(statuses=(0, 3), root_cause=1),
+]
+
+
+@pytest.mark.parametrize("event", SAMPLES, ids=lambda e: e.kind)
+def test_every_event_round_trips_through_json(event):
+    """to_dict is JSON, versioned and named by kind; from_dict gives the same event back."""
+    data = json.loads(json.dumps(events.to_dict(event)))
+
+    assert (events.VERSION, event.kind) == (data["v"], data["event"])
+    assert event == events.from_dict(data)
+
+
+def test_every_kind_has_a_sample_and_a_unique_name():
+    """A new kind of event gets a sample here (and so a round-trip test)."""
+    kinds = [cls.kind for cls in events._KINDS.values()]
+
+    assert sorted(kinds) == sorted({e.kind for e in SAMPLES}) == sorted(set(kinds))
+
+
+@pytest.mark.parametrize("data", [{"v": 1, "event": "from-the-future"}, {"v": 2, "event": "launch-running"},
+                                  {"event": "launch-running"}, {}])
+def test_an_unknown_kind_or_version_reads_as_none(data):
+    """A reader skips what it does not know instead of guessing."""
+    assert events.from_dict(data) is None
+
+
+@given(st.text(), st.lists(st.tuples(st.text(), st.text()), max_size=5))
+def test_any_text_round_trips(reason, variables):
+    """Any text (quotes, newlines, NUL) survives JSON and back."""
+    for event in (events.Stopping(reason=reason),
+                  events.LaunchStarting(backend="local", instances=1, variables=tuple(variables))):
+        assert event == events.from_dict(json.loads(json.dumps(events.to_dict(event))))
+
+
+# -- how it ended, as told and as an exit status --------------------------------------------
+
+FAILED = ApplyResult(statuses=(0, 3), root_cause=1,
+                     failures=(InstanceFailure(index=1, host="h1", exit_code=3, tail=("bad input",)),))
+
+
+@pytest.mark.parametrize(("result", "failed_output", "text", "status"), [
+    (ApplyResult(statuses=(0,)), False, "", 0),
+    (ApplyResult(statuses=(0,)), True, "", 1),
+    (FAILED, False, ("poprun: 1 instance failed\n  instance 1 on h1: exited with status 3\n    | bad input\n"
+                     "Root cause: instance 1 on h1 exited with status 3\n"), 3),
+    (ApplyResult(statuses=(143,), signals=(signal.SIGTERM,)), False, "poprun: stopped by SIGTERM\n", 143),
+    (ApplyResult(statuses=(), not_started=NotStarted(status=127, message="program 'x' not found")), False,
+     "poprun: program 'x' not found\n", 127),
+    (ApplyResult(statuses=(), not_started=NotStarted(status=130, signal=2, message="stopped by SIGINT"),
+                 signals=(2,)), False, "poprun: stopped by SIGINT\n", 130),
+], ids=["success", "output-lost", "failure", "stopped", "not-found", "stopped-before"])
+def test_outcome_text_and_exit_status(result, failed_output, text, status):
+    """The view and the exit status of each way an apply ends."""
+    assert (text, status) == (render_outcome(result), exit_status(result, failed_output=failed_output))
+
+
+def test_diagnostics_come_first_then_the_warnings_of_the_end():
+    """Nothing started for a coded reason: its diagnostics, then what releasing the partition warned about."""
+    result = ApplyResult(statuses=(), not_started=NotStarted(status=125, diagnostics=(error("PR500", "no server", detail="d", span=SourceSpan(file=COMMAND_LINE, key_path="--vipu-partition"), hint="h"),)),
+                         warnings=(warning("PR508", "partition left", detail="d", span=SourceSpan(file=COMMAND_LINE, key_path="--vipu-partition"), hint="h"),))
+
+    text = render_outcome(result)
+
+    assert text.index("PR500") < text.index("PR508")
+    assert 125 == exit_status(result, failed_output=False)
