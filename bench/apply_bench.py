@@ -156,7 +156,7 @@ def main() -> int:
              f"{ours_slope * 1e3:.2f} / {theirs_slope * 1e3:.2f} ms = {ours_slope / theirs_slope:.2f}x", "<= 1.0x",
              ours_slope <= theirs_slope)
     start, bare, imports, no_plugins = walls_s(
-        [poprun(1, "true"), [PY, "-c", "pass"], [PY, "-c", "import poprun.cli.commands, poprun.cli.run"],
+        [poprun(1, "true"), [PY, "-c", "pass"], [PY, "-c", "import poprun.cli.commands.launch, poprun.cli.run"],
          poprun(1, "true")], runs, envs=[{}, {}, {}, {"POPRUN_NO_PLUGINS": "1"}])
     print(f"\n2. poprun, 1 instance of `true`: {start * 1e3:.0f} ms; python -c pass: {bare * 1e3:.0f} ms; "
           f"python importing poprun's CLI: {imports * 1e3:.0f} ms; poprun without plugin discovery "

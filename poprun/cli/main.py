@@ -17,9 +17,9 @@ from poprun.cli import exitcode
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    from poprun.core.diagnostic import Diagnostic
+    from poprun.cli.session import Session
 
-COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server")
+COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server")  # poprun.cli.commands.COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -28,12 +28,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args in (["--version"], ["-V"]):
         sys.stdout.write(f"poprun {__version__}\n")
         return exitcode.OK
+    from poprun.cli.session import Session
     from poprun.core.diagnostic import DiagnosticError
 
+    session = Session()
     try:
-        return _dispatch(args)
+        return _dispatch(args, session)
     except DiagnosticError as exc:
-        _report(exc.diagnostics)
+        session.report(tuple(exc.diagnostics))
         return exitcode.USAGE
     except KeyboardInterrupt:
         return 130
@@ -72,24 +74,12 @@ def entry() -> None:
     os._exit(status)
 
 
-def _dispatch(args: list[str]) -> int:
+def _dispatch(args: list[str], session: Session) -> int:
+    from poprun.cli.commands import handler
+
     if args and args[0] in COMMANDS:
-        command, rest = args[0], args[1:]
-        from poprun.cli import commands
-
-        handler = {"plan": commands.plan, "validate": commands.validate, "apply": commands.apply,
-                   "render": commands.render, "submit": commands.submit, "vipu-server": commands.vipu_server}[command]
-        return handler(rest)
-    from poprun.cli import commands
-
-    return commands.classic(args)
-
-
-def _report(diagnostics: Sequence[Diagnostic]) -> None:
-    from poprun.cli.commands import SOURCES
-    from poprun.render.diagnostics import render_diagnostics
-
-    sys.stderr.write(render_diagnostics(diagnostics, SOURCES))
+        return handler(args[0])(args[1:], session)
+    return handler(None)(args, session)
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun.cli import commands
+from poprun.cli.commands import common as commands
 from poprun.cli.main import main
 from poprun.core.record import evolve
 from poprun.planner.context import Context

@@ -1,0 +1,120 @@
+"""
+The views of a plan that ``poprun plan --format NAME`` writes, in one table.
+
+Layer: ``poprun.cli``; each view imports its renderer lazily and returns text. A row says
+whether the view shows a saved plan (``poprun plan PLAN.json``) and how it shows what changed
+(``poprun plan --diff``). The order of the table is the order formats are listed in messages.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from poprun.core.record import record
+from poprun.planner.plan import LaunchPlan
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.planner.spec import Spec
+    from poprun.render.diff import Diff
+
+
+@record
+class Shown:
+    """
+    What a view shows: the plan, and what some views need besides.
+
+    ``spec`` is None for a saved plan; ``launch`` is the poprun command line that runs the plan
+    again (for a batch script) and ``hosts`` the hosts the spec names.
+    """
+
+    plan: LaunchPlan
+    spec: Spec | None = None
+    explain: bool = False
+    expand: bool = False
+    launch: tuple[str, ...] = ()
+    hosts: tuple[str, ...] = ()
+
+
+@record
+class View:
+    """
+    One ``--format``: how it shows a plan, whether it shows a saved one, how it shows a diff (or None).
+
+    ``outside_allocation``: the plan is made as outside any Slurm allocation poprun runs in (a
+    batch script plans for the allocation it asks for).
+    """
+
+    name: str
+    show: Callable[[Shown], str]
+    saved: bool = True
+    diff: Callable[[Diff, str, str], str] | None = None
+    outside_allocation: bool = False
+
+
+def text(shown: Shown) -> str:
+    """Return the plan as text (``poprun plan``), with derivations when ``explain``, after the topology table when asked."""
+    from poprun.render.explain import render_plan
+
+    out = render_plan(shown.plan, explain=shown.explain)
+    if shown.plan.output.print_topology:
+        out = topology(shown.plan) + "\n" + out
+    return out
+
+
+def topology(plan: LaunchPlan) -> str:
+    """Return the topology table real poprun printed (``--print-topology``)."""
+    from poprun.render.topology import TopologyRow, render_topology
+
+    rows = [TopologyRow(index=i.index, host=i.host, ild=i.ild, replica_offset=i.replica_offset,
+                        num_replicas=i.num_local_replicas) for i in plan.instances]
+    return render_topology(rows)
+
+
+def _json(shown: Shown) -> str:
+    from poprun.planner.serde import to_json
+
+    return to_json(shown.plan)
+
+
+def _toml(shown: Shown) -> str:
+    from poprun.planner.tomlspec import to_toml
+
+    assert shown.spec is not None  # not a view of saved plans
+    return to_toml(shown.spec)
+
+
+def _dot(shown: Shown) -> str:
+    from poprun.render.graph import render_dot
+
+    return render_dot(shown.plan, expand=shown.expand)
+
+
+def _sbatch(shown: Shown) -> str:
+    from poprun.planner.slurm import render_batch_script
+
+    return render_batch_script(shown.plan, command=shown.launch, nodelist=shown.hosts)
+
+
+def _diff_text(diff: Diff, old_name: str, new_name: str) -> str:
+    from poprun.render.diff import render_diff
+
+    return render_diff(diff, old_name=old_name, new_name=new_name)
+
+
+def _diff_json(diff: Diff, old_name: str, new_name: str) -> str:
+    from poprun.render.diff import render_diff_json
+
+    return render_diff_json(diff, old_name=old_name, new_name=new_name)
+
+
+VIEWS: dict[str, View] = {v.name: v for v in (
+    View(name="text", show=text, diff=_diff_text),
+    View(name="json", show=_json, diff=_diff_json),
+    View(name="toml", show=_toml, saved=False),
+    View(name="dot", show=_dot),
+    View(name="sbatch", show=_sbatch, saved=False, outside_allocation=True),
+)}
+PLAN_FORMATS = tuple(VIEWS)
+SAVED_PLAN_FORMATS = tuple(name for name, view in VIEWS.items() if view.saved)
+DIFF_FORMATS = tuple(name for name, view in VIEWS.items() if view.diff is not None)
