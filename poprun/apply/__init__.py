@@ -17,7 +17,7 @@ every path:
 4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`).
 
 Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
-which also receives the instances' output: the partition step, the launch starting (with the
+which also receives the instances' output, from one thread at a time: the partition step, the launch starting (with the
 variables this step added), every instance starting and ending, the launch running, stopping
 (once, with the first reason) and ending.
 """
@@ -125,18 +125,27 @@ class Control:
 
 
 class _Relay:
-    """The sink the backend writes to: output and instance events pass on; the first failure is told as stopping."""
+    """
+    The sink the backend writes to: output and instance events pass on; the first failure is told as stopping.
+
+    The caller's sink hears from one thread at a time (the backend's, and this step's own, in
+    the main thread): a reentrant lock, since a signal handler in the main thread may tell of
+    stopping while it writes.
+    """
 
     def __init__(self, plan: LaunchPlan, sink: EventSink) -> None:
         self._plan, self._sink = plan, sink
         self._lock = threading.Lock()
+        self._calls = threading.RLock()
         self._stopping = False
 
     def write(self, stream: Stream, data: bytes) -> None:
-        self._sink.write(stream, data)
+        with self._calls:
+            self._sink.write(stream, data)
 
     def event(self, event: Event) -> None:
-        self._sink.event(event)
+        with self._calls:
+            self._sink.event(event)
         if isinstance(event, InstanceEnded):
             if event.lost:
                 self.stopping(f"host {self._plan.instances[event.index].host} stopped answering")
@@ -149,7 +158,8 @@ class _Relay:
             if self._stopping:
                 return
             self._stopping = True
-        self._sink.event(Stopping(reason=why))
+        with self._calls:
+            self._sink.event(Stopping(reason=why))
 
 
 def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
@@ -173,7 +183,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     control._tell = relay  # noqa: SLF001 - the control and the step are one piece
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
-        with partition.acquired(plan, environ, released, emit=sink.event) as variables, \
+        with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
             result = _launch(backend, plan.with_variables(added), environ, relay=relay, control=control,

@@ -15,7 +15,8 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 def test_the_event_stream_of_a_real_launch_is_the_launch(tmp_path):
     """Each instance's pid, its end and the failure, in order, as JSON lines a ledger could append."""
-    code = "import os, sys; print(os.getpid(), flush=True); sys.exit(int(os.environ['POPDIST_INSTANCE_INDEX']) * 3)"
+    code = ("import os, sys, time; i = int(os.environ['POPDIST_INSTANCE_INDEX']); print(os.getpid(), flush=True); "
+            "time.sleep(i); sys.exit(i * 3)")  # instance 1 fails once instance 0 has ended
     sink = Sink()
 
     result = apply(probe_plan(code, tmp_path, backend="local", instances=2), sink=sink, env_source=dict(os.environ))
@@ -30,3 +31,27 @@ def test_the_event_stream_of_a_real_launch_is_the_launch(tmp_path):
     assert [events.Stopping(reason="instance 1 failed")] == [e for e in back if isinstance(e, events.Stopping)]
     assert (3, events.LaunchEnded(statuses=(0, 3), root_cause=1)) == (result.status, back[-1])
     assert "launch-starting" == back[0].kind
+
+
+def test_the_example_in_the_docs_runs_a_saved_plan(tmp_path):
+    """docs/apply.md's example, run as written on a saved plan of two instances: output, events, status."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    page = (Path(__file__).parents[2] / "docs" / "apply.md").read_text()
+    code = re.search(r"```python\n(.*?)```", page, re.DOTALL).group(1)
+    saved = subprocess.run([sys.executable, "-m", "poprun.cli.main", "plan", "--format", "json", "-o", "plan.json",
+                            "--num-instances", "2", "--num-replicas", "2", "--offline-mode=on", "sh", "-c",
+                            'echo hi $POPDIST_INSTANCE_INDEX; exit "$POPDIST_INSTANCE_INDEX"'],
+                           cwd=tmp_path, capture_output=True, text=True, check=False)
+    assert 0 == saved.returncode, saved.stderr
+
+    run = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=30,
+                         check=False)
+
+    assert 0 == run.returncode, run.stderr
+    assert {"stdout: hi 0", "stdout: hi 1"} <= set(run.stdout.splitlines()), run.stdout
+    assert "'event': 'launch-ended', 'statuses': [0, 1], 'root_cause': 1" in run.stdout
+    assert run.stdout.splitlines()[-1] == "1 1 None"
