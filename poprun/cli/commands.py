@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from poprun import __version__
@@ -27,7 +27,9 @@ from poprun.planner.spec import Sourced, Spec, overlay
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from poprun.backends.base import FormatRequest, PlanFormat
     from poprun.cli.progress import Console
+    from poprun.planner.machine import HostTopology
 
 # The text behind spans that are not files (the command line), for carets in diagnostics.
 SOURCES: dict[str, str] = {}
@@ -191,11 +193,9 @@ def plan(args: list[str]) -> int:
 
         _emit(render_dot(solution.plan, expand=command.expand), command)
     elif command.format == "sbatch":
-        from poprun.planner.slurm import render_batch_script
-
         named = spec.hosts.value if spec.hosts is not None else ()
         launch = (sys.executable, "-m", "poprun.cli.main", *_without_plan_options(args))
-        _emit(render_batch_script(solution.plan, command=launch, nodelist=named), command)
+        _emit(_backend_format("sbatch")(solution.plan, _format_request(launch, named)), command)
     else:
         _emit(_text(solution.plan, explain=command.explain), command)
     return exitcode.OK
@@ -348,12 +348,36 @@ def _check_format(command: CommandLine, formats: tuple[str, ...], what: str) -> 
 
 
 def _text(plan: LaunchPlan, *, explain: bool) -> str:
+    from poprun.backends.registry import default_registry, describe
     from poprun.render.explain import render_plan
 
-    text = render_plan(plan, explain=explain)
+    text = render_plan(plan, explain=explain, backend_text=describe(default_registry(), plan))
     if plan.output.print_topology:
         text = _topology(plan) + "\n" + text
     return text
+
+
+def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+    """Read other hosts' topologies with the backend that can (the registry is made only when placement asks)."""
+    from poprun.backends.registry import default_registry, topology_prober
+
+    prober = topology_prober(default_registry())
+    return prober(hosts, environ=environ) if prober is not None else dict.fromkeys(hosts, "no backend reads them")
+
+
+def _backend_format(name: str) -> PlanFormat:
+    """Return the plan view ``name`` that a backend offers (``sbatch``: the slurm backend's batch script)."""
+    from poprun.backends.registry import default_registry, find_format
+
+    view = find_format(default_registry(), name)
+    assert view is not None, f"no backend offers --format {name}"  # a built-in's: always there
+    return view
+
+
+def _format_request(command: tuple[str, ...], hosts: tuple[str, ...]) -> FormatRequest:
+    from poprun.backends.base import FormatRequest
+
+    return FormatRequest(command=command, hosts=hosts)
 
 
 def _topology(plan: LaunchPlan) -> str:
@@ -381,7 +405,7 @@ def validate(args: list[str]) -> int:
 
 def apply(args: list[str]) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
-    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
     if args and is_plan_path(args[0]):
         return _apply_saved(args[0], args[1:], ctx)
     command, spec = _read(list(args), ctx, prog="poprun apply", allow_spec_file=True)
@@ -511,7 +535,7 @@ def _image(dot: str, fmt: str) -> bytes:
 
 def classic(args: list[str]) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
-    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
     command, spec = _read(list(args), ctx, prog="poprun", allow_spec_file=False)
     _reject_plan_options(command, "the classic form")
     if command.help:
@@ -544,9 +568,7 @@ def submit(args: list[str]) -> int:
     if nodes is not None and spec.hosts is None and spec.host_file is None:
         spec = evolve(spec, hosts=Sourced(tuple(f"node{i}" for i in range(1, nodes.value + 1)), nodes.origin))
     plan = _solve(spec, ctx, require_program=True).plan
-    from poprun.planner.slurm import render_batch_script
-
-    script = render_batch_script(plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), nodelist=named)
+    script = _backend_format("sbatch")(plan, _format_request((sys.executable, "-m", "poprun.cli.main", *rest), named))
     if dry_run:
         sys.stdout.write(script)
         return exitcode.OK

@@ -9,7 +9,7 @@ the launch on SIGINT/SIGTERM/SIGHUP (a second one kills; one ignored on entry, a
 backend only executes the plan; what this module adds to it (the cache path) is added to the
 plan first. poprun makes itself a child subreaper here, so that descendants of instances that
 leave their process group come back to it and die with the launch
-(:mod:`poprun.backends.watchdog`).
+(:mod:`poprun.backends._process.watchdog`).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping
 from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
+from poprun.backends._process.files import private_directory, remove_directories
+from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.base import (
     ApplyResult,
     Backend,
@@ -35,12 +37,10 @@ from poprun.backends.base import (
     Launch,
     LaunchError,
     Stream,
+    TemporaryCache,
     signal_name,
 )
-from poprun.backends.files import private_directory, remove_directories
-from poprun.backends.local import CACHE_PREFIX
 from poprun.backends.registry import BackendRegistry, default_registry
-from poprun.backends.watchdog import become_subreaper
 from poprun.cli import exitcode, partition
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
@@ -49,6 +49,7 @@ from poprun.planner.environment import is_secret
 from poprun.planner.plan import LaunchPlan
 
 GRACE_S = 5.0  # between SIGTERM and SIGKILL when poprun is interrupted
+CACHE_PREFIX = "poprun-cache-"  # the name of a temporary cache begins so (a name only: removal goes by record)
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
@@ -214,14 +215,15 @@ def _handling_signals(interrupts: _Interrupts) -> Iterator[_Interrupts]:
 
 
 @contextlib.contextmanager
-def _executable_cache(plan: LaunchPlan) -> Iterator[LaunchPlan]:
-    """Yield ``plan`` with its temporary executable cache made (0o700) and set; remove it after."""
+def _executable_cache(plan: LaunchPlan) -> Iterator[tuple[LaunchPlan, TemporaryCache | None]]:
+    """Yield ``plan`` with its temporary executable cache made (0o700) and set, and the cache; remove it after."""
     if plan.cache.mode != "temporary":
-        yield plan
+        yield plan, None
         return
     path = private_directory(CACHE_PREFIX)  # owner-only; the backend removes it too (and its watchdog)
     try:
-        yield plan.with_variables({EXECUTABLE_CACHE_PATH: path})
+        yield plan.with_variables({EXECUTABLE_CACHE_PATH: path}), TemporaryCache(path=path,
+                                                                                  remove_at_exit=plan.cache.remove_at_exit)
     finally:
         if plan.cache.remove_at_exit:
             remove_directories([path])
@@ -269,8 +271,9 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
         with _handling_signals(interrupts), partition.acquired(plan, environ, released, status=console.status) \
-                as leased, _executable_cache(leased) as ready:
-            result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts)
+                as leased, _executable_cache(leased) as (ready, cache):
+            result = _apply(backend, ready, env_source, console=console, reporter=reporter, interrupts=interrupts,
+                            cache=cache)
     except DiagnosticError as exc:  # the partition could not be had: nothing started
         console.close()
         _diagnose(exc.diagnostics)
@@ -306,13 +309,14 @@ def _status(result: ApplyResult, signals: list[int], failed: Mapping[Stream, str
 
 
 def _apply(backend: Backend, plan: LaunchPlan, env_source: Mapping[str, str] | None, *, console: Console,
-           reporter: _Reporter, interrupts: _Interrupts) -> ApplyResult | int:
+           reporter: _Reporter, interrupts: _Interrupts, cache: TemporaryCache | None = None) -> ApplyResult | int:
     """Launch and wait; return the result, or poprun's status when nothing could start."""
     _log_plan(plan, reporter.verbose)
     reporter.starting()
     interrupts.launching()
     try:
-        launch = backend.launch(plan, env_source=os.environ if env_source is None else env_source, sink=console)
+        launch = backend.launch(plan, env_source=os.environ if env_source is None else env_source, sink=console,
+                                cache=cache)
     except LaunchError as exc:
         console.close()
         if exc.diagnostics:
