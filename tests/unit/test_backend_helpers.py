@@ -88,3 +88,31 @@ def test_a_cache_not_made_here_or_to_keep_is_never_removed(tmp_path, remove_at_e
 
     assert "keep" == (mine / "precious").read_text()
     assert (not remove_at_exit) == kept
+
+
+def test_this_machine_has_one_definition_for_the_planner_and_the_backends():
+    """The planner's local names are core.localhost's, which the backends ask too: its short host name included."""
+    from poprun.core.localhost import is_this_machine, local_names
+    from poprun.planner.context import Context
+
+    short = os.uname().nodename.split(".")[0]
+
+    assert local_names() == Context.from_process().local_names
+    assert all(is_this_machine(name) for name in ("localhost", "127.0.0.1", "::1", os.uname().nodename, short))
+    assert not is_this_machine("pod-elsewhere-7")
+
+
+def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
+    """probe_topologies runs ssh with exactly the options a launch's ssh has (one option set), plus -T."""
+    from poprun.backends.ssh.backend import ssh_options
+    from poprun.backends.ssh.probe import probe_topologies
+
+    fake = tmp_path / "ssh"
+    fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/argv\necho "ssh: no way" >&2\nexit 255\n')
+    fake.chmod(0o755)
+    found = probe_topologies(("h1",), environ={"POPRUN_SSH_CONFIG": "/etc/cfg"}, ssh=str(fake))
+    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+
+    assert {"h1": "ssh: no way"} == found
+    assert [*ssh_options(config="/etc/cfg", ssh=str(fake))[1:], "-T", "--", "h1"] == argv[:-1]
+    assert argv[-1].startswith("sh -c ")

@@ -1,7 +1,7 @@
 """
 A launch run by one launcher process (``mpirun``, ``srun``) that starts every instance and relays their output.
 
-Layer: ``poprun.backends``; imports the backend modules and ``poprun.planner.plan``.
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``.
 
 :class:`LauncherLaunch` is what the mpirun and slurm backends share: one child process in the
 group of a :class:`~poprun.backends._process.watchdog.Watchdog`, whose two pipes carry every instance's

@@ -1,7 +1,7 @@
 """
 The supervisor of a local launch: one thread that forwards output, sees instances end and stops the rest.
 
-Layer: ``poprun.backends``; imports the backend modules and ``poprun.planner.plan``; never the
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``; never the
 spec. Linux (``pidfd``), with a fallback of one waiting thread per instance elsewhere.
 
 One thread waits in ``select`` (epoll) on everything at once: both pipes of every instance
