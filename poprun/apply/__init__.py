@@ -32,7 +32,7 @@ from collections.abc import Iterator, Mapping
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import partition
-from poprun.backends.base import Backend, EventSink, Launch, LaunchError, Stream
+from poprun.backends.base import Backend, EventSink, Launch, LaunchError, Stream, TemporaryCache
 from poprun.backends.registry import BackendRegistry, default_registry
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.events import (
@@ -187,6 +187,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
                 _executable_cache(plan) as cache:
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
             result = _launch(backend, plan.with_variables(added), environ, relay=relay, control=control,
+                             cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
+                             if cache is not None else None,
                              started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
                                                     variables=tuple(sorted(added.items())), cache=cache))
     except DiagnosticError as exc:  # the partition could not be had: nothing started
@@ -203,7 +205,7 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
     if plan.cache.mode != "temporary":
         yield None
         return
-    from poprun.backends.files import private_directory, remove_directories
+    from poprun.backends._process.files import private_directory, remove_directories
 
     path = private_directory(CACHE_PREFIX)  # the backend removes it too (and its watchdog)
     try:
@@ -214,11 +216,11 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
 
 
 def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay, control: Control,
-            started: LaunchStarting) -> ApplyResult:
+            cache: TemporaryCache | None, started: LaunchStarting) -> ApplyResult:
     """Launch and wait; return the result (``not_started`` when nothing could start)."""
     relay.event(started)
     try:
-        launch = backend.launch(plan, env_source=environ, sink=relay)
+        launch = backend.launch(plan, env_source=environ, sink=relay, cache=cache)
     except LaunchError as exc:
         return ApplyResult(statuses=(), not_started=NotStarted(status=exc.status, message=exc.message,
                                                                diagnostics=exc.diagnostics))

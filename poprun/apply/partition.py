@@ -38,7 +38,7 @@ def wanted(plan: LaunchPlan, environ: Mapping[str, str]) -> bool:
         return False
     if environ.get(PROVIDER):
         return environ[PROVIDER] != "none"
-    from poprun.backends.files import which
+    from poprun.backends._process.files import which
 
     if which("vipu", environ.get("PATH", os.defpath)) is not None:
         return True

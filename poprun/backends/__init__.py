@@ -1,12 +1,123 @@
 """
-Backends: what executes a finished :class:`~poprun.planner.plan.LaunchPlan`.
+Backends: what executes a finished :class:`~poprun.planner.plan.LaunchPlan`, and the SDK to write one.
 
-Layer: ``poprun.backends``; imports ``poprun.core`` and ``poprun.planner.plan`` only. A
-backend never imports the spec and never re-solves: it runs every instance of the plan with
-exactly the plan's argv, working directory and environment. :mod:`base` holds the protocol
-and the values a launch returns, :mod:`registry` finds a backend by name, and :mod:`local`
-and :mod:`offline` are the built-ins of this version (:mod:`supervisor`, :mod:`output` and
-:mod:`watchdog` are their machinery). :mod:`testing` ships ``RecordingBackend``, a test double,
-and :mod:`conformance` the checks any backend package can run. Nothing here prints: output
-goes to the :class:`~poprun.backends.base.OutputSink` the caller passes in.
+Layer: ``poprun.backends``; imports ``poprun.core`` and ``poprun.planner`` (the plan model, never
+the spec or the solver). A backend runs every instance of the plan with exactly the plan's argv,
+working directory and environment, and decides nothing. Nothing here prints: output goes to the
+:class:`~poprun.backends.base.OutputSink` the caller passes in.
+
+The names below are the plugin SDK (``from poprun.backends import Backend, RecordingBackend``):
+the protocol and its values (:mod:`.base`), the registry and its helpers (:mod:`.registry`), a
+test double (:mod:`.testing`) and the conformance suite (:mod:`.conformance`). They are loaded on
+first use (PEP 562), so that importing a submodule (``poprun.backends.base`` on every launch)
+costs nothing more. The built-in backends are one module or subpackage each (:mod:`.local`,
+:mod:`.offline`, :mod:`.ssh`, :mod:`.mpirun`, :mod:`.slurm`); the process machinery they share
+is private (:mod:`._process`): a plugin uses only the names below. ``docs/backends.md`` shows a
+plugin in a few lines.
 """
+
+from __future__ import annotations
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.backends import conformance as conformance
+    from poprun.backends.base import (
+        CANNOT_LAUNCH,
+        CHECKS_BEFORE_START,
+        NOT_EXECUTABLE,
+        NOT_FOUND,
+        PROCESSES,
+        ApplyResult,
+        Backend,
+        Describing,
+        Event,
+        EventSink,
+        FormatRequest,
+        Formatting,
+        InstanceEnded,
+        InstanceFailure,
+        InstanceStarted,
+        Launch,
+        LaunchError,
+        OutputSink,
+        PlanFormat,
+        Stream,
+        TemporaryCache,
+        TopologyProbing,
+        capabilities,
+        environment,
+        signal_name,
+    )
+    from poprun.backends.registry import (
+        BackendRegistry,
+        UnknownBackendError,
+        default_registry,
+        describe,
+        find_format,
+        topology_prober,
+    )
+    from poprun.backends.testing import Outcome, RecordingBackend
+
+_BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
+         "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
+         "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
+         "TopologyProbing", "capabilities", "environment", "signal_name")
+_REGISTRY = ("BackendRegistry", "UnknownBackendError", "default_registry", "describe", "find_format", "topology_prober")
+_TESTING = ("Outcome", "RecordingBackend")
+_WHERE = dict.fromkeys(_BASE, "base") | dict.fromkeys(_REGISTRY, "registry") | dict.fromkeys(_TESTING, "testing")
+
+__all__ = [
+    "CANNOT_LAUNCH",
+    "CHECKS_BEFORE_START",
+    "NOT_EXECUTABLE",
+    "NOT_FOUND",
+    "PROCESSES",
+    "ApplyResult",
+    "Backend",
+    "BackendRegistry",
+    "Describing",
+    "Event",
+    "EventSink",
+    "FormatRequest",
+    "Formatting",
+    "InstanceEnded",
+    "InstanceFailure",
+    "InstanceStarted",
+    "Launch",
+    "LaunchError",
+    "Outcome",
+    "OutputSink",
+    "PlanFormat",
+    "RecordingBackend",
+    "Stream",
+    "TemporaryCache",
+    "TopologyProbing",
+    "UnknownBackendError",
+    "capabilities",
+    "conformance",
+    "default_registry",
+    "describe",
+    "environment",
+    "find_format",
+    "signal_name",
+    "topology_prober",
+]
+
+
+def __getattr__(name: str) -> object:
+    """Return an SDK name, importing its module on first use (PEP 562)."""
+    from importlib import import_module
+
+    if name == "conformance":
+        return import_module("poprun.backends.conformance")
+    where = _WHERE.get(name)
+    if where is None:
+        msg = f"module 'poprun.backends' has no attribute {name!r}"
+        raise AttributeError(msg)
+    value = getattr(import_module(f"poprun.backends.{where}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return [*globals(), *__all__]

@@ -1,27 +1,39 @@
 """
-The backend protocol and the values a launch returns.
+The backend protocol and the values a launch returns: what a backend plugin is written against.
 
-Layer: ``poprun.backends``; imports ``poprun.planner.plan``; never the spec.
+Layer: ``poprun.backends``; imports ``poprun.core`` and ``poprun.planner.plan``; never the spec.
 
 A :class:`Backend` starts every instance of a plan and returns a :class:`Launch` at once;
 :meth:`Launch.wait` returns an :class:`ApplyResult`. Instance output reaches the user through
 an :class:`OutputSink` that the caller owns, so that backends never print. A sink that is also
 an :class:`EventSink` hears when each instance starts and ends (for logs and progress); a
-backend must not require one.
+backend must not require one. The apply step makes the plan's temporary executable cache and
+hands it to :meth:`Backend.launch` as a :class:`TemporaryCache`.
+
+A backend may offer more, each through a small protocol of its own that a plugin may leave
+out (the callers look for the method): :class:`Describing` (its part of ``poprun plan``'s
+text), :class:`Formatting` (views of a plan for ``poprun plan --format NAME``) and
+:class:`TopologyProbing` (other hosts' CPU topologies, for placement). The registry's helpers
+(:func:`~poprun.backends.registry.describe`, :func:`~poprun.backends.registry.find_format`,
+:func:`~poprun.backends.registry.topology_prober`) reach them. ``capabilities`` names what a
+backend can promise beyond the protocol, so that the conformance suite checks exactly that.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.events import Event, InstanceEnded, InstanceStarted
 from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult, InstanceFailure, signal_name
+from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import ClassVar, Literal, Protocol
+
+    from poprun.planner.machine import HostTopology
 
     Stream = Literal["stdout", "stderr"]
     """poprun's own output streams, as an instance's output is forwarded to them."""
@@ -32,9 +44,15 @@ else:
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127
 
-__all__ = ["CANNOT_LAUNCH", "NOT_EXECUTABLE", "NOT_FOUND", "ApplyResult", "Backend", "Event", "EventSink",
-           "InstanceEnded", "InstanceFailure", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "Stream",
-           "environment", "signal_name"]
+PROCESSES = "processes"
+"""Capability: the instances are real processes that run the plan's argv (a test double's are not)."""
+CHECKS_BEFORE_START = "checks-before-start"
+"""Capability: a plan that cannot start (its working directory is missing) raises :class:`LaunchError` from launch."""
+
+__all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult",
+           "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
+           "InstanceFailure", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream",
+           "TemporaryCache", "TopologyProbing", "capabilities", "environment", "signal_name"]
 
 
 def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
@@ -98,21 +116,81 @@ class Launch(Protocol):
         """
 
 
+@record
+class TemporaryCache:
+    """
+    The plan's temporary executable cache, made by the apply step in this process (owner-only, 0o700).
+
+    Its path is already the instances' ``POPDIST_EXECUTABLE_CACHE_PATH``. A backend makes it on
+    the other hosts it runs instances on, and, when ``remove_at_exit``, removes it at the end
+    (and should poprun die), on every host where it made it. A backend removes only what was
+    made: the apply step's record here (:func:`poprun.backends._process.files.made_here`), its
+    own on other hosts; never a directory because of its name.
+    """
+
+    path: str
+    remove_at_exit: bool
+
+
 class Backend(Protocol):
     """
-    Something that runs a plan: ``local``, ``offline`` (later ``ssh``, ``mpirun``, ``slurm``).
+    Something that runs a plan: ``local``, ``offline``, ``ssh``, ``mpirun``, ``slurm``, or a plugin's.
 
     A backend executes the plan's argv, cwd and environment exactly; it decides nothing.
+    ``capabilities`` (optional; default none) names what it promises beyond this protocol:
+    :data:`PROCESSES`, :data:`CHECKS_BEFORE_START`.
     """
 
     name: ClassVar[str]
 
-    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> Launch:
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
+               cache: TemporaryCache | None = None) -> Launch:
         """
         Start every instance of ``plan``; return without waiting for them.
 
         ``env_source`` is the launching environment: forwarded variables are read from it.
+        ``cache`` is the temporary executable cache the apply step made (None: there is none
+        to make or remove).
 
         Raises:
             LaunchError: when no instance could be started (nothing is left running).
         """
+
+
+def capabilities(backend: object) -> frozenset[str]:
+    """Return the capabilities ``backend`` declares (its ``capabilities`` attribute), or none."""
+    return frozenset(getattr(backend, "capabilities", ()))
+
+
+@record
+class FormatRequest:
+    """What a plan view may need besides the plan: how to run the launch again, and the hosts the user named."""
+
+    command: tuple[str, ...]  # the poprun command line that reruns the launch (argv)
+    hosts: tuple[str, ...] = ()  # the hosts named in the spec, as written (empty: none named)
+
+
+PlanFormat = Callable[[LaunchPlan, FormatRequest], str]
+"""A view of a plan as text (``poprun plan --format NAME``)."""
+
+
+class Describing(Protocol):
+    """Optional: a backend that adds its own part to ``poprun plan``'s text (the command it will run)."""
+
+    def describe(self, plan: LaunchPlan) -> str:
+        """Return text (whole lines, or ``""``) shown after the program in ``poprun plan``; secrets masked."""
+
+
+class Formatting(Protocol):
+    """Optional: a backend that offers views of a plan to ``poprun plan --format NAME``."""
+
+    def formats(self) -> Mapping[str, PlanFormat]:
+        """Return the views by format name (``{"sbatch": ...}``)."""
+
+
+class TopologyProbing(Protocol):
+    """Optional: a backend that can read other hosts' CPU topologies, for placement."""
+
+    def probe_topologies(self, hosts: tuple[str, ...], *,
+                         environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+        """Return each host's topology, or a one-line reason it could not be read; bounded in time."""

@@ -4,17 +4,21 @@ Test support: the conformance checks every backend must pass, as a parametrised 
 Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``,
 never the spec or the solver (plans are built here directly). pytest is imported only inside
 :func:`parametrize`, so importing this module costs nothing at run time. Each check takes a
-backend factory and a scratch directory and raises :class:`AssertionError` on failure (also
-under ``python -O``). A backend package runs them the way submitit runs ``test_executors``::
+backend factory, a scratch directory and a :class:`Target` (where the instances run: this
+machine by default) and raises :class:`AssertionError` on failure (also under ``python -O``).
+A backend package runs them the way submitit runs ``test_executors``::
 
     from poprun.backends import conformance
 
-    @conformance.parametrize()
+    @conformance.parametrize(MyBackend)
     def test_conformance(check, tmp_path):
         check(MyBackend, tmp_path)
 
-Checks marked ``processes`` run ``sys.executable -c ...`` probes; a test double that starts
-no process runs only the others (``parametrize(processes=False)``).
+A check that needs more than the protocol promises names the capability it needs
+(:data:`~poprun.backends.base.PROCESSES`: the instances are real processes that run
+``sys.executable -c ...`` probes; :data:`~poprun.backends.base.CHECKS_BEFORE_START`: a plan that
+cannot start raises from ``launch``), and runs only on backends that declare it in their
+``capabilities``. A test double that starts no process declares none and runs only the others.
 """
 
 from __future__ import annotations
@@ -24,12 +28,21 @@ import os
 import signal
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from poprun.backends.base import ApplyResult, Backend, Launch, LaunchError, Stream
-from poprun.core.record import positional_record
+from poprun.backends.base import (
+    CHECKS_BEFORE_START,
+    PROCESSES,
+    ApplyResult,
+    Backend,
+    Launch,
+    LaunchError,
+    Stream,
+    capabilities,
+)
+from poprun.core.record import positional_record, record
 from poprun.planner import plan as p
 
 if TYPE_CHECKING:
@@ -66,14 +79,34 @@ class MemorySink:
         return self.data(stream).decode().splitlines()
 
 
-def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2) -> p.LaunchPlan:
-    """Return a plan of ``instances`` instances of ``sys.executable -c code`` on localhost, in ``workdir``."""
+@record
+class Target:
+    """
+    Where the checks run a backend's instances: instance ``i`` on ``hosts[i % len(hosts)]``.
+
+    ``env`` is added to the launching environment (an ssh configuration, a Slurm allocation's
+    variables). The working directory and ``sys.executable`` must exist at the same paths on
+    every host (a shared file system).
+    """
+
+    hosts: tuple[str, ...] = ("localhost",)
+    env: tuple[tuple[str, str], ...] = ()
+
+
+LOCAL = Target()
+
+
+def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2,
+               hosts: tuple[str, ...] = ("localhost",)) -> p.LaunchPlan:
+    """Return a plan of ``instances`` instances of ``sys.executable -c code`` over ``hosts`` (round robin), in ``workdir``."""
+    placed = [hosts[i % len(hosts)] for i in range(instances)]
+    used = tuple(dict.fromkeys(placed))
     return p.LaunchPlan(
         poprun_version="conformance",
         topology=p.Topology(num_replicas=instances, num_instances=instances, num_ilds=1, ipus_per_replica=1,
-                            hosts=("localhost",), num_ipus=instances, replicas_per_instance=1,
-                            instances_per_host=instances, instances_per_ild=instances),
-        instances=tuple(_instance(i, code, workdir) for i in range(instances)),
+                            hosts=used, num_ipus=instances, replicas_per_instance=1,
+                            instances_per_host=instances // len(used), instances_per_ild=instances),
+        instances=tuple(_instance(i, code, workdir, placed) for i in range(instances)),
         partition=None, offline=True, offline_target=None,
         output=p.Output(tag=False, output_filename=None, only_from_instance=None, print_topology=False,
                         verbosity=0),
@@ -83,16 +116,18 @@ def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2) ->
         backend=p.BackendChoice(name=backend, reason="conformance check"), explanation=(), warnings=())
 
 
-def _instance(index: int, code: str, workdir: Path) -> p.Instance:
+def _instance(index: int, code: str, workdir: Path, placed: list[str]) -> p.Instance:
     env = p.Environment(set=(("CONFORMANCE_SET", f"value-{index}"), ("POPDIST_INSTANCE_INDEX", str(index))),
                         forward=("PATH", "CONFORMANCE_FORWARDED"), unset=("CONFORMANCE_UNSET",))
-    return p.Instance(index=index, host="localhost", local_index=index, ild=0, gcd=index, replica_offset=index,
-                      num_local_replicas=1, argv=(sys.executable, "-c", code), cwd=str(workdir), env=env,
-                      placement=p.Placement(numa_aware=False, strategy="none"), mpi_local_args=())
+    host = placed[index]
+    return p.Instance(index=index, host=host, local_index=placed[:index].count(host), ild=0, gcd=index,
+                      replica_offset=index, num_local_replicas=1, argv=(sys.executable, "-c", code), cwd=str(workdir),
+                      env=env, placement=p.Placement(numa_aware=False, strategy="none"), mpi_local_args=())
 
 
-def _env_source() -> dict[str, str]:
-    return dict(os.environ) | {"CONFORMANCE_FORWARDED": "from-the-shell", "CONFORMANCE_UNSET": "must-not-arrive"}
+def _env_source(target: Target) -> dict[str, str]:
+    return (dict(os.environ) | dict(target.env)
+            | {"CONFORMANCE_FORWARDED": "from-the-shell", "CONFORMANCE_UNSET": "must-not-arrive"})
 
 
 def _expect(expected: object, actual: object, what: str) -> None:
@@ -114,13 +149,16 @@ def _wait(launch: Launch, within_s: float = WAIT_S) -> ApplyResult:
     return box[0]
 
 
-def _run(factory: BackendFactory, code: str, workdir: Path) -> tuple[ApplyResult, MemorySink]:
+def _plan(backend: Backend, code: str, workdir: Path, target: Target) -> p.LaunchPlan:
+    return probe_plan(code, workdir, backend=backend.name, hosts=target.hosts)
+
+
+def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> tuple[ApplyResult, MemorySink]:
     backend, sink = factory(), MemorySink()
-    plan = probe_plan(code, workdir, backend=backend.name)
-    return _wait(backend.launch(plan, env_source=_env_source(), sink=sink)), sink
+    return _wait(backend.launch(_plan(backend, code, workdir, target), env_source=_env_source(target), sink=sink)), sink
 
 
-def check_declares_a_name(factory: BackendFactory, _workdir: Path) -> None:
+def check_declares_a_name(factory: BackendFactory, _workdir: Path, _target: Target = LOCAL) -> None:
     """Check that the backend class declares a non-empty ``name`` (the name plans and the registry use)."""
     name = getattr(type(factory()), "name", None)
     if not isinstance(name, str) or not name:
@@ -128,25 +166,25 @@ def check_declares_a_name(factory: BackendFactory, _workdir: Path) -> None:
         raise AssertionError(msg)
 
 
-def check_every_instance_succeeds(factory: BackendFactory, workdir: Path) -> None:
+def check_every_instance_succeeds(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that 2 instances exiting 0 give status 0, one status per instance and no failure."""
-    result, _ = _run(factory, "pass", workdir)
+    result, _ = _run(factory, "pass", workdir, target)
     _expect((0, (0, 0), (), None), (result.status, result.statuses, result.failures, result.root_cause), "result")
 
 
-def check_terminate_after_the_end_is_harmless(factory: BackendFactory, workdir: Path) -> None:
+def check_terminate_after_the_end_is_harmless(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that ``terminate`` after ``wait`` returned raises nothing."""
     backend = factory()
-    launch = backend.launch(probe_plan("pass", workdir, backend=backend.name), env_source=_env_source(),
+    launch = backend.launch(_plan(backend, "pass", workdir, target), env_source=_env_source(target),
                             sink=MemorySink())
     _wait(launch)
     launch.terminate(0)
     launch.terminate(1.0)
 
 
-def check_each_instance_runs_its_plan(factory: BackendFactory, workdir: Path) -> None:
+def check_each_instance_runs_its_plan(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that every instance runs once, in the plan's cwd, with its set, forwarded and unset variables."""
-    result, sink = _run(factory, _PROBE, workdir)
+    result, sink = _run(factory, _PROBE, workdir, target)
     seen = sorted((json.loads(line) for line in sink.lines() if line.startswith("{")), key=lambda r: str(r["index"]))
     expected = [{"index": str(i), "set": f"value-{i}", "forwarded": "from-the-shell", "unset": None,
                  "cwd": str(workdir)} for i in range(2)]
@@ -154,24 +192,24 @@ def check_each_instance_runs_its_plan(factory: BackendFactory, workdir: Path) ->
     _expect(expected, seen, "what each instance saw")
 
 
-def check_exit_status_propagates(factory: BackendFactory, workdir: Path) -> None:
+def check_exit_status_propagates(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that when instance 1 exits 3, the launch's status is 3 and instance 1 is the root cause."""
-    result, _ = _run(factory, _EXIT_3_ON_1, workdir)
+    result, _ = _run(factory, _EXIT_3_ON_1, workdir, target)
     cause = result.failure(result.root_cause)
     _expect((3, 1, 3), (result.status, result.root_cause, cause and cause.exit_code), "status, root cause, exit code")
 
 
-def check_signal_is_reported(factory: BackendFactory, workdir: Path) -> None:
+def check_signal_is_reported(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that when instance 1 is killed by SIGKILL, the status is 137 and its failure names the signal."""
-    result, _ = _run(factory, _KILLED_ON_1, workdir)
+    result, _ = _run(factory, _KILLED_ON_1, workdir, target)
     cause = result.failure(result.root_cause)
     _expect((137, signal.SIGKILL), (result.status, cause and cause.signal), "status and signal")
 
 
-def check_terminate_stops_every_instance(factory: BackendFactory, workdir: Path) -> None:
+def check_terminate_stops_every_instance(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that ``terminate`` stops instances that would run for a minute, none of them a root cause."""
     backend = factory()
-    launch = backend.launch(probe_plan(_SLEEP, workdir, backend=backend.name), env_source=_env_source(),
+    launch = backend.launch(_plan(backend, _SLEEP, workdir, target), env_source=_env_source(target),
                             sink=MemorySink())
     launch.terminate(1.0)
     result = _wait(launch, within_s=_STOP_S)
@@ -179,12 +217,12 @@ def check_terminate_stops_every_instance(factory: BackendFactory, workdir: Path)
     _expect(([0, 1], None), (stopped, result.root_cause), "stopped instances and root cause")
 
 
-def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path) -> None:
+def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that ``launch`` raises :class:`LaunchError` for a plan whose working directory is gone."""
     backend = factory()
-    plan = probe_plan("pass", workdir / "gone", backend=backend.name)
+    plan = _plan(backend, "pass", workdir / "gone", target)
     try:
-        launch = backend.launch(plan, env_source=_env_source(), sink=MemorySink())
+        launch = backend.launch(plan, env_source=_env_source(target), sink=MemorySink())
     except LaunchError:
         return
     _wait(launch)
@@ -194,44 +232,75 @@ def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path) 
 
 @positional_record
 class Check:
-    """One conformance check; ``processes`` when it needs the backend to start real processes."""
+    """One conformance check; ``needs``: the capabilities a backend must declare for it to apply."""
 
-    run: Callable[[BackendFactory, Path], None]
-    processes: bool
+    run: Callable[[BackendFactory, Path, Target], None]
+    needs: frozenset[str] = frozenset()
 
     @property
     def name(self) -> str:
         """The check's name without its ``check_`` prefix, for test ids."""
         return self.run.__name__.removeprefix("check_")
 
-    def __call__(self, factory: BackendFactory, workdir: Path) -> None:
-        """Run the check on backends made by ``factory``, with scratch directory ``workdir``."""
-        self.run(factory, workdir)
+    @property
+    def processes(self) -> bool:
+        """Whether the check runs real processes (it needs :data:`~poprun.backends.base.PROCESSES`)."""
+        return PROCESSES in self.needs
+
+    def applies_to(self, backend: object) -> bool:
+        """Return whether ``backend`` (a backend, its class or factory) declares every capability this check needs."""
+        return self.needs <= capabilities(backend)
+
+    def __call__(self, factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
+        """Run the check on backends made by ``factory``, with scratch directory ``workdir``, on ``target``."""
+        self.run(factory, workdir, target)
 
 
+_REAL = frozenset({PROCESSES})
 CHECKS = (
-    Check(check_declares_a_name, processes=False),
-    Check(check_every_instance_succeeds, processes=False),
-    Check(check_terminate_after_the_end_is_harmless, processes=False),
-    Check(check_each_instance_runs_its_plan, processes=True),
-    Check(check_exit_status_propagates, processes=True),
-    Check(check_signal_is_reported, processes=True),
-    Check(check_terminate_stops_every_instance, processes=True),
-    Check(check_missing_cwd_is_a_launch_error, processes=True),
+    Check(check_declares_a_name),
+    Check(check_every_instance_succeeds),
+    Check(check_terminate_after_the_end_is_harmless),
+    Check(check_each_instance_runs_its_plan, _REAL),
+    Check(check_exit_status_propagates, _REAL),
+    Check(check_signal_is_reported, _REAL),
+    Check(check_terminate_stops_every_instance, _REAL),
+    Check(check_missing_cwd_is_a_launch_error, frozenset({PROCESSES, CHECKS_BEFORE_START})),
 )
 
 
-def checks(*, processes: bool = True) -> tuple[Check, ...]:
-    """Return every check, or (``processes`` False) only those that start no real process."""
+def checks(backend: object = None, *, processes: bool = True) -> tuple[Check, ...]:
+    """
+    Return the checks that apply to ``backend`` (a backend, its class or factory), by its capabilities.
+
+    Without ``backend``: every check, or (``processes`` False) only those that start no real process.
+    """
+    if backend is not None:
+        return tuple(c for c in CHECKS if c.applies_to(backend))
     return tuple(c for c in CHECKS if processes or not c.processes)
 
 
-def parametrize(*, processes: bool = True) -> pytest.MarkDecorator:
+def parametrize(backend: object = None, *, processes: bool = True) -> pytest.MarkDecorator:
     """Return ``pytest.mark.parametrize("check", ...)`` over :func:`checks`, with readable ids."""
     import pytest
 
-    chosen = checks(processes=processes)
+    chosen = checks(backend, processes=processes)
     return pytest.mark.parametrize("check", chosen, ids=[c.name for c in chosen])
 
 
-__all__ = ["CHECKS", "BackendFactory", "Check", "MemorySink", "checks", "parametrize", "probe_plan"]
+def parametrize_backends(factories: Mapping[str, BackendFactory]) -> pytest.MarkDecorator:
+    """
+    Return ``pytest.mark.parametrize(("factory", "check"), ...)``: each backend with the checks that apply to it.
+
+    ``factories`` maps a name (for test ids: ``local-signal_is_reported``) to a backend class
+    or factory; which checks apply is read from the class's ``capabilities``.
+    """
+    import pytest
+
+    cases = [pytest.param(factory, check, id=f"{name}-{check.name}")
+             for name, factory in factories.items() for check in checks(factory)]
+    return pytest.mark.parametrize(("factory", "check"), cases)
+
+
+__all__ = ["CHECKS", "LOCAL", "BackendFactory", "Check", "MemorySink", "Target", "checks", "parametrize",
+           "parametrize_backends", "probe_plan"]

@@ -11,6 +11,10 @@ Built-ins are listed here. Third parties add backends through the entry-point gr
 backend when called with no argument), as submitit does. A plugin that fails to import becomes
 a PR401 warning and the rest works; a name declared twice is refused with PR402 when it is
 asked for; ``POPRUN_NO_PLUGINS=1`` skips discovery, like ``HYPOTHESIS_NO_PLUGINS``.
+
+The helpers :func:`describe`, :func:`find_format` and :func:`topology_prober` reach the
+optional protocol methods of :mod:`poprun.backends.base` (``describe``, ``formats``,
+``probe_topologies``), so that the CLI and render never ask a backend by name what it offers.
 """
 
 from __future__ import annotations
@@ -19,7 +23,7 @@ import os
 import sys
 from collections.abc import Callable, Iterable, Mapping
 
-from poprun.backends.base import Backend
+from poprun.backends.base import Backend, PlanFormat
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.hint import did_you_mean
 from poprun.core.record import evolve, record
@@ -28,6 +32,12 @@ from poprun.core.span import SourceSpan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
+
+    from poprun.planner.machine import HostTopology
+    from poprun.planner.plan import LaunchPlan
+
+    TopologyProbe = Callable[..., Mapping[str, HostTopology | str]]
+    """``probe(hosts, *, environ)``: each host's topology, or why it could not be read."""
 
 Factory = Callable[[], Backend]
 
@@ -44,19 +54,19 @@ def _local() -> Backend:
 
 
 def _mpirun() -> Backend:
-    from poprun.backends.mpirun import MpirunBackend
+    from poprun.backends.mpirun.backend import MpirunBackend
 
     return MpirunBackend()
 
 
 def _ssh() -> Backend:
-    from poprun.backends.ssh import SshBackend
+    from poprun.backends.ssh.backend import SshBackend
 
     return SshBackend()
 
 
 def _slurm() -> Backend:
-    from poprun.backends.slurm import SlurmBackend
+    from poprun.backends.slurm.backend import SlurmBackend
 
     return SlurmBackend()
 
@@ -288,3 +298,59 @@ def _unknown(name: str, names: tuple[str, ...], *, broken: _Source | None, span:
     hint = (f"did you mean '{guess}'? " if guess else "") + f"known backends: {_choices(names)}"
     return error("PR400", f"unknown backend '{name}'", detail=detail, span=span, hint=hint)
 
+
+
+def _created(registry: BackendRegistry, name: str) -> Backend | None:
+    """Return a new backend ``name``, or None when it is unknown, failed to load, or fails to be made."""
+    try:
+        factory = registry.factory(name)
+    except UnknownBackendError:
+        return None
+    try:
+        return factory()
+    except Exception:  # noqa: BLE001 - a plugin that cannot be made offers nothing; launching it says why
+        return None
+
+
+def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
+    """
+    Return the text the plan's backend adds to ``poprun plan`` (its ``describe``), or ``""``.
+
+    ``""`` too when the backend has no ``describe`` or cannot be had.
+    """
+    backend = _created(registry, plan.backend.name)
+    method = getattr(backend, "describe", None)
+    return str(method(plan)) if method is not None else ""
+
+
+def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
+    """Return the plan view ``name`` that a backend offers (its ``formats``), or None; the first backend by name wins."""
+    for backend_name in registry.names():
+        method = getattr(_created(registry, backend_name), "formats", None)
+        view: PlanFormat | None = method().get(name) if method is not None else None
+        if view is not None:
+            return view
+    return None
+
+
+def topology_prober(registry: BackendRegistry, name: str = "ssh") -> TopologyProbe | None:
+    """
+    Return ``probe(hosts, *, environ)`` by backend ``name``'s ``probe_topologies``, or None without that backend.
+
+    The backend is made when the probe is first called (placement needs another host's
+    topology), so that asking costs a launch nothing. A backend without ``probe_topologies``
+    answers every host with a reason.
+    """
+    try:
+        factory = registry.factory(name)
+    except UnknownBackendError:
+        return None
+
+    def probe(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+        method = getattr(factory(), "probe_topologies", None)
+        if method is None:
+            return dict.fromkeys(hosts, f"the {name} backend cannot read host topologies")
+        found: Mapping[str, HostTopology | str] = method(hosts, environ=environ)
+        return found
+
+    return probe

@@ -1,7 +1,8 @@
 """
 A test double: :class:`RecordingBackend` records the plans it is given and plays back scripted endings.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``;
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, ``poprun.planner.plan`` and one
+constant of :mod:`poprun.backends._process.output`;
 never the spec, and no other backend (it stands in for them). It never starts a
 process, so unit tests of ``apply`` stay fast and exact, the way httpx's ``MockTransport``
 serves tests of a client. Each instance ends as scripted (exit code 0 unless told); one
@@ -15,8 +16,8 @@ import signal
 from collections.abc import Mapping
 from typing import ClassVar
 
-from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink, environment
-from poprun.backends.output import TAIL_LINES
+from poprun.backends._process.output import TAIL_LINES
+from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink, TemporaryCache, environment
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -40,10 +41,11 @@ class Outcome:
 
 @record
 class Recorded:
-    """One call of :meth:`RecordingBackend.launch`: the plan, and the launching environment."""
+    """One call of :meth:`RecordingBackend.launch`: the plan, the launching environment and the temporary cache."""
 
     plan: LaunchPlan
     env_source: tuple[tuple[str, str], ...]  # sorted
+    cache: TemporaryCache | None = None
 
     def environment(self, index: int) -> dict[str, str]:
         """Return the environment instance ``index`` would get, by the local backend's rule."""
@@ -122,14 +124,15 @@ class RecordingBackend:
         self.launches: list[Recorded] = []
         self.running: list[RecordingLaunch] = []  # the launches returned, in order
 
-    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> RecordingLaunch:
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
+               cache: TemporaryCache | None = None) -> RecordingLaunch:
         """
-        Record ``plan`` and ``env_source``; return a launch that replays the outcomes.
+        Record ``plan``, ``env_source`` and ``cache``; return a launch that replays the outcomes.
 
         Raises:
             LaunchError: the scripted ``error``, after recording.
         """
-        self.launches.append(Recorded(plan=plan, env_source=tuple(sorted(env_source.items()))))
+        self.launches.append(Recorded(plan=plan, env_source=tuple(sorted(env_source.items())), cache=cache))
         if self.error is not None:
             raise self.error
         launch = RecordingLaunch(plan, self.outcomes, sink)

@@ -9,7 +9,7 @@ apply step's events as progress and log lines (:mod:`poprun.cli.progress`, :mod:
 prints how it ended (:func:`poprun.render.outcome.render_outcome`) and maps the result to an
 exit status. poprun makes itself a child subreaper here, so that descendants of instances that
 leave their process group come back to it and die with the launch
-(:mod:`poprun.backends.watchdog`).
+(:mod:`poprun.backends._process.watchdog`).
 """
 
 from __future__ import annotations
@@ -26,8 +26,8 @@ from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import Control, apply
+from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.registry import BackendRegistry
-from poprun.backends.watchdog import become_subreaper
 from poprun.cli import exitcode
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
@@ -41,7 +41,7 @@ from poprun.core.events import (
     Stopping,
 )
 from poprun.core.outcome import ApplyResult, signal_name
-from poprun.planner.environment import is_secret
+from poprun.core.secret import is_secret
 from poprun.planner.plan import LaunchPlan
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)

@@ -54,9 +54,10 @@ class View:
 
 def text(shown: Shown) -> str:
     """Return the plan as text (``poprun plan``), with derivations when ``explain``, after the topology table when asked."""
+    from poprun.backends.registry import default_registry, describe
     from poprun.render.explain import render_plan
 
-    out = render_plan(shown.plan, explain=shown.explain)
+    out = render_plan(shown.plan, explain=shown.explain, backend_text=describe(default_registry(), shown.plan))
     if shown.plan.output.print_topology:
         out = topology(shown.plan) + "\n" + out
     return out
@@ -91,9 +92,17 @@ def _dot(shown: Shown) -> str:
 
 
 def _sbatch(shown: Shown) -> str:
-    from poprun.planner.slurm import render_batch_script
+    return backend_format("sbatch", shown.plan, command=shown.launch, hosts=shown.hosts)
 
-    return render_batch_script(shown.plan, command=shown.launch, nodelist=shown.hosts)
+
+def backend_format(name: str, plan: LaunchPlan, *, command: tuple[str, ...], hosts: tuple[str, ...]) -> str:
+    """Return the view ``name`` of ``plan`` that a backend offers (``sbatch``: the slurm backend's batch script)."""
+    from poprun.backends.base import FormatRequest
+    from poprun.backends.registry import default_registry, find_format
+
+    view = find_format(default_registry(), name)
+    assert view is not None, f"no backend offers --format {name}"  # a built-in's: always there
+    return view(plan, FormatRequest(command=command, hosts=hosts))
 
 
 def _diff_text(diff: Diff, old_name: str, new_name: str) -> str:

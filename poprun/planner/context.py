@@ -1,7 +1,8 @@
 """
 What the solver may know about the world: environment, working directory, user, V-IPU config.
 
-Layer: ``poprun.planner``; standard library only. The solver itself reads nothing from
+Layer: ``poprun.planner``; the standard library and ``poprun.core``; never a backend (what
+reads other hosts' topologies is given by the caller). The solver itself reads nothing from
 the process: the CLI builds a :class:`Context` once (:meth:`Context.from_process`) and tests
 build their own, so solving stays pure and deterministic.
 """
@@ -34,12 +35,12 @@ class Context:
     environ: Mapping[str, str] = field(factory=dict)
     cwd: str = "/"
     is_root: bool = False
-    local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")
+    local_names: tuple[str, ...] = ("localhost", "127.0.0.1", "::1")  # this machine (poprun.core.localhost)
     vipu_config: Mapping[str, str] = field(factory=dict)
     vipu_config_file: str | None = None
     # This machine's topology, read when placement needs it (sysfs: poprun.planner.machine.discover).
     probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
-    # Other hosts' topologies, read when placement needs them (through ssh: poprun.backends.ssh.probe_topologies).
+    # Other hosts' topologies, read when placement needs them (a backend's probe_topologies: the ssh backend's).
     remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
     # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
     mpi_probe: Callable[[tuple[str, ...], str], str | None] | None = field(default=None, eq=False)
@@ -55,26 +56,31 @@ class Context:
         object.__setattr__(self, "environ", _sorted(self.environ))
 
     @classmethod
-    def from_process(cls, *, probe_hosts: bool = False) -> Context:
+    def from_process(cls, *, probe_hosts: bool = False,
+                     remote_probe: Callable[..., Mapping[str, HostTopology | str]] | None = None) -> Context:
         """
         Return the context of this process.
 
-        ``probe_hosts``: other hosts' topologies may be read through ssh when placement needs
-        them, and host names resolved (a launch); ``poprun plan`` never waits on hosts or on
-        DNS, and leaves those instances unbound.
+        ``probe_hosts``: other hosts' topologies may be read when placement needs them, with
+        ``remote_probe(hosts, *, environ)`` (a backend's ``probe_topologies``, which the caller
+        gives: the planner imports no backend), and host names resolved (a launch);
+        ``poprun plan`` never waits on hosts or on DNS, and leaves those instances unbound.
         """
-        names = {"localhost", "127.0.0.1", "::1", os.uname().nodename}
+        from poprun.core.localhost import local_names
+
         config, where = _read_vipu_config()
         from poprun.planner import address
         from poprun.planner.machine import discover
 
         environ = dict(os.environ)
+        probe = remote_probe if probe_hosts else None
         return cls(environ=environ, cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
-                   remote_probe=_probe_over_ssh if probe_hosts else None, ssh_hostname=address.ssh_hostname,
+                   remote_probe=(lambda hosts: probe(hosts, environ=os.environ)) if probe is not None else None,
+                   ssh_hostname=address.ssh_hostname,
                    slurm_node_address=address.slurm_node_address if probe_hosts else None,
                    resolves=address.resolves if probe_hosts else None,
                    mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
-                   local_names=tuple(sorted(names)), vipu_config=config, vipu_config_file=where)
+                   local_names=local_names(), vipu_config=config, vipu_config_file=where)
 
 
 def _mpi_probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | None:
@@ -87,13 +93,6 @@ def _mpirun(environ: Mapping[str, str]) -> str | None:
     from poprun.planner.mpiuse import mpirun_path
 
     return mpirun_path(environ)
-
-
-def _probe_over_ssh(hosts: tuple[str, ...]) -> Mapping[str, HostTopology | str]:
-    """Return each host's topology read through ssh, or why it could not be."""
-    from poprun.planner.machine import probe_over_ssh
-
-    return probe_over_ssh(hosts, environ=os.environ)
 
 
 def _cwd() -> str:

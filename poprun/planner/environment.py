@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from popdist import env as names
 from poprun.core.diagnostic import Diagnostic, error
+from poprun.core.secret import is_secret as is_secret  # noqa: PLC0414 - kept here for its users
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.address import is_address
@@ -16,11 +17,6 @@ from poprun.planner.state import Solver
 from poprun.planner.target import Target
 
 DEFAULT_MASTER_PORT = "29500"
-# Words that make a variable's name look secret (a substring, any case): masking one too many is
-# the safe side (KEYBOARD_LAYOUT is masked too). SESSION is left out: most such names (DBUS_SESSION_BUS_ADDRESS,
-# XDG_SESSION_ID) are not secrets; --mask names any other variable.
-_SECRET_WORDS = ("TOKEN", "SECRET", "PASSWORD", "PASSWD", "PASSPHRASE", "KEY", "AUTH", "CREDENTIAL", "PRIVATE",
-                 "COOKIE")
 
 def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cache,
               target: Target | None, *, backend: str) -> dict[str, str]:
@@ -197,16 +193,3 @@ def validate_instance_args(spec: Spec, num_instances: int) -> tuple[Diagnostic, 
         for a in spec.instance_args if a.value.index >= num_instances
     )
 
-
-def is_secret(name: str, mask: tuple[str, ...] = ()) -> bool:
-    """
-    Return whether a variable's value must be masked in text output.
-
-    It is when its name holds a word that looks secret (TOKEN, SECRET, PASSWORD, PASSWD,
-    PASSPHRASE, KEY, AUTH, CREDENTIAL(S), PRIVATE, COOKIE; any case), or is one of ``mask``
-    (the plan's ``--mask`` names).
-    """
-    if name in mask:
-        return True
-    upper = name.upper()
-    return any(word in upper for word in _SECRET_WORDS)

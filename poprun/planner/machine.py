@@ -131,7 +131,8 @@ def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name:
     return HostTopology(name=name or os.uname().nodename, numa_nodes=tuple(nodes), cpuset=cpuset, mems=mems)
 
 
-# A POSIX shell script that prints what discover() reads, for hosts reached through ssh:
+# A POSIX shell script that prints what discover() reads, for hosts reached through ssh (the ssh
+# backend's probe_topologies runs it):
 # "node N CPULIST" lines, "cpu C PACKAGE CORE" lines, then the login shell's Cpus_allowed_list
 # and Mems_allowed_list lines of /proc/self/status.
 DUMP_SCRIPT = """\
@@ -166,40 +167,6 @@ def from_dump(name: str, text: str) -> HostTopology:
         nodes = {0: tuple(sorted(cores))}
     return HostTopology(name=name, numa_nodes=_nodes(nodes, cores), cpuset=allowed.get("Cpus_allowed_list:"),
                         mems=allowed.get("Mems_allowed_list:"))
-
-
-def probe_over_ssh(hosts: tuple[str, ...], *, environ: Mapping[str, str], timeout_s: float = 4.0,
-                   ssh: str = "ssh") -> dict[str, HostTopology | str]:
-    """
-    Return each host's topology, read at once through ssh (:data:`DUMP_SCRIPT`), or a one-line reason it was not.
-
-    ssh runs as the ssh backend runs it: non-interactive, with a connect timeout, and with
-    ``-F $POPRUN_SSH_CONFIG`` when that is set. The whole probe takes at most ``timeout_s``.
-    """
-    import shlex
-    import subprocess
-    import time
-
-    config = environ.get("POPRUN_SSH_CONFIG")
-    base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes", "-o", "ConnectTimeout=3", "-T"]
-    procs = {host: subprocess.Popen([*base, "--", host, "sh -c " + shlex.quote(DUMP_SCRIPT)],  # noqa: S603
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, errors="replace", env=dict(environ)) for host in hosts}
-    deadline = time.monotonic() + timeout_s
-    found: dict[str, HostTopology | str] = {}
-    for host, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.communicate()
-            found[host] = f"no answer within {timeout_s:g} s"
-            continue
-        try:
-            found[host] = from_dump(host, out)
-        except ValueError:
-            found[host] = err.strip().splitlines()[-1] if err.strip() else f"ssh exited with {proc.returncode}"
-    return found
 
 
 def load(source: str) -> HostTopology:

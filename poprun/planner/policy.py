@@ -251,7 +251,7 @@ def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...]
 
     OpenMPI busy-polls unless it knows a host is oversubscribed; ``-H host:N`` tells it the host
     has a slot per instance, so the mpirun command asks such hosts' processes to yield
-    (:data:`poprun.planner.mpicommand.YIELD`). Only this machine's CPUs (its cpuset) are known
+    (:data:`poprun.backends.mpirun.command.YIELD`). Only this machine's CPUs (its cpuset) are known
     without asking a host; a recorded ``POPRUN_HOST_TOPOLOGY`` describes placement, not this count.
     """
     if backend != "mpirun":

@@ -1,7 +1,7 @@
 """
 The Slurm allocation poprun runs in, read from the variables Slurm sets (``salloc``, ``sbatch``).
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and the plan model. Imported only when ``SLURM_JOB_ID`` is
+Layer: ``poprun.planner``; imports ``poprun.core``. Imported only when ``SLURM_JOB_ID`` is
 set (by :mod:`poprun.planner.solve` and the slurm backend), so that a launch outside an
 allocation never loads it.
 
@@ -9,17 +9,17 @@ Inside an allocation, the hosts default to its nodes (``SLURM_JOB_NODELIST``, in
 hostlist syntax), and the instances to its tasks when the allocation asked for tasks
 (``SLURM_NTASKS``: ``salloc -n`` or ``--ntasks-per-node``), else one per node. Tasks and CPUs per
 node (``SLURM_TASKS_PER_NODE``, ``SLURM_JOB_CPUS_PER_NODE``, in Slurm's ``2(x3),1`` form) are
-read for the explanation. :func:`render_batch_script` writes the batch script of ``poprun submit``.
+read for the explanation. (The batch script of ``poprun submit`` is the slurm backend's:
+:mod:`poprun.backends.slurm.batch`.)
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 from poprun.core.hostlist import HostlistError, expand
 from poprun.core.record import record
-from poprun.planner.plan import LaunchPlan
 
 JOB_ID = "SLURM_JOB_ID"
 NODELIST = "SLURM_JOB_NODELIST"
@@ -93,33 +93,3 @@ def _per_node(counts: tuple[int, ...], noun: str) -> str:
     same = len(set(counts)) == 1
     number = str(counts[0]) if same else ",".join(map(str, counts))
     return f"{number} {noun}{'' if same and counts[0] == 1 else 's'}"
-
-
-def render_batch_script(plan: LaunchPlan, *, command: Sequence[str], nodelist: Sequence[str] = (),
-                        job_name: str = "poprun") -> str:
-    """
-    Return the ``sbatch`` script that runs ``command`` (a poprun command line) in an allocation shaped for ``plan``.
-
-    The allocation has the plan's hosts as nodes (``--nodelist`` when the user named them) and
-    its instances per host as tasks per node, so that poprun, inside it, takes the nodes as its
-    hosts and the tasks as its instances (:func:`from_environ`), and solves the same plan.
-    The script runs in the plan's working directory.
-    """
-    topology = plan.topology
-    cwd = plan.instances[0].cwd if plan.instances else "."
-    lines = ["#!/bin/sh", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={len(topology.hosts)}",
-             f"#SBATCH --ntasks-per-node={topology.instances_per_host}", f"#SBATCH --chdir={cwd}"]
-    if nodelist:
-        lines.append(f"#SBATCH --nodelist={','.join(nodelist)}")
-    lines += [(f"# Written by poprun {plan.poprun_version} submit: {topology.num_instances} instances, "
-               f"{topology.instances_per_host} per node on {len(topology.hosts)} nodes."),
-              "# Inside the allocation poprun takes its nodes as the hosts and starts the instances with srun.",
-              "exec " + " ".join(_quote(word) for word in command)]
-    return "\n".join(lines) + "\n"
-
-
-def _quote(word: str) -> str:
-    """Return ``word`` quoted for sh, as :func:`shlex.quote` would (without importing shlex at start-up)."""
-    if word and all(c.isalnum() or c in "@%+=:,./-_" for c in word):
-        return word
-    return "'" + word.replace("'", "'\"'\"'") + "'"

@@ -1,7 +1,8 @@
 """
 The plan as text: a summary, the per-instance table and, with ``--explain``, every decision.
 
-Layer: ``poprun.render``; imports ``poprun.planner`` (plan model) and ``poprun.core``.
+Layer: ``poprun.render``; imports ``poprun.planner`` (plan model) and ``poprun.core``; never a
+backend: what a backend adds (the mpirun command) comes in as text (``backend_text``).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from poprun.planner.environment import is_secret
-from poprun.planner.mpicommand import mpirun_command, render_mpirun_command
 from poprun.planner.plan import Decision, Instance, LaunchPlan
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
@@ -101,21 +101,6 @@ def render_environment(instance: Instance, mask: tuple[str, ...] = ()) -> str:
     return "\n".join(lines) + "\n"
 
 
-def render_mpirun(plan: LaunchPlan) -> str:
-    """
-    Return the ``mpirun`` command line that runs ``plan`` (:mod:`poprun.planner.mpicommand`), secrets masked.
-
-    Quoted as real poprun logged its ``Running command:``. Every forwarded variable is shown;
-    at apply time, given the launching environment, the command leaves out those it lacks.
-    """
-    argv = list(mpirun_command(plan))
-    for i in range(1, len(argv)):
-        name, equals, _ = argv[i].partition("=")
-        if argv[i - 1] == "-x" and equals and is_secret(name, plan.mask):
-            argv[i] = f"{name}=********"
-    return f"mpirun command: {render_mpirun_command(argv)}\n"
-
-
 def render_program(instances: Sequence[Instance]) -> str:
     """
     Return the program each instance runs and its working directory, quoted as a shell would need.
@@ -153,8 +138,13 @@ def _differences(instances: Sequence[Instance]) -> str:
     return text
 
 
-def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
-    """Return the text view of a plan (``poprun plan``), with derivations when ``explain``."""
+def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = "") -> str:
+    """
+    Return the text view of a plan (``poprun plan``), with derivations when ``explain``.
+
+    ``backend_text`` is what the plan's backend adds, after the program (its ``describe``:
+    :func:`poprun.backends.registry.describe`); ``""`` adds nothing.
+    """
     parts = [render_summary(plan), render_instances(plan.instances)]
     if explain:
         parts.append(render_decisions(plan.explanation))
@@ -164,8 +154,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False) -> str:
             parts.append(render_placement(plan.instances))
         parts.append(render_environment(plan.instances[0], plan.mask) + _differences(plan.instances))
     parts.append(render_program(plan.instances))
-    if plan.backend.name == "mpirun":
-        parts.append(render_mpirun(plan))
+    if backend_text:
+        parts.append(backend_text)
     if plan.warnings:
         parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
     return "\n".join(parts)

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends.mpiout import TagSplitter
+from poprun.backends.mpirun.command import mpirun_command
+from poprun.backends.mpirun.mpiout import TagSplitter
 from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
-from poprun.planner.mpicommand import mpirun_command
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import solve
 
@@ -106,7 +106,7 @@ def test_mpirun_backend_passes_every_line_whole_and_once(tmp_path: Path) -> None
     4 instances x 5,000 lines of 40 bytes through the mpirun backend: every line arrives once, whole.
 
     (Lines under about 14 bytes written in bulk are where OpenMPI 4.1.4's --tag-output drops
-    output; see poprun.planner.mpicommand. Lines of real programs are longer.)
+    output; see poprun.backends.mpirun.command. Lines of real programs are longer.)
     """
     program = 'i=0; while [ $i -lt 5000 ]; do echo "instance $POPDIST_INSTANCE_INDEX line $i padding...."; i=$((i+1)); done'
     done = subprocess.run([sys.executable, "-m", "poprun.cli.main", "--backend", "mpirun", "--num-instances", "4",

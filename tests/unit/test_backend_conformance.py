@@ -17,17 +17,30 @@ pytestmark = pytest.mark.timeout(60)
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("factory", [LocalBackend, OfflineBackend], ids=["local", "offline"])
-@conformance.parametrize()
+@conformance.parametrize_backends({"local": LocalBackend, "offline": OfflineBackend})
 def test_built_in_backend_passes_the_conformance_suite(factory, check, tmp_path):
-    """The local and offline backends pass every check, with real probe processes."""
+    """The local and offline backends pass every check, with real probe processes (ssh, mpirun, slurm: tests/e2e)."""
     check(factory, tmp_path)
 
 
-@conformance.parametrize(processes=False)
+@conformance.parametrize(RecordingBackend)
 def test_recording_backend_passes_the_checks_without_processes(check, tmp_path):
-    """The test double passes every check that does not need a real process."""
+    """The test double passes every check its (empty) capabilities allow: those that need no real process."""
     check(RecordingBackend, tmp_path)
+
+
+def test_capabilities_decide_which_checks_apply():
+    """A backend's declared capabilities, not its name, choose its checks: mpirun and slurm do not check before start."""
+    from poprun.backends.mpirun.backend import MpirunBackend
+    from poprun.backends.slurm.backend import SlurmBackend
+    from poprun.backends.ssh.backend import SshBackend
+
+    every = [c.name for c in conformance.checks()]
+    found = {b.name: [c.name for c in conformance.checks(b)]
+             for b in (LocalBackend, OfflineBackend, SshBackend, MpirunBackend, SlurmBackend, RecordingBackend)}
+
+    assert {"local": every, "offline": every, "ssh": every, "mpirun": every[:-1], "slurm": every[:-1],
+            "recording": every[:3]} == found
 
 
 def test_conformance_ids_name_the_checks():

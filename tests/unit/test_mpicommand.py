@@ -5,10 +5,10 @@ import shlex
 from hypothesis import given
 from hypothesis import strategies as st
 
+from poprun.backends.mpirun.command import mpirun_command, render_mpirun_command
 from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
-from poprun.planner.mpicommand import mpirun_command, render_mpirun_command
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import solve
 

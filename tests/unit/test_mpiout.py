@@ -19,7 +19,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poprun.backends.mpiout import TagSplitter, parse_failure
+from poprun.backends.mpirun.mpiout import TagSplitter, parse_failure
 
 DATA = Path(__file__).parents[1] / "data" / "mpirun"
 

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends.mpirelay import Relay
-from poprun.backends.mpistart import host_timeout, mpirun_settings, ssh_host_named
+from poprun.backends.mpirun.mpirelay import Relay
+from poprun.backends.mpirun.mpistart import host_timeout, mpirun_settings, ssh_host_named
 
 SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
 

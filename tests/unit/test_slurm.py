@@ -2,10 +2,11 @@
 
 import pytest
 
+from poprun.backends.slurm.batch import render_batch_script
 from poprun.core.diagnostic import DiagnosticError
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
-from poprun.planner.slurm import Allocation, expand_counts, from_environ, render_batch_script
+from poprun.planner.slurm import Allocation, expand_counts, from_environ
 from poprun.planner.solve import Solution, solve
 
 ALLOCATION = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_TASKS_PER_NODE": "2(x3)",

@@ -6,7 +6,7 @@ import signal
 import subprocess
 import sys
 
-from poprun.backends.slurm import (
+from poprun.backends.slurm.backend import (
     LAUNCH,
     SRUN_PIECE,
     WRAPPER,

@@ -14,8 +14,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poprun.backends.base import LaunchError
-from poprun.backends.ssh import _diagnose, environment_input, host_timeout, remote_command
-from poprun.backends.sshkey import key_to_distribute
+from poprun.backends.ssh.backend import _diagnose, environment_input, host_timeout, remote_command
+from poprun.backends.ssh.sshkey import key_to_distribute
 from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
@@ -290,7 +290,7 @@ def test_a_host_timeout_out_of_range_is_refused(value: str) -> None:
 
 def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Path) -> None:
     """A host '-oProxyCommand=...' (a hand-made plan) reaches the real ssh as a name after '--': nothing runs."""
-    from poprun.backends.ssh import SshClient
+    from poprun.backends.ssh.backend import SshClient
 
     planted = tmp_path / "pwned"
     client = SshClient(config=str(tmp_path / "no_config"))
@@ -307,7 +307,7 @@ def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Pa
 
 def test_a_login_greeting_without_a_newline_is_no_problem_and_stays_the_instances_output() -> None:
     """A shell that prints 'Welcome' (no newline) before the check: the host passed, and the greeting is kept."""
-    from poprun.backends.ssh import _greeting
+    from poprun.backends.ssh.backend import _greeting
 
     answer = "Welcome to pod9poprun-preflight ok\n"
 

@@ -6,6 +6,8 @@ Layer: ``poprun.cli``. The run itself is :func:`poprun.cli.run.run_plan` over :f
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from poprun.cli import exitcode
 from poprun.cli.commands.common import (
     backend_span,
@@ -28,11 +30,12 @@ from poprun.planner.plan import LaunchPlan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.cli.progress import Console
+    from poprun.planner.machine import HostTopology
 
 
 def apply(args: list[str], session: Session) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
-    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
     if args and is_plan_path(args[0]):
         return _apply_saved(args[0], args[1:], ctx, session)
     command, spec = read_command(session, list(args), ctx, prog="poprun apply", allow_spec_file=True)
@@ -64,7 +67,7 @@ def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session) -> 
 
 def classic(args: list[str], session: Session) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
-    ctx = Context.from_process(probe_hosts=True)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
     command, spec = read_command(session, list(args), ctx, prog="poprun", allow_spec_file=False)
     reject_plan_options(command, "the classic form")
     if command.help:
@@ -98,3 +101,11 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
         session.warn(exc.diagnostics)
         return exitcode.LAUNCH
     return run_plan(plan, registry=registry, console=console)
+
+
+def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+    """Read other hosts' topologies with the backend that can (the registry is made only when placement asks)."""
+    from poprun.backends.registry import default_registry, topology_prober
+
+    prober = topology_prober(default_registry())
+    return prober(hosts, environ=environ) if prober is not None else dict.fromkeys(hosts, "no backend reads them")

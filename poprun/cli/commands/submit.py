@@ -11,6 +11,7 @@ import sys
 from poprun.cli import exitcode
 from poprun.cli.commands.common import outside_slurm, read_command, reject_plan_options, show_help, solve_spec
 from poprun.cli.session import Session
+from poprun.cli.views import backend_format
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -37,9 +38,7 @@ def submit(args: list[str], session: Session) -> int:
     if nodes is not None and spec.hosts is None and spec.host_file is None:
         spec = evolve(spec, hosts=Sourced(tuple(f"node{i}" for i in range(1, nodes.value + 1)), nodes.origin))
     plan = solve_spec(session, spec, ctx, require_program=True).plan
-    from poprun.planner.slurm import render_batch_script
-
-    script = render_batch_script(plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), nodelist=named)
+    script = backend_format("sbatch", plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), hosts=named)
     if dry_run:
         sys.stdout.write(script)
         return exitcode.OK

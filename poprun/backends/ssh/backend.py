@@ -1,8 +1,8 @@
 """
 The ``ssh`` backend: instances on other hosts through the OpenSSH client, those on this machine as children.
 
-Layer: ``poprun.backends``; imports the backend modules, ``poprun.core`` (diagnostics) and
-``poprun.planner.plan``; never the spec. Needs ``ssh`` here and a POSIX login shell, ``sh`` and
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+``poprun.core`` (diagnostics) and ``poprun.planner.plan``; never the spec, never another backend. Needs ``ssh`` here and a POSIX login shell, ``sh`` and
 ``setsid`` (util-linux) on the hosts.
 
 The client runs non-interactively (``BatchMode``), with a connect timeout, and with one
@@ -14,7 +14,7 @@ every host passed. A host whose name is unknown (PR405), that cannot be reached 
 whose host key is not trusted (PR407), that refuses the key (PR408), or that lacks the working
 directory, the program or its interpreter (PR409) is reported, each with the seed's advice
 (section 2.2.1), within :data:`PREFLIGHT_S` seconds, never a hang. With ``--distribute-ssh-key``
-the key is copied to every host first (:mod:`poprun.backends.sshkey`).
+the key is copied to every host first (:mod:`poprun.backends.ssh.sshkey`).
 
 Each remote instance runs in the plan's working directory (section 2.2.4: the same on every
 host) with the host's login environment minus ``env.unset``, plus the forwarded variables
@@ -45,28 +45,37 @@ import time
 from collections.abc import Mapping, Sequence
 
 from popdist.env import EXECUTABLE_CACHE_PATH
-from poprun.backends.base import LaunchError, OutputSink, environment
-from poprun.backends.files import private_directory, remove_directories
-from poprun.backends.local import (
+from poprun.backends._process.files import private_directory, remove_directories
+from poprun.backends._process.instance import (
     DEFAULT_GRACE_S,
-    LocalLaunch,
     abandon,
+    bound_argv,
+    directories_to_remove,
     executable,
     forwarded_stdin,
-    is_this_machine,
     start_instance,
-    temporary_directories,
 )
-from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, WatchdogError
+from poprun.backends._process.output import Router
+from poprun.backends._process.supervisor import LocalLaunch
+from poprun.backends._process.watchdog import Watchdog, WatchdogError
+from poprun.backends.base import (
+    CHECKS_BEFORE_START,
+    PROCESSES,
+    LaunchError,
+    OutputSink,
+    TemporaryCache,
+    environment,
+)
 from poprun.core.diagnostic import Diagnostic, error
+from poprun.core.localhost import is_this_machine
 from poprun.core.span import SourceSpan
-from poprun.planner.mpicommand import bound_argv
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import ClassVar
+
+    from poprun.planner.machine import HostTopology
 
 SSH_CONFIG = "POPRUN_SSH_CONFIG"
 CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
@@ -169,6 +178,20 @@ class PreflightError(LaunchError):
                          + "; ".join(d.detail for d in diagnostics), diagnostics=tuple(diagnostics))
 
 
+def ssh_options(*, config: str | None = None, ssh: str = "ssh", host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S,
+                connect_timeout_s: float = CONNECT_TIMEOUT_S) -> list[str]:
+    """
+    Return the OpenSSH client and the options every ssh of poprun runs with (launches, probes).
+
+    Batch mode (never a prompt), a connect timeout, keep-alives that end the connection after
+    ``host_timeout_s`` without an answer, and ``-F config`` when given (``POPRUN_SSH_CONFIG``).
+    """
+    alive = max(1, round(host_timeout_s / 3))  # three unanswered keep-alives and the connection ends
+    return [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
+            "-o", f"ConnectTimeout={max(1, round(connect_timeout_s))}", "-o", f"ServerAliveInterval={alive}",
+            "-o", "ServerAliveCountMax=3"]
+
+
 class SshClient:
     """
     The OpenSSH client as poprun runs it: batch mode, a connect timeout, shared connections per host.
@@ -183,10 +206,8 @@ class SshClient:
                  host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         # the sockets: DIR/%C.k (40 hex digits and a slot) and ssh's temporary suffix (17) in 107 bytes
         self.directory = private_directory("poprun-ssh-", max_length=107 - 1 - 40 - 3 - 17)
-        alive = max(1, round(host_timeout_s / 3))  # three unanswered keep-alives and the connection ends
-        self._base = [ssh, *(["-F", config] if config else []), "-o", "BatchMode=yes",
-                      "-o", f"ConnectTimeout={max(1, round(connect_timeout_s))}", "-o", f"ServerAliveInterval={alive}",
-                      "-o", "ServerAliveCountMax=3"]
+        self._base = ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
+                                 connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
 
     def _options(self, slot: int) -> list[str]:
@@ -589,13 +610,25 @@ class SshBackend:
     """Runs the instances of remote hosts through ssh, and those of this machine as child processes."""
 
     name: ClassVar[str] = "ssh"
+    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START})
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
 
-    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> LocalLaunch:
+    def probe_topologies(self, hosts: tuple[str, ...], *,
+                         environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+        """Return each host's topology, read through ssh, or why it could not be (:mod:`.probe`)."""
+        from poprun.backends.ssh.probe import probe_topologies
+
+        return probe_topologies(hosts, environ=environ)
+
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
+               cache: TemporaryCache | None = None) -> LocalLaunch:
         """
         Check every host, then start every instance; return without waiting.
+
+        ``cache``, when to be removed at the end, is made on every remote host that lacks it
+        (see :func:`remote_command`) and removed there by the last of its instances.
 
         Raises:
             PreflightError: when any host cannot run the plan (nothing has started).
@@ -605,7 +638,7 @@ class SshBackend:
         envs = [environment(i, source) for i in plan.instances]
         config = source.get(SSH_CONFIG) or None
         if plan.ssh_keys.enabled:
-            from poprun.backends.sshkey import distribute_key
+            from poprun.backends.ssh.sshkey import distribute_key
 
             hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
@@ -614,18 +647,18 @@ class SshBackend:
         client = SshClient(config=config, host_timeout_s=timeout_s,
                            connect_timeout_s=CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
         try:
-            return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s)
+            return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache)
         except BaseException:
             client.close()
             raise
 
     def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
-                sink: OutputSink, *, timeout_s: float) -> LocalLaunch:
+                sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None) -> LocalLaunch:
         budget = preflight_budget(source, timeout_s)
         deadline = time.monotonic() + budget
         slots = _slots(plan)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
-        remove = temporary_directories(plan)
+        remove = directories_to_remove(cache)
         # first: should poprun die from here on, the watchdog removes the directories and the connections
         watchdog, clients = _watchdogs((*remove, client.directory), source)
         _connect(plan, client, _shared_connections(plan, slots), budget, guards=(clients, watchdog))
@@ -633,10 +666,10 @@ class SshBackend:
         procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
             inputs = {index: environment_input(plan.instances[index], envs[index]) for index in sorted(remote)}
-            cache = remove[0] if remove else None  # the temporary cache made here (by record), to make on the hosts
+            made = remove[0] if remove else None  # the temporary cache made here (by record), to make on the hosts
             stdin = forwarded_stdin() if 0 in remote else None  # instance 0 reads poprun's stdin (mpirun's way)
             stdin_directory = f"/tmp/poprun-stdin-{os.urandom(6).hex()}" if stdin is not None else None  # noqa: S108
-            for index, command in _commands(plan, remote, cache, timeout_s, stdin_directory).items():
+            for index, command in _commands(plan, remote, made, timeout_s, stdin_directory).items():
                 procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
                     client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)

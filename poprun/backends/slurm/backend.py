@@ -1,8 +1,10 @@
 """
 The ``slurm`` backend: inside a Slurm allocation, every instance is a task of one ``srun`` step.
 
-Layer: ``poprun.backends``; imports the backend modules, ``poprun.planner.plan`` and
-``poprun.planner.slurm``; never the spec. Needs ``srun``, ``squeue`` and ``scancel`` here, and
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+``poprun.planner.plan`` and ``poprun.planner.slurm`` (the allocation); never the spec, never
+another backend. Its :mod:`.batch` writes the ``sbatch`` script, offered to ``poprun plan
+--format sbatch`` and ``poprun submit`` by :meth:`SlurmBackend.formats`. Needs ``srun``, ``squeue`` and ``scancel`` here, and
 the Python that runs poprun at the same path on the nodes (a shared software stack).
 
 The step (:func:`srun_command`)::
@@ -24,7 +26,7 @@ configuration cannot carry per-instance environments with arbitrary values (newl
 allocation (``SLURM_JOB_CPUS_PER_NODE``); otherwise srun would wait for CPUs that never come.
 
 Output: ``--label`` prefixes every line with its task number (``N: ``, right-aligned), and
-:class:`LabelSplitter` gives each instance's lines to the :class:`~poprun.backends.output.Router`,
+:class:`LabelSplitter` gives each instance's lines to the :class:`~poprun.backends._process.output.Router`,
 which tags, filters and keeps the failure report's tail exactly as for the other backends.
 srun splits a line longer than 1024 bytes into labelled pieces of 1024 (an exactly 1024-byte
 line is followed by an empty piece); the splitter joins them again. Lines srun writes itself are
@@ -63,19 +65,22 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from popdist.env import EXECUTABLE_CACHE_PATH
+from poprun.backends._process.files import private_directory, which
+from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove
+from poprun.backends._process.launcher import LauncherLaunch, start_launcher
+from poprun.backends._process.output import Router
+from poprun.backends._process.watchdog import Watchdog
 from poprun.backends.base import (
     NOT_FOUND,
+    PROCESSES,
     ApplyResult,
+    FormatRequest,
     InstanceEnded,
     LaunchError,
     OutputSink,
+    PlanFormat,
+    TemporaryCache,
 )
-from poprun.backends.files import private_directory, which
-from poprun.backends.launcher import LauncherLaunch, start_launcher
-from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
-from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
 
@@ -148,12 +153,15 @@ def srun_command(plan: LaunchPlan, *, srun: str = "srun", python: str = sys.exec
             *(["--overcommit"] if overcommit else []), python, "-I", "-S", "-c", WRAPPER)
 
 
-def encode_instances(plan: LaunchPlan) -> str:
-    """Return ``POPRUN_SLURM_LAUNCH``: each instance's argv, cwd, environment and CPUs, compressed."""
-    temporary = plan.cache.mode == "temporary"
+def encode_instances(plan: LaunchPlan, cache: TemporaryCache | None = None) -> str:
+    """
+    Return ``POPRUN_SLURM_LAUNCH``: each instance's argv, cwd, environment and CPUs, compressed.
+
+    With ``cache``, each task makes that temporary executable cache on its node first.
+    """
+    path = cache.path if cache is not None else None
     data = [{"argv": list(i.argv), "cwd": i.cwd, "set": dict(i.env.set), "unset": list(i.env.unset),
-             "cpus": i.placement.cpus, "cache": i.env.get(EXECUTABLE_CACHE_PATH) if temporary else None}
-            for i in plan.instances]
+             "cpus": i.placement.cpus, "cache": path} for i in plan.instances]
     raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
@@ -252,7 +260,7 @@ def parse_task_ends(line: str) -> list[tuple[int, int | None, int | None]]:
 
 
 class SlurmLaunch(LauncherLaunch):
-    """The running srun step of one plan; see :class:`~poprun.backends.launcher.LauncherLaunch`."""
+    """The running srun step of one plan; see :class:`~poprun.backends._process.launcher.LauncherLaunch`."""
 
     thread_name = "poprun-slurm"
 
@@ -357,13 +365,22 @@ class SlurmBackend:
     """Runs the plan as one srun step inside the Slurm allocation poprun runs in."""
 
     name: ClassVar[str] = "slurm"
+    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES})  # a task finds a missing directory itself
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
 
-    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> SlurmLaunch:
+    def formats(self) -> Mapping[str, PlanFormat]:
+        """Return ``sbatch``: the batch script of ``poprun submit`` (:func:`.batch.render_batch_script`)."""
+        return {"sbatch": _sbatch}
+
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
+               cache: TemporaryCache | None = None) -> SlurmLaunch:
         """
         Start the srun step of ``plan``; return without waiting.
+
+        ``cache`` is made by each task on its node (:func:`encode_instances`), and, when to be
+        removed at the end, removed on this machine only (see the module docstring).
 
         Raises:
             LaunchError: 125 outside an allocation, or when the instances do not fit in the
@@ -378,7 +395,7 @@ class SlurmBackend:
         if srun is None:
             raise LaunchError("srun not found on PATH: the slurm backend needs Slurm's client commands",
                               status=NOT_FOUND)
-        payload = encode_instances(plan)
+        payload = encode_instances(plan, cache)
         if len(payload) > MAX_PAYLOAD:
             raise LaunchError(f"the plan's {len(plan.instances)} instances take {len(payload)} bytes, more than "
                               f"the environment carries ({MAX_PAYLOAD}): use fewer instances or variables")
@@ -388,12 +405,19 @@ class SlurmBackend:
         hostfile.write_text("".join(f"{i.host}\n" for i in plan.instances), encoding="utf-8")
         argv = srun_command(plan, srun=srun, name=name, overcommit=needs_overcommit(plan, source))
         env = source | {"SLURM_HOSTFILE": str(hostfile), LAUNCH: payload}
-        remove = (*temporary_directories(plan), folder)
+        remove = (*directories_to_remove(cache), folder)
         router = Router(plan, sink)
         proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
                                         cleanup=(folder,))
         return SlurmLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            step=(job, name), env=source, remove=remove)
+
+
+def _sbatch(plan: LaunchPlan, request: FormatRequest) -> str:
+    """Return the ``sbatch`` script that reruns ``request.command`` in an allocation shaped for ``plan``."""
+    from poprun.backends.slurm.batch import render_batch_script
+
+    return render_batch_script(plan, command=request.command, nodelist=request.hosts)
 
 
 __all__ = ["LabelSplitter", "SlurmBackend", "SlurmLaunch", "encode_instances",

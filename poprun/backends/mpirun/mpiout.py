@@ -2,7 +2,7 @@
 Reading ``mpirun``'s output: which instance wrote each line, and which instance failed first.
 
 Layer: ``poprun.backends``; the standard library only. The mpirun backend runs the command of
-:mod:`poprun.planner.mpicommand`, always with ``--tag-output``, and feeds what it reads from
+:mod:`poprun.backends.mpirun.command`, always with ``--tag-output``, and feeds what it reads from
 mpirun's stdout and stderr pipes to one :class:`TagSplitter` each; :func:`parse_failure`
 reads mpirun's own messages after a failure.
 
@@ -24,7 +24,7 @@ OpenMPI 4.1 loses output that nothing here can recover: it tags a frame into an 
 and drops what does not fit, so a 4 KiB read of lines shorter than about 14 bytes loses its
 end, sometimes in the middle of a tag (``mpirun --tag-output seq 2000`` prints 1347 lines).
 The splitter then sees a line cut short, or a cut tag, which is text. That is why the mpirun
-backend relays the instances' output itself (:mod:`poprun.backends.mpirelay`); what still
+backend relays the instances' output itself (:mod:`poprun.backends.mpirun.mpirelay`); what still
 comes here is mpirun's own messages and the output of an instance whose wrapper could not
 reach poprun.
 """

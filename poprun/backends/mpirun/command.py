@@ -1,9 +1,10 @@
 """
 The OpenMPI ``mpirun`` command that runs a plan, built the way real poprun built it.
 
-Layer: ``poprun.planner``; imports the plan model only, and nothing of the standard library at
-run time (the mpirun backend runs this command, ``poprun plan`` shows it). It decides nothing:
-hosts, instance indices, environment, working directory and program all come from the plan.
+Layer: ``poprun.backends`` (the mpirun backend's own); imports the plan model and
+:func:`~poprun.backends._process.instance.bound_argv`. The backend runs this command, and shows
+it in ``poprun plan`` (its ``describe``). It decides nothing: hosts, instance indices,
+environment, working directory and program all come from the plan.
 
 The shape is that of real poprun's generated command (``reference/real-poprun-behaviour.md``
 section 3.2, evidence A and B)::
@@ -16,6 +17,7 @@ section 3.2, evidence A and B)::
 
 from __future__ import annotations
 
+from poprun.backends._process.instance import bound_argv
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -52,11 +54,11 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
     - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
     - ``--bind-to none``, unless the user gave ``--bind-to`` (with ``--process-placement
       disabled`` the user's ``--map-by`` and ``--bind-to`` stand, seed 2.5); an instance with a
-      planned binding runs through :func:`bound_argv` (numactl or taskset: the role of real
+      planned binding runs through :func:`~poprun.backends._process.instance.bound_argv` (numactl or taskset: the role of real
       poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing.
     - ``--tag-output``, always, as real poprun did: the tags say which instance wrote each
-      line of what still passes through mpirun (:mod:`poprun.backends.mpiout`). The mpirun
-      backend relays the instances' output itself (:mod:`poprun.backends.mpirelay`), because
+      line of what still passes through mpirun (:mod:`poprun.backends.mpirun.mpiout`). The mpirun
+      backend relays the instances' output itself (:mod:`poprun.backends.mpirun.mpirelay`), because
       OpenMPI 4.1.4's ``--tag-output`` drops part of bulk output made of very short lines
       (under about 14 bytes: ``mpirun -np 1 --tag-output seq 2000 | wc -l`` prints about
       1,300) and, untagged, interleaves the lines of two instances mid-line. A flag the global
@@ -154,27 +156,6 @@ def app_context(instance: Instance, *, slots: str, environ: Container[str] | Non
     return words
 
 
-# Runs "$@" on CPUs $1 preferring the memory of NUMA nodes $2: numactl where it is installed
-# and the kernel has MPOL_PREFERRED_MANY (5.15), else taskset (CPUs only; memory then follows
-# the kernel's default, local allocation).
-BIND_SCRIPT = ('c=$1 n=$2; shift 2; if command -v numactl >/dev/null 2>&1 && '
-               'numactl --preferred-many="$n" true 2>/dev/null; then '
-               'exec numactl --physcpubind="$c" --preferred-many="$n" -- "$@"; fi; exec taskset -c "$c" "$@"')
-
-
-def bound_argv(instance: Instance) -> list[str]:
-    """
-    Return the instance's argv, run through :data:`BIND_SCRIPT` when the plan binds it.
-
-    The role of real poprun's ``poprun_numa_wrapper``: the instance runs on its planned CPUs
-    and prefers its NUMA nodes' memory (seed section 2.5), on whichever host it lands.
-    """
-    if not instance.placement.cpus:
-        return list(instance.argv)
-    return ["sh", "-c", BIND_SCRIPT, "poprun-bind", instance.placement.cpus, instance.placement.numa_nodes or "0",
-            *instance.argv]
-
-
 def render_mpirun_command(argv: Sequence[str]) -> str:
     """
     Return ``argv`` as one shell line, as real poprun logged it (reference section 4.1).
@@ -199,3 +180,20 @@ _SAFE = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ012345678
 
 def _quote_if_needed(word: str) -> str:
     return word if word and _SAFE.issuperset(word) else _quote(word)
+
+
+def render_explained(plan: LaunchPlan) -> str:
+    """
+    Return the ``mpirun command: ...`` line that ``poprun plan`` shows for ``plan``, secrets masked.
+
+    Quoted as real poprun logged its ``Running command:``. Every forwarded variable is shown;
+    at apply time, given the launching environment, the command leaves out those it lacks.
+    """
+    from poprun.core.secret import is_secret
+
+    argv = list(mpirun_command(plan))
+    for i in range(1, len(argv)):
+        name, equals, _ = argv[i].partition("=")
+        if argv[i - 1] == "-x" and equals and is_secret(name, plan.mask):
+            argv[i] = f"{name}=********"
+    return f"mpirun command: {render_mpirun_command(argv)}\n"

@@ -1,17 +1,17 @@
 """
 The supervisor of a local launch: one thread that forwards output, sees instances end and stops the rest.
 
-Layer: ``poprun.backends``; imports the backend modules and ``poprun.planner.plan``; never the
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``; never the
 spec. Linux (``pidfd``), with a fallback of one waiting thread per instance elsewhere.
 
 One thread waits in ``select`` (epoll) on everything at once: both pipes of every instance
-(non-blocking, read in large chunks and handed to the :class:`~poprun.backends.output.Router`),
+(non-blocking, read in large chunks and handed to the :class:`~poprun.backends._process.output.Router`),
 a pidfd per instance (readable when it ends), and a wake-up pipe that :meth:`LocalLaunch.terminate`
 writes to. When an instance ends, its pipes are drained first, so that its last lines are
 forwarded before anyone hears that it ended. At the first failure the group is sent SIGTERM, and
 SIGKILL after the grace period. When every instance has ended, what is still in the group
 (background processes of the instances) is killed, processes re-parented to poprun are killed
-(:func:`~poprun.backends.watchdog.kill_adopted`), the output is drained to its end and the
+(:func:`~poprun.backends._process.watchdog.kill_adopted`), the output is drained to its end and the
 temporary directories are removed: no process of the launch outlives :meth:`LocalLaunch.wait`.
 """
 
@@ -26,6 +26,9 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from poprun.backends._process.files import remove_directories
+from poprun.backends._process.output import Router
+from poprun.backends._process.watchdog import Watchdog, kill_adopted
 from poprun.backends.base import (
     ApplyResult,
     Event,
@@ -35,9 +38,6 @@ from poprun.backends.base import (
     OutputSink,
     Stream,
 )
-from poprun.backends.files import remove_directories
-from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, kill_adopted
 from poprun.planner.plan import LaunchPlan
 
 _READ = 1 << 18  # bytes read from a pipe at once

@@ -1,29 +1,30 @@
 """
 The ``mpirun`` backend: OpenMPI's ``mpirun`` starts every instance, as real poprun had it do.
 
-Layer: ``poprun.backends``; imports the backend modules, ``poprun.planner.mpicommand`` (the
-command, which ``poprun plan --explain`` shows too) and ``poprun.planner.plan``; never the spec.
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+its own modules (:mod:`.command`, the command, which ``poprun plan`` shows through
+:meth:`MpirunBackend.describe`) and ``poprun.planner.plan``; never the spec, never another backend.
 
-poprun runs the one command of :func:`~poprun.planner.mpicommand.mpirun_command` (global args
+poprun runs the one command of :func:`~poprun.backends.mpirun.command.mpirun_command` (global args
 first, ``--bind-to none``, ``--tag-output``, ``-H host:slots``, one app context per instance,
 so MPI rank = instance index) as its child, in the process group of a
-:class:`~poprun.backends.watchdog.Watchdog`. Each instance's program runs through the output
-relay's wrapper (:mod:`poprun.backends.mpirelay`): its stdout and stderr are connections to
+:class:`~poprun.backends._process.watchdog.Watchdog`. Each instance's program runs through the output
+relay's wrapper (:mod:`poprun.backends.mpirun.mpirelay`): its stdout and stderr are connections to
 poprun, so its output never passes through mpirun (OpenMPI 4.1.4's ``--tag-output`` loses
 bulk output of short lines) and every line arrives once, whole, attributed. The
-:class:`~poprun.backends.output.Router` forwards each instance's lines as the local backend does
+:class:`~poprun.backends._process.output.Router` forwards each instance's lines as the local backend does
 (tagged or not, only one instance's, the failure report's tail, ``--output-filename``'s files in
 mpirun's layout). What still comes through mpirun's pipes is split by its tags
-(:class:`~poprun.backends.mpiout.TagSplitter`): the output of an instance whose wrapper could
+(:class:`~poprun.backends.mpirun.mpiout.TagSplitter`): the output of an instance whose wrapper could
 not reach poprun, and mpirun's own messages, held back until an instance has started.
 
 Lifecycle: when an instance fails, mpirun stops the others and exits; its message says which
-instance failed first and how (:func:`~poprun.backends.mpiout.parse_failure`), which becomes
+instance failed first and how (:func:`~poprun.backends.mpirun.mpiout.parse_failure`), which becomes
 the root cause, the others being reported as stopped. When mpirun fails before any instance
-started, its failure is told as mpirun's or a host's (:mod:`poprun.backends.mpistart`: PR412,
+started, its failure is told as mpirun's or a host's (:mod:`poprun.backends.mpirun.mpistart`: PR412,
 PR421-PR423, exit 125). A host that stops answering is noticed within the host timeout by the
 relay's keepalives, by the ssh clients' ServerAlive and by mpirun's own keepalives
-(:func:`~poprun.backends.mpistart.mpirun_settings`), named (PR411, exit 125), and the launch is
+(:func:`~poprun.backends.mpirun.mpistart.mpirun_settings`), named (PR411, exit 125), and the launch is
 stopped. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
 and tears its daemons down), then SIGKILL to the whole group after the grace period, and to
 mpirun's children outside it (its ssh clients, in groups of their own, which would keep its
@@ -43,14 +44,17 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-from poprun.backends import watchdog as watchdog_module
-from poprun.backends.base import ApplyResult, InstanceEnded, LaunchError, OutputSink
-from poprun.backends.files import which
-from poprun.backends.launcher import LauncherLaunch, start_launcher
-from poprun.backends.local import DEFAULT_GRACE_S, temporary_directories
-from poprun.backends.mpiout import TagSplitter, parse_failure
-from poprun.backends.mpirelay import RELAY_VARIABLE, Relay, relay_words
-from poprun.backends.mpistart import (
+from poprun.backends._process import watchdog as watchdog_module
+from poprun.backends._process.files import which
+from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove
+from poprun.backends._process.launcher import LauncherLaunch, start_launcher
+from poprun.backends._process.output import Router
+from poprun.backends._process.watchdog import Watchdog
+from poprun.backends.base import PROCESSES, ApplyResult, InstanceEnded, LaunchError, OutputSink, TemporaryCache
+from poprun.backends.mpirun.command import mpirun_command, render_explained
+from poprun.backends.mpirun.mpiout import TagSplitter, parse_failure
+from poprun.backends.mpirun.mpirelay import RELAY_VARIABLE, Relay, relay_words
+from poprun.backends.mpirun.mpistart import (
     host_lost,
     lost_daemon,
     lost_hosts,
@@ -59,19 +63,17 @@ from poprun.backends.mpistart import (
     ssh_host_named,
     startup_failure,
 )
-from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog
 from poprun.core.diagnostic import DiagnosticError
+from poprun.core.localhost import local_names
 from poprun.core.record import evolve
-from poprun.planner.mpicommand import mpirun_command
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import ClassVar
 
+    from poprun.backends._process.launcher import Piece
     from poprun.backends.base import Stream
-    from poprun.backends.launcher import Piece
 
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 _DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
@@ -80,7 +82,7 @@ _TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the
 
 
 class MpirunLaunch(LauncherLaunch):
-    """The running ``mpirun`` of one plan; see :class:`~poprun.backends.launcher.LauncherLaunch`."""
+    """The running ``mpirun`` of one plan; see :class:`~poprun.backends._process.launcher.LauncherLaunch`."""
 
     thread_name = "poprun-mpirun"
 
@@ -180,7 +182,7 @@ class MpirunLaunch(LauncherLaunch):
         mpirun puts each instance in a process group of its own, out of reach of the
         watchdog's group: a process an instance started in the background outlives it, and,
         poprun being a subreaper, is re-parented to poprun when the instance ends; so are the
-        relay processes of this machine's instances (:mod:`poprun.backends.mpirelay`), which
+        relay processes of this machine's instances (:mod:`poprun.backends.mpirun.mpirelay`), which
         are killed only once their connections are read to the end.
         """
         since, own = self._watchdog.started, os.getpgrp()
@@ -318,7 +320,7 @@ def _start_time(pid: int) -> int:
 
 
 class _Wrap:
-    """The relay wrapper of each app context (see :mod:`poprun.backends.mpirelay`)."""
+    """The relay wrapper of each app context (see :mod:`poprun.backends.mpirun.mpirelay`)."""
 
     def __init__(self, *, local: frozenset[str], merge: bool, keepalive_s: float) -> None:
         self.forward: tuple[str, ...] = (RELAY_VARIABLE,)
@@ -333,13 +335,22 @@ class MpirunBackend:
     """Runs the plan with OpenMPI's ``mpirun``: every host, this one too, through mpirun's own launch."""
 
     name: ClassVar[str] = "mpirun"
+    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES})  # mpirun itself finds a missing directory
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
 
-    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink) -> MpirunLaunch:
+    def describe(self, plan: LaunchPlan) -> str:
+        """Return the ``mpirun command: ...`` line of ``poprun plan``: the command as it runs, secrets masked."""
+        return render_explained(plan)
+
+    def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
+               cache: TemporaryCache | None = None) -> MpirunLaunch:
         """
         Start mpirun with the plan's command; return without waiting.
+
+        ``cache``, when to be removed at the end, is removed on this machine (and by the
+        watchdog should poprun die); mpirun neither makes nor removes it on other hosts.
 
         Raises:
             LaunchError: 125 when ``mpirun`` is not on PATH (PR420) or cannot be started.
@@ -349,7 +360,7 @@ class MpirunBackend:
         if mpirun is None:
             raise LaunchError("mpirun not found", diagnostics=(mpirun_missing(),))
         settings = mpirun_settings(plan.mpi.global_args, source)
-        local = frozenset(("localhost", "127.0.0.1", "::1", os.uname().nodename, os.uname().nodename.split(".")[0]))
+        local = frozenset(local_names())
         relay = Relay(count=len(plan.instances), remote=any(i.host not in local for i in plan.instances),
                       keepalive_s=settings.host_timeout_s)
         try:
@@ -358,7 +369,7 @@ class MpirunBackend:
             # its own bin and lib directories first on the instances' PATH and LD_LIBRARY_PATH.
             argv = mpirun_command(evolve(plan, mpi=evolve(plan.mpi, global_args=settings.global_args)),
                                   mpirun="mpirun", environ=source, wrap=wrap)
-            remove = temporary_directories(plan)
+            remove = directories_to_remove(cache)
             router = Router(plan, sink)  # every instance's output comes here: the router writes --output-filename's files
         except BaseException:
             relay.close(lambda *_: None)

@@ -1,13 +1,13 @@
 """
 A launch run by one launcher process (``mpirun``, ``srun``) that starts every instance and relays their output.
 
-Layer: ``poprun.backends``; imports the backend modules and ``poprun.planner.plan``.
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``.
 
 :class:`LauncherLaunch` is what the mpirun and slurm backends share: one child process in the
-group of a :class:`~poprun.backends.watchdog.Watchdog`, whose two pipes carry every instance's
+group of a :class:`~poprun.backends._process.watchdog.Watchdog`, whose two pipes carry every instance's
 output with a label saying whose it is (mpirun's ``[1,N]<stdout>:`` tags, srun's ``N:``
 labels). A thread reads both pipes to their end, hands each instance's pieces to the
-:class:`~poprun.backends.output.Router` and the launcher's own lines to :meth:`_own`, runs
+:class:`~poprun.backends._process.output.Router` and the launcher's own lines to :meth:`_own`, runs
 what is due (the kill after the grace period), and at the end makes the
 :class:`~poprun.backends.base.ApplyResult`. A subclass says how to split the output, how to
 stop the instances gently and how to kill them, what the launcher's own lines mean, and how
@@ -25,6 +25,9 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from poprun.backends._process.files import remove_directories
+from poprun.backends._process.output import Router
+from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
     ApplyResult,
     Event,
@@ -34,9 +37,6 @@ from poprun.backends.base import (
     LaunchError,
     OutputSink,
 )
-from poprun.backends.files import remove_directories
-from poprun.backends.output import Router
-from poprun.backends.watchdog import Watchdog, WatchdogError
 from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)

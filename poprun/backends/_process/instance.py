@@ -1,0 +1,141 @@
+"""
+Starting one instance as a child process: its program, its stdin, its CPU binding, the cache to remove.
+
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules
+and ``poprun.planner.plan``. The local, offline and ssh backends start instances of this
+machine with :func:`start_instance`; the ssh and mpirun backends run a bound instance on
+another host through :func:`bound_argv`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import subprocess
+from collections.abc import Mapping
+from pathlib import Path
+
+from poprun.backends._process.files import made_here, which
+from poprun.backends._process.output import Router
+from poprun.backends._process.watchdog import Watchdog, starting_in
+from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, TemporaryCache
+from poprun.planner.plan import Instance
+
+DEFAULT_GRACE_S = 5.0
+
+__all__ = ["BIND_SCRIPT", "DEFAULT_GRACE_S", "abandon", "bound_argv", "directories_to_remove", "executable",
+           "forwarded_stdin", "start_instance"]
+
+
+def executable(instance: Instance, env: Mapping[str, str]) -> str:
+    """
+    Return the file that runs ``instance.argv[0]``, relative to the instance's cwd or absolute.
+
+    A bare name is looked up on the PATH of ``env``, then run as ``./name`` from the instance's
+    working directory (PopRun 2.1 runs programs there without a ``./`` prefix); a name with
+    ``/`` is taken as it is, from the cwd.
+
+    Raises:
+        LaunchError: status 127 when the program is not found, 126 when it is not executable,
+            125 when there is no program or no working directory.
+    """
+    if not instance.argv or not Path(instance.cwd).is_dir():
+        what = "no program to run" if not instance.argv else f"no working directory ({instance.cwd} is missing)"
+        raise LaunchError(f"instance {instance.index} has {what}")
+    name = instance.argv[0]
+    found = which(name, env.get("PATH", os.defpath)) if "/" not in name else None
+    candidate = Path(found or Path(instance.cwd) / name).absolute()
+    if not candidate.exists():
+        where = "on PATH or in " + instance.cwd if "/" not in name else str(candidate)
+        raise LaunchError(f"program '{name}' not found ({where})", status=NOT_FOUND)
+    if candidate.is_dir() or not os.access(candidate, os.X_OK):
+        raise LaunchError(f"program '{name}' is not executable ({candidate})", status=NOT_EXECUTABLE)
+    return str(candidate) if found else name if "/" in name else "./" + name
+
+
+def directories_to_remove(cache: TemporaryCache | None) -> tuple[str, ...]:
+    """
+    Return the temporary cache directory to remove at the end: ``cache``'s when it is to be removed, else none.
+
+    Only a directory this process made (:func:`~poprun.backends._process.files.made_here`)
+    qualifies: a cache that names a directory of the user's, whatever its name, is never removed.
+    """
+    if cache is None or not cache.remove_at_exit or not made_here(cache.path):
+        return ()
+    return (cache.path,)
+
+
+def forwarded_stdin() -> int | None:
+    """
+    Return the descriptor of poprun's stdin when instance 0 is to read it, else None.
+
+    mpirun's convention: instance 0 reads poprun's standard input when it is a pipe or a file;
+    a terminal is never read (it stays the shell's), and a closed one is nothing to read. The
+    other instances read ``/dev/null``. A backend that runs instance 0 elsewhere (ssh) copies
+    from this descriptor to it.
+    """
+    try:
+        if os.isatty(0):
+            return None
+        os.fstat(0)
+    except OSError:  # closed
+        return None
+    return 0
+
+
+def start_instance(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
+    """
+    Start ``instance`` as a child process in process group ``group``, output piped.
+
+    Its stdin is poprun's for instance 0 when :func:`forwarded_stdin` says so (the same open
+    file: the end of it reaches the instance as it is), ``/dev/null`` otherwise.
+
+    Raises:
+        LaunchError: 127, 126 or 125 when the program cannot be started.
+    """
+    stdin = forwarded_stdin() if instance.index == 0 else None
+    starting_in(group)  # the launch's cgroup, where there is one
+    try:
+        return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
+            instance.argv, executable=program, cwd=instance.cwd, env=env,
+            stdin=subprocess.DEVNULL if stdin is None else stdin,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=group)
+    except OSError as exc:  # EMFILE, EAGAIN: poprun cannot launch (each instance holds 3 descriptors here)
+        status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
+        raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
+                          status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
+
+
+def abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Router) -> None:
+    """Undo a launch that failed to start: kill what started, close everything."""
+    watchdog.close()
+    for proc in procs:
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):  # stdin: the ssh backend's sessions have one
+            if pipe is not None:
+                with contextlib.suppress(OSError):  # a session that is gone: its input pipe is broken
+                    pipe.close()
+    router.close()
+
+
+# Runs "$@" on CPUs $1 preferring the memory of NUMA nodes $2: numactl where it is installed
+# and the kernel has MPOL_PREFERRED_MANY (5.15), else taskset (CPUs only; memory then follows
+# the kernel's default, local allocation).
+BIND_SCRIPT = ('c=$1 n=$2; shift 2; if command -v numactl >/dev/null 2>&1 && '
+               'numactl --preferred-many="$n" true 2>/dev/null; then '
+               'exec numactl --physcpubind="$c" --preferred-many="$n" -- "$@"; fi; exec taskset -c "$c" "$@"')
+
+
+def bound_argv(instance: Instance) -> list[str]:
+    """
+    Return the instance's argv, run through :data:`BIND_SCRIPT` when the plan binds it.
+
+    The role of real poprun's ``poprun_numa_wrapper``: the instance runs on its planned CPUs
+    and prefers its NUMA nodes' memory (seed section 2.5), on whichever host it lands (the ssh
+    and mpirun backends; this machine's instances are bound as they start instead).
+    """
+    if not instance.placement.cpus:
+        return list(instance.argv)
+    return ["sh", "-c", BIND_SCRIPT, "poprun-bind", instance.placement.cpus, instance.placement.numa_nodes or "0",
+            *instance.argv]

@@ -1,0 +1,40 @@
+"""The conformance suite over the slurm backend, in a real allocation of the test cluster's hosts h1 and h2."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from poprun.backends import conformance
+from poprun.backends.slurm.backend import SlurmBackend
+from tests.testhosts import TestHosts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+
+
+@pytest.fixture(scope="module")
+def allocation(slurm_hosts: TestHosts) -> Iterator[conformance.Target]:
+    """Yield a target inside an allocation of h1 and h2 (``salloc --no-shell``), cancelled at the end."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")} | slurm_hosts.env()
+    done = subprocess.run(["salloc", "--no-shell", "-N2", "--ntasks-per-node=1", "--nodelist=h1,h2"],
+                          capture_output=True, text=True, env=env, timeout=60, check=False)
+    granted = re.search(r"Granted job allocation (\d+)", done.stderr)
+    assert granted is not None, done.stderr
+    job = granted[1]
+    try:
+        yield conformance.Target(hosts=("h1", "h2"), env=tuple(sorted(
+            (slurm_hosts.env() | {"SLURM_JOB_ID": job, "SLURM_JOB_NODELIST": "h[1-2]"}).items())))
+    finally:
+        subprocess.run(["scancel", job], env=env, capture_output=True, timeout=30, check=False)
+
+
+@conformance.parametrize(SlurmBackend)
+def test_slurm_backend_passes_the_conformance_suite_in_an_allocation(check, allocation: conformance.Target,
+                                                                     tmp_path: Path) -> None:
+    """Each check that the slurm backend's capabilities allow passes, one instance a task on h1 and on h2."""
+    check(SlurmBackend, tmp_path, allocation)
