@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import signal
 import subprocess
-from collections.abc import Mapping
+import threading
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from poprun.backends._process.files import made_here, which
@@ -139,3 +141,31 @@ def bound_argv(instance: Instance) -> list[str]:
         return list(instance.argv)
     return ["sh", "-c", BIND_SCRIPT, "poprun-bind", instance.placement.cpus, instance.placement.numa_nodes or "0",
             *instance.argv]
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def start_supervising(thread: threading.Thread, announce: Callable[[], None], abort: Callable[[], None]) -> None:
+    """
+    Call ``announce`` (the instances' start events), then start ``thread``, the launch's supervisor, uninterrupted.
+
+    A caller's signal handler may raise to stop a launch while it starts (``poprun.apply.Stopped``).
+    Between the instances' start and a supervisor that can stop them, such an exception would
+    leave them to the watchdog's clean-up after poprun's exit; so the stop signals are held
+    meanwhile (in this thread, which the supervisor inherits: the kernel then delivers them
+    to the main thread), and a stop that came is raised once the supervisor runs: then
+    ``abort`` stops everything and waits for the supervisor's clean-up, and the exception goes on.
+    """
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    try:
+        announce()
+        thread.start()
+    except BaseException:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        raise
+    try:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)  # a stop that came meanwhile is handled here
+    except BaseException:
+        abort()
+        raise

@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from poprun.backends._process.files import remove_directories
+from poprun.backends._process.instance import start_supervising
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
@@ -110,17 +111,17 @@ class LauncherLaunch:
         self._result: ApplyResult | None = None
         self._error: BaseException | None = None
         self._open_pipes = 2  # the launcher's pipes not at their end yet
-        for instance in plan.instances:
-            self._event(InstanceStarted(index=instance.index, pid=proc.pid))
-        thread = threading.Thread(target=self._run, name=self.thread_name, daemon=True)
-        try:
-            thread.start()
-        except Exception:  # the thread could not start
-            raise
-        except BaseException:  # an interrupt (a signal handler's exception) during its start-up handshake:
-            self.terminate(0)  # it runs; stop everything, let it clean up, and let the interrupt go on
-            self._done.wait()
-            raise
+        start_supervising(threading.Thread(target=self._run, name=self.thread_name, daemon=True),
+                          self._announce, self._abort)
+
+    def _announce(self) -> None:
+        for instance in self._plan.instances:
+            self._event(InstanceStarted(index=instance.index, pid=self._proc.pid))
+
+    def _abort(self) -> None:
+        """Stop everything at once and wait for the clean-up (the launch was interrupted as it started)."""
+        self.terminate(0)
+        self._done.wait()
 
     # -- the protocol ------------------------------------------------------------------
     def terminate(self, grace_s: float) -> None:

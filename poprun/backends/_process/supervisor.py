@@ -27,6 +27,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from poprun.backends._process.files import remove_directories
+from poprun.backends._process.instance import start_supervising
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog, kill_adopted
 from poprun.backends.base import (
@@ -84,17 +85,17 @@ class LocalLaunch:
         self._done = threading.Event()
         self._result: ApplyResult | None = None
         self._error: BaseException | None = None
+        start_supervising(threading.Thread(target=self._run, name="poprun-supervisor", daemon=True),
+                          self._announce, self._abort)
+
+    def _announce(self) -> None:
         for index, proc in enumerate(self._procs):  # before the thread starts: one thread at a time
             self._event(InstanceStarted(index=index, pid=proc.pid))
-        thread = threading.Thread(target=self._run, name="poprun-supervisor", daemon=True)
-        try:
-            thread.start()
-        except Exception:  # the thread could not start
-            raise
-        except BaseException:  # an interrupt (a signal handler's exception) during its start-up handshake:
-            self.terminate(0)  # it runs; stop everything, let it clean up, and let the interrupt go on
-            self._done.wait()
-            raise
+
+    def _abort(self) -> None:
+        """Stop everything at once and wait for the supervisor's clean-up (the launch was interrupted as it started)."""
+        self.terminate(0)
+        self._done.wait()
 
     def terminate(self, grace_s: float) -> None:
         """Send SIGTERM to every process of the launch now, SIGKILL after ``grace_s``; nothing once ended."""
