@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from popdist import env as e
+from popdist import _contract as e
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
