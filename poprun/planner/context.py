@@ -1,8 +1,9 @@
 """
 What the solver may know about the world: environment, working directory, user, V-IPU config.
 
-Layer: ``poprun.planner``; standard library only. The solver itself reads nothing from
-the process: the CLI builds a :class:`Context` once (:meth:`Context.from_process`) and tests
+Layer: ``poprun.planner``; imports ``poprun.core``, and the planner's probes of the world
+(:mod:`machine`, :mod:`mpiuse`, :mod:`address`) lazily, in :meth:`Context.from_process`. The
+solver itself reads nothing from the process: the CLI builds a :class:`Context` once and tests
 build their own, so solving stays pure and deterministic.
 """
 
@@ -39,7 +40,7 @@ class Context:
     vipu_config_file: str | None = None
     # This machine's topology, read when placement needs it (sysfs: poprun.planner.machine.discover).
     probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
-    # Other hosts' topologies, read when placement needs them (through ssh: poprun.backends.ssh.probe_topologies).
+    # Other hosts' topologies, read when placement needs them (through ssh; from_process sets it for a launch).
     remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
     # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
     mpi_probe: Callable[[tuple[str, ...], str], str | None] | None = field(default=None, eq=False)

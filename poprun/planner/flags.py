@@ -1,7 +1,8 @@
 """
 The PopRun command line as a front end: ``poprun [options] PROGRAM [ARGS...]`` to a Spec.
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and the option table.
+Layer: ``poprun.planner``; imports ``poprun.core``, the spec model and the option table (whose
+converters read each value).
 
 It accepts what real users wrote: ``--opt=v`` and ``--opt v``; a value-taking option takes
 the next token even when it starts with ``-``; unambiguous long prefixes; ``-v``, ``-vv``,
