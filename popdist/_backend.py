@@ -24,14 +24,14 @@ import os
 import warnings
 
 from popdist import _contract as env
-from popdist._protocol import BackendError, PopdistWarning
+from popdist._contract import BackendError, PopdistWarning
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
     from typing import Literal, ParamSpec, TypeVar
 
-    from popdist._protocol import Backend
+    from popdist._contract import Backend
 
     P = ParamSpec("P")
     R = TypeVar("R")

@@ -1,11 +1,20 @@
 """
-The environment contract between the launcher (which writes it) and applications (which read it).
+popdist's two contracts: the environment the launcher writes, and what a popdist backend is.
 
-Standalone: standard library only; never imports ``poprun``, nor any other popdist module.
-The variables' names, and the readers through which popdist reads them, each with the
-documented default of the PopDist API when its variable is unset. Every popdist module
-reads the environment through here; the launcher imports the names from :mod:`popdist.env`,
-which re-exports them. Imported by ``import popdist``, so it stays light: no
+Standalone: standard library only; never imports ``poprun``, nor any other popdist module,
+so that every popdist module can import it without a circle.
+
+- The environment contract between the launcher (which writes it) and applications (which
+  read it): the variables' names, and the readers through which popdist reads them, each with
+  the documented default of the PopDist API when its variable is unset. Every popdist module
+  reads the environment through here; the launcher imports the names from
+  :mod:`popdist.env`, which re-exports them (with :mod:`popdist.config`'s values, on use).
+- The backend contract: the ``Backend`` protocol and the errors of :func:`popdist.init` and
+  the barriers. The backends (:mod:`popdist._mpi`, :mod:`popdist._tcp` through
+  :mod:`popdist._rendezvous`) import them from here, and :mod:`popdist._backend`, above them
+  all, chooses which one ``init`` opens.
+
+Imported by ``import popdist``, so it stays light (one module, not one per contract): no
 ``dataclasses``, no ``typing`` at run time.
 """
 
@@ -14,6 +23,27 @@ from __future__ import annotations
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Mapping
+    from typing import Protocol
+
+    class Backend(Protocol):
+        """What ``init`` opens: barriers among groups of instances, and a collective close."""
+
+        name: str
+
+        def barrier(self, group: frozenset[int], timeout_s: float | None) -> None:
+            """Return once every instance of ``group`` (which holds this one) has called it."""
+
+        def close(self) -> None:
+            """Wait for every instance to close, then release the connections."""
+
+
+class BackendError(RuntimeError):
+    """The instances could not meet: one left, could not be reached, or a barrier timed out."""
+
+
+class PopdistWarning(RuntimeWarning):
+    """popdist did less than asked, e.g. no synchronisation because ``popdist.init()`` was not called."""
+
 
 # Set by real poprun for every instance (names and formats as it wrote them).
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"

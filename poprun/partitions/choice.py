@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import os
 import shutil
-from typing import TYPE_CHECKING
 
 from poprun.partitions.provider import EMULATOR_DB_ENV, EMULATOR_INVENTORY_ENV, PROVIDER_ENV, UnreachableError
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from collections.abc import Mapping
 

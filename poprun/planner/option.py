@@ -9,11 +9,10 @@ that sets one spec field is one row here.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from poprun.core.record import positional_record
 from poprun.planner import value as conv
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from collections.abc import Callable
 
