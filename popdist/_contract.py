@@ -45,6 +45,55 @@ class PopdistWarning(RuntimeWarning):
     """popdist did less than asked, e.g. no synchronisation because ``popdist.init()`` was not called."""
 
 
+# What popdist.env re-exports: the names and readers (a name added here is public there too).
+__all__ = [
+    "ALWAYS_FORWARDED",
+    "AUTOREPORT_DIRECTORY",
+    "DEFAULT_MASTER_ADDR",
+    "DEFAULT_MASTER_PORT",
+    "EXECUTABLE_CACHE_PATH",
+    "INSTANCE_INDEX",
+    "IPUOF_CONFIG_PATH",
+    "IPUOF_LOG_LEVEL",
+    "LOCAL_INSTANCE_INDEX",
+    "MPI_RUNTIME_MARKERS",
+    "NUM_INSTANCES",
+    "NUM_IPUS_PER_REPLICA",
+    "NUM_LOCAL_REPLICAS",
+    "NUM_TOTAL_REPLICAS",
+    "OMPI_LOCAL_RANK",
+    "OMPI_LOCAL_SIZE",
+    "OMPI_RANK",
+    "OMPI_SIZE",
+    "POPLAR_ENGINE_OPTIONS",
+    "POPLAR_TARGET_OPTIONS",
+    "REPLICA_INDEX_OFFSET",
+    "TORCH_LOCAL_RANK",
+    "TORCH_LOCAL_WORLD_SIZE",
+    "TORCH_MASTER_ADDR",
+    "TORCH_MASTER_PORT",
+    "TORCH_RANK",
+    "TORCH_WORLD_SIZE",
+    "UNIFORM_REPLICAS_PER_INSTANCE",
+    "VIPU_API_GCD_ID",
+    "VIPU_API_HOST",
+    "VIPU_API_PARTITION_ID",
+    "VIPU_API_PORT",
+    "VIPU_API_TIMEOUT",
+    "instance_index",
+    "integer",
+    "is_set",
+    "launched_by_mpi",
+    "local_instance_index",
+    "master_address",
+    "num_instances",
+    "num_ipus_per_replica",
+    "num_local_replicas",
+    "num_total_replicas",
+    "replica_index_offset",
+    "uniform_replicas_per_instance",
+]
+
 # Set by real poprun for every instance (names and formats as it wrote them).
 NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
 NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
