@@ -23,37 +23,23 @@ from __future__ import annotations
 import os
 import warnings
 
-from popdist import env
+from popdist import _contract as env
+from popdist._contract import BackendError, PopdistWarning
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     from collections.abc import Callable, Collection
-    from typing import Literal, ParamSpec, Protocol, TypeVar
+    from typing import Literal, ParamSpec, TypeVar
+
+    from popdist._contract import Backend
 
     P = ParamSpec("P")
     R = TypeVar("R")
 
-    class Backend(Protocol):
-        """What ``init`` opens: barriers among groups of instances, and a collective close."""
-
-        name: str
-
-        def barrier(self, group: frozenset[int], timeout_s: float | None) -> None:
-            """Return once every instance of ``group`` (which holds this one) has called it."""
-
-        def close(self) -> None:
-            """Wait for every instance to close, then release the connections."""
-
+__all__ = ["DEFAULT_TIMEOUT_S", "BackendError", "PopdistWarning", "SingleBackend", "backend_name", "barrier",
+           "execute_on_instances", "finalize", "init", "is_initialized"]
 
 DEFAULT_TIMEOUT_S = 300.0
-
-
-class BackendError(RuntimeError):
-    """The instances could not meet: one left, could not be reached, or a barrier timed out."""
-
-
-class PopdistWarning(RuntimeWarning):
-    """popdist did less than asked, e.g. no synchronisation because ``popdist.init()`` was not called."""
 
 
 class SingleBackend:

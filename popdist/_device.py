@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import os
 
-from popdist import env
+from popdist import _contract as env
 
 
 def device_id(ipus_per_replica: int | None = None) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import importlib
 
-from popdist._backend import BackendError
+from popdist._contract import BackendError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -22,7 +22,7 @@ import errno
 import socket
 import time
 
-from popdist._backend import BackendError
+from popdist._contract import BackendError
 from popdist._tcp import Link, TcpHub, TcpSpoke, remaining
 
 TYPE_CHECKING = False

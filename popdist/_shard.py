@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 
-from popdist import env
+from popdist import _contract as env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

@@ -18,7 +18,7 @@ import selectors
 import socket
 import time
 
-from popdist._backend import BackendError
+from popdist._contract import BackendError
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

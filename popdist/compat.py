@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import os
 
-from popdist import _backend, _device, _framework, env
+from popdist import _backend, _device, _framework
+from popdist import _contract as env
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

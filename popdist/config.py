@@ -3,7 +3,7 @@ One instance's view of the launch as a frozen value: :class:`PopdistConfig`, :fu
 
 Standalone: standard library only; never imports ``poprun``. Imported on first use (by
 ``popdist.current()`` and friends), not by ``import popdist``: ``dataclasses`` costs more to
-import than the rest of popdist together. Every field is read by :mod:`popdist.env`'s readers,
+import than the rest of popdist together. Every field is read by :mod:`popdist._contract`'s readers,
 the same ones the camelCase API uses, so the two views always agree.
 """
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from popdist import env as e
+from popdist import _contract as e
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

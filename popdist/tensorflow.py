@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 
-from popdist import _device, _framework, env
+from popdist import _contract as env
+from popdist import _device, _framework
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

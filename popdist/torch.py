@@ -41,7 +41,7 @@ import torch.distributed as dist  # noqa: E402
 from torch.utils.data import DataLoader, Dataset, Sampler  # noqa: E402
 
 import popdist  # noqa: E402
-from popdist import env  # noqa: E402
+from popdist import _contract as env  # noqa: E402
 from popdist._backend import DEFAULT_TIMEOUT_S, execute_on_instances  # noqa: E402
 from popdist._rendezvous import LOOPBACK  # noqa: E402
 

@@ -2,7 +2,7 @@
 What poprun does to a V-IPU partition: decide, act, verify, lease, and clean up at exit.
 
 Layer: ``poprun.partitions``; imports ``poprun.core``, ``poprun.planner.plan`` and the rest of
-this package (providers lazily, through :func:`~poprun.partitions.provider.provider_for`).
+this package (providers lazily, through :func:`~poprun.partitions.choice.provider_for`).
 
 The rules are the seed's (sections 2.8 and 2.10, changelogs 2.0-2.2):
 
@@ -36,6 +36,7 @@ from popdist import env as names
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.record import record
 from poprun.partitions import report
+from poprun.partitions.choice import provider_for
 from poprun.partitions.provider import (
     CapacityError,
     ExistsError,
@@ -49,7 +50,6 @@ from poprun.partitions.provider import (
     Provider,
     ProviderError,
     UnreachableError,
-    provider_for,
 )
 from poprun.planner import plan
 
@@ -235,7 +235,7 @@ def acquire(partition: plan.Partition, provider: Provider, *, owner: str | Owner
 
 def connect(partition: plan.Partition, environ: Mapping[str, str]) -> Provider:
     """
-    Return the provider of the plan's partition (:func:`~poprun.partitions.provider.provider_for`).
+    Return the provider of the plan's partition (:func:`~poprun.partitions.choice.provider_for`).
 
     Diagnostics:
         PR501: the in-process emulated service cannot be opened (its inventory or database).

@@ -1,10 +1,11 @@
 """
-The V-IPU model: partitions, their states, the provider protocol, and the choice of provider.
+The V-IPU model: partitions, their states, the provider protocol and its errors.
 
 Layer: ``poprun.partitions``; imports ``poprun.core`` and ``poprun.planner.plan`` only, never
-backends, render or the CLI. The providers (:mod:`poprun.partitions.vipu`, the real ``vipu``
-tool; :mod:`poprun.partitions.emulated`, the emulated V-IPU service) are imported lazily by
-:func:`provider_for`, so importing this module costs little.
+backends, render or the CLI, and never a provider: the providers (:mod:`poprun.partitions.vipu`,
+the real ``vipu`` tool; :mod:`poprun.partitions.emulated`, the emulated V-IPU service;
+:mod:`poprun.partitions.store`, the service's in-process store) import their types from here,
+and :func:`poprun.partitions.choice.provider_for`, above them all, picks one.
 
 A provider reports problems as :class:`ProviderError` subclasses that carry facts, not
 prose; :mod:`poprun.partitions.actions` turns them into ``PR5xx`` diagnostics.
@@ -14,10 +15,8 @@ from __future__ import annotations
 
 import enum
 import os
-import shutil
 import socket
 import threading
-from collections.abc import Mapping
 from typing import Protocol
 
 from poprun.core.record import record
@@ -203,46 +202,6 @@ class Provider(Protocol):
     def release(self, name: str, owner: Owner) -> None:
         """End ``owner``'s lease on the partition; no-op when it holds none."""
         ...
-
-
-def provider_for(partition: plan.Partition, environ: Mapping[str, str], *,
-                 timeout_s: float | None = None) -> Provider:
-    """
-    Return the provider for the plan's partition section.
-
-    ``POPRUN_PARTITION_PROVIDER``: ``vipu`` (the ``vipu`` tool), ``emulated`` (the emulated
-    service at the plan's server host:port, over HTTP), or unset/``auto``: ``vipu`` when the
-    tool is on PATH, else ``emulated``. With ``emulated`` and ``POPRUN_VIPU_EMULATOR_DB`` or
-    ``POPRUN_VIPU_EMULATOR_INVENTORY`` set, the emulated service runs in this process on that
-    SQLite file (``:memory:`` when only the inventory is given): no server, used by tests.
-    ``timeout_s`` bounds each request (default: the plan's V-IPU server timeout).
-
-    Raises:
-        UnreachableError: the in-process service's inventory or database cannot be read.
-    """
-    timeout = float(partition.timeout_s) if timeout_s is None else timeout_s
-    choice = environ.get(PROVIDER_ENV, "auto").strip().lower() or "auto"
-    path = environ.get("PATH", os.defpath)
-    if choice == "vipu" or (choice == "auto" and shutil.which("vipu", path=path)):
-        from poprun.partitions.vipu import VipuProvider
-
-        return VipuProvider(partition.server_host, partition.server_port, timeout_s=timeout, path=path)
-    db, inventory = environ.get(EMULATOR_DB_ENV), environ.get(EMULATOR_INVENTORY_ENV)
-    if db or inventory:
-        import sqlite3
-
-        from poprun.partitions.store import Inventory, Store
-
-        try:
-            return Store(db or ":memory:", Inventory.from_file(inventory) if inventory else Inventory(),
-                         address=f"{partition.server_host}:{partition.server_port}")
-        except (OSError, ValueError, KeyError, TypeError, AttributeError, sqlite3.Error) as exc:
-            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else f"{type(exc).__name__}: {exc}"
-            msg = f"cannot open the in-process emulated V-IPU service ({EMULATOR_INVENTORY_ENV}, {EMULATOR_DB_ENV}): {why}"
-            raise UnreachableError(msg) from exc
-    from poprun.partitions.emulated import EmulatedProvider
-
-    return EmulatedProvider(partition.server_host, partition.server_port, timeout_s=timeout)
 
 
 class LeaseTokens:

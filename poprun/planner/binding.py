@@ -8,10 +8,9 @@ Binding happens when NUMA awareness is on (``--numa-aware``, or by itself with m
 instance per host, changelog 2.1) and the strategy is not ``disabled``. A host's topology comes
 from ``POPRUN_HOST_TOPOLOGY`` (a JSON file or a recorded name: every host is taken to look like
 it, for plans made for other machines), else, for this machine, from its sysfs and this
-process's cpuset (:func:`poprun.planner.machine.discover`). An instance on a host whose topology
-is read through ssh when placement needs it (:data:`poprun.planner.machine.DUMP_SCRIPT`, a few
-seconds at most); an instance on a host whose topology is still not known is not bound, and its
-placement says why.
+process's cpuset (:func:`poprun.planner.machine.discover`). Other hosts' topologies are read
+through ssh when placement needs them (the context's ``remote_probe``, a few seconds at most);
+an instance on a host whose topology is still not known is not bound, and its placement says why.
 
 Diagnostics: PR306 (a core strategy with more instances than usable cores on a host), PR307
 (``POPRUN_HOST_TOPOLOGY`` unreadable), PR308 (warning: a core strategy binds each instance to

@@ -1,7 +1,7 @@
 """
 The division rules of a launch, declared as data.
 
-Layer: ``poprun.planner``; standard library only. Solving checks them, ``--explain`` prints
+Layer: ``poprun.planner``; imports ``poprun.core`` only. Solving checks them, ``--explain`` prints
 them, and the infeasibility report searches them for the nearest values that satisfy all.
 """
 

@@ -1,9 +1,10 @@
 """
 What the solver may know about the world: environment, working directory, user, V-IPU config.
 
-Layer: ``poprun.planner``; the standard library and ``poprun.core``; never a backend (what
-reads other hosts' topologies is given by the caller). The solver itself reads nothing from
-the process: the CLI builds a :class:`Context` once (:meth:`Context.from_process`) and tests
+Layer: ``poprun.planner``; imports ``poprun.core``, and the planner's probes of the world
+(:mod:`machine`, :mod:`mpiuse`, :mod:`address`) lazily, in :meth:`Context.from_process`; never
+a backend (what reads other hosts' topologies is given by the caller). The solver itself reads
+nothing from the process: the CLI builds a :class:`Context` once and tests
 build their own, so solving stays pure and deterministic.
 """
 

@@ -1,7 +1,8 @@
 """
 The PopRun command line as a front end: ``poprun [options] PROGRAM [ARGS...]`` to a Spec.
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and the option table.
+Layer: ``poprun.planner``; imports ``poprun.core``, the spec model and the option table (whose
+converters read each value).
 
 It accepts what real users wrote: ``--opt=v`` and ``--opt v``; a value-taking option takes
 the next token even when it starts with ``-``; unambiguous long prefixes; ``-v``, ``-vv``,
@@ -208,7 +209,7 @@ class _Parser:
             merged = tuple(dict.fromkeys((old.value if old else ()) + conv.to_names(raw)))
             self.values[option.field] = Sourced(merged, old.origin if old else span)
         else:
-            self._scalar(option, _convert(option, raw), span)
+            self._scalar(option, option.convert(raw), span)
 
     def _scalar(self, option: Option, value: object, span: SourceSpan) -> None:
         assert option.field is not None
@@ -293,24 +294,6 @@ def split_env_args(words: tuple[str, ...]) -> tuple[tuple[EnvVarSpec, ...], tupl
     return tuple(env), tuple(rest)
 
 
-def _convert(option: Option, raw: str) -> object:
-    kind = option.kind
-    converters: dict[str, Any] = {
-        "int": conv.to_positive_int, "nonneg": _nonneg, "port": conv.to_port, "bool": conv.to_bool,
-        "subnet": conv.to_subnet, "str": str, "path": str, "names": conv.to_names,
-        "choice": lambda text: conv.to_choice(text, option.choices),
-        "backend": lambda text: conv.to_backend(text, option.choices),
-    }
-    return converters[kind](raw)
-
-
-def _nonneg(text: str) -> int:
-    number = conv.to_int(text)
-    if number < 0:
-        raise conv.InvalidValueError(f"{number} is negative", "use a whole number, 0 or more")
-    return number
-
-
 def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
     """Fill options not given on the command line from ``POPRUN_<FLAG>`` variables."""
     from poprun.planner.option import OPTIONS
@@ -323,7 +306,7 @@ def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
             span = SourceSpan.env(name)
             try:
                 value: object = (expand_hosts(environ[name]) if option.kind == "hosts"
-                                 else _convert(option, environ[name]))
+                                 else option.convert(environ[name]))
             except conv.InvalidValueError as problem:
                 parser.diags.add(error(problem.code, f"invalid value in {name}", detail=problem.detail,
                                        span=span, hint=problem.hint))

@@ -1,7 +1,10 @@
 """
 Loading a spec file: TOML (``.toml``, ``.conf``, anything else) or the DSL (``.pop``).
 
-Layer: ``poprun.planner``.
+Layer: ``poprun.planner``. This module chooses the front end by the file's suffix and
+imports it on use; the front ends (:mod:`poprun.planner.tomlspec`,
+:mod:`poprun.planner.dsl`) never import this module (they read files through
+:mod:`poprun.core.textfile` themselves), so the choice sits above both.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ def load_spec(path: str) -> Spec:
                                      hint="check the path; a spec file is read from the current directory")])
     text = read_text(path)
     if path.lower().endswith(DSL_SUFFIXES):
-        from poprun.planner.dsl import parse_dsl
+        from poprun.planner.dsl.read import parse_dsl
 
         return parse_dsl(text, file=path)
     from poprun.planner.tomlspec import parse_toml

@@ -1,13 +1,20 @@
 """
-PopRun's options as data: flags, TOML keys, kinds, defaults and help, in one table.
+PopRun's options as data: flags, TOML keys, DSL statements, kinds, defaults and help, in one table.
 
-Layer: ``poprun.planner``; standard library only. The flags parser, the TOML front end,
-``--export-config`` and ``--help`` all read this table, so they cannot drift apart.
+Layer: ``poprun.planner``; imports ``poprun.core`` and the value converters only. The flags
+parser, the TOML front end, the DSL (its one-field statements, grammar rules and all),
+``--export-config`` and ``--help`` all read this table, so they cannot drift apart: an option
+that sets one spec field is one row here.
 """
 
 from __future__ import annotations
 
 from poprun.core.record import positional_record
+from poprun.planner import value as conv
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 PLACEMENTS = ("spreadnuma", "scattersocket", "scatternuma", "close", "disabled")
 SSH_KEY_TYPES = ("dsa", "ecdsa", "ed25519", "rsa")
@@ -28,6 +35,12 @@ class Option:
     ``names`` (comma-separated variable names; repeats merge),
     ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``count`` (no value),
     ``flag`` (no value), ``action`` (a command-line action with a value).
+
+    The DSL statements of a row, each a string of keywords: ``dsl`` sets the field from the
+    value that follows (``timeout 600``: a number for counts and ports, a path for paths, else
+    a word), ``dsl_on`` / ``dsl_off`` set it without a value (``update`` / ``no update``: True /
+    False; ``cache off``: the empty path). ``dsl_in`` says where they stand: at the start of a
+    line (``""``), or as an option of ``partition (...)`` or ``ssh key (...)``.
     """
 
     flags: tuple[str, ...]
@@ -39,6 +52,10 @@ class Option:
     default: str = ""
     choices: tuple[str, ...] = ()
     group: str = "General"
+    dsl: str = ""
+    dsl_on: str = ""
+    dsl_off: str = ""
+    dsl_in: str = ""
 
     @property
     def takes_value(self) -> bool:
@@ -49,6 +66,28 @@ class Option:
     def name(self) -> str:
         """The long flag, for messages."""
         return next((f for f in self.flags if f.startswith("--")), self.flags[0])
+
+    def convert(self, text: str) -> object:
+        """
+        Return the typed value of ``text`` for this option (kinds that take one word).
+
+        Raises:
+            InvalidValueError: when ``text`` is not a value of the option's kind.
+        """
+        converters: dict[str, Callable[[str], object]] = {
+            "int": conv.to_positive_int, "nonneg": _nonneg, "count": _nonneg, "port": conv.to_port,
+            "bool": conv.to_bool, "subnet": conv.to_subnet, "str": str, "path": str, "names": conv.to_names,
+            "choice": lambda text: conv.to_choice(text, self.choices),
+            "backend": lambda text: conv.to_backend(text, self.choices),
+        }
+        return converters[self.kind](text)
+
+
+def _nonneg(text: str) -> int:
+    number = conv.to_int(text)
+    if number < 0:
+        raise conv.InvalidValueError(f"{number} is negative", "use a whole number, 0 or more")
+    return number
 
 
 def _o(flags: str, field: str | None, kind: str, help_: str, where: str = "", **kw: object) -> Option:
@@ -61,7 +100,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--version", None, "flag", "Print the version and exit"),
     _o("--version-format", None, "action", "Version format: text, full-json or full-text", default="text",
        choices=VERSION_FORMATS),
-    _o("-v --verbose", "verbosity", "count", "Verbose output", "run.verbosity", default="0"),
+    _o("-v --verbose", "verbosity", "count", "Verbose output", "run.verbosity", default="0", dsl="verbosity"),
     _o("-vv --vv", "verbosity", "count", "Very verbose output"),
     _o("-H --host", "hosts", "hosts", "A comma-separated list of hosts on which to invoke instances, "
        "e.g. host0,host1 or host[0-2,4]. The instances are divided evenly among the hosts",
@@ -79,32 +118,41 @@ OPTIONS: tuple[Option, ...] = (
     _o("--vipu-server-host", "vipu_server_host", "str", "The host of the V-IPU server",
        "partition.server_host", default="localhost", group="V-IPU"),
     _o("--vipu-server-port", "vipu_server_port", "port", "The port number of the V-IPU server",
-       "partition.server_port", default="8090", group="V-IPU"),
+       "partition.server_port", default="8090", group="V-IPU",
+       dsl="port", dsl_in="partition"),
     _o("--vipu-server-timeout", "vipu_server_timeout", "int", "The timeout for the V-IPU server "
-       "requests (in seconds)", "partition.timeout", default="120", group="V-IPU"),
+       "requests (in seconds)", "partition.timeout", default="120", group="V-IPU",
+       dsl="timeout", dsl_in="partition"),
     _o("--vipu-partition", "partition", "str", "Create/use the specified V-IPU partition",
        "partition.name", group="V-IPU"),
     _o("--vipu-allocation", "allocation", "str", "Use the specified V-IPU allocation when creating "
-       "a partition", "partition.allocation", group="V-IPU"),
+       "a partition", "partition.allocation", group="V-IPU", dsl="allocation", dsl_in="partition"),
     _o("--vipu-cluster", "allocation", "str", "(deprecated, use --vipu-allocation instead)",
        group="V-IPU"),
     _o("--update-partition", "update_partition", "bool", "Update the V-IPU partition if needed",
-       "partition.update", default="no", group="V-IPU"),
+       "partition.update", default="no", group="V-IPU",
+       dsl_on="update", dsl_off="no update", dsl_in="partition"),
     _o("--reset-partition", "reset_partition", "bool", "Reset the V-IPU partition before execution. "
        "If not set, non-reconfigurable partitions are reset, reconfigurable ones are not",
-       "partition.reset", group="V-IPU"),
+       "partition.reset", group="V-IPU",
+       dsl_on="reset", dsl_off="no reset", dsl_in="partition"),
     _o("--remove-partition", "remove_partition", "bool", "Remove a partition PopRun created after "
-       "execution", "partition.remove", default="yes", group="V-IPU"),
+       "execution", "partition.remove", default="yes", group="V-IPU",
+       dsl_on="remove", dsl_off="keep", dsl_in="partition"),
     _o("--vipu-partition-attempts", "partition_attempts", "int", "Retry this many times when the "
-       "partition does not end up in ACTIVE state", "partition.attempts", default="1", group="V-IPU"),
+       "partition does not end up in ACTIVE state", "partition.attempts", default="1", group="V-IPU",
+       dsl="attempts", dsl_in="partition"),
     _o("--sync-type", "sync_type", "choice", "Sync type of a partition PopRun creates or checks",
-       "partition.sync_type", choices=SYNC_TYPES, group="V-IPU"),
+       "partition.sync_type", choices=SYNC_TYPES, group="V-IPU", dsl="sync", dsl_in="partition"),
     _o("--ipu-link-routing-type", "ipu_link_routing_type", "choice", "IPU-Link routing type of the "
-       "partition", "partition.ipu_link_routing_type", choices=ROUTING_TYPES, group="V-IPU"),
+       "partition", "partition.ipu_link_routing_type", choices=ROUTING_TYPES, group="V-IPU",
+       dsl="ipu-link routing", dsl_in="partition"),
     _o("--gw-link-routing-type", "gw_link_routing_type", "choice", "GW-Link routing type of the "
-       "partition", "partition.gw_link_routing_type", choices=ROUTING_TYPES, group="V-IPU"),
+       "partition", "partition.gw_link_routing_type", choices=ROUTING_TYPES, group="V-IPU",
+       dsl="gw-link routing", dsl_in="partition"),
     _o("--executable-cache-path", "executable_cache_path", "path", "Use the specified directory as "
-       'an executable cache path ("" disables caching)', "cache.path", group="Execution"),
+       'an executable cache path ("" disables caching)', "cache.path", group="Execution",
+       dsl="cache", dsl_off="cache off"),
     _o("--mpi-global-args", "mpi_global_args", "args", "Global options to be passed to mpirun",
        "mpi.global_args", group="MPI"),
     _o("--mpi-local-args", "mpi_local_args", "args", "Local (per-instance) options to be passed to "
@@ -112,35 +160,44 @@ OPTIONS: tuple[Option, ...] = (
     _o("--instance-mpi-local-args", None, "instance_args", "Options for one instance: "
        "INDEX:ARGS, e.g. 0:-x VAR=VALUE", group="MPI"),
     _o("--numa-aware", "numa_aware", "bool", "Bind instances to NUMA nodes in a round-robin "
-       "fashion", "placement.numa_aware", default="on with several instances per host", group="Placement"),
+       "fashion", "placement.numa_aware", default="on with several instances per host", group="Placement",
+       dsl_on="numa aware", dsl_off="numa unaware"),
     _o("--process-placement", "process_placement", "choice", "Placement strategy: spreadnuma, "
        "scattersocket, scatternuma, close or disabled", "placement.strategy", default="spreadnuma",
-       choices=PLACEMENTS, group="Placement"),
+       choices=PLACEMENTS, group="Placement", dsl="placement"),
     _o("--print-topology", "print_topology", "bool", "Print topology table", "output.print_topology",
-       default="no", group="Output"),
+       default="no", group="Output", dsl_on="print topology", dsl_off="no print topology"),
     _o("--only-output-from-instance", "only_output_from_instance", "nonneg", "Suppress the output "
-       "from all other instances", "output.only_from_instance", group="Output"),
+       "from all other instances", "output.only_from_instance", group="Output",
+       dsl="output from instance"),
     _o("--offline-mode", "offline_mode", "bool", "Run without requiring or attaching to any IPUs",
-       "offline.mode", default="no", group="Execution"),
+       "offline.mode", default="no", group="Execution", dsl_off="no offline"),
     _o("--offline-target", "offline_target", "str", "Set POPLAR_TARGET_OPTIONS for a target system "
-       "in offline mode (pod4, pod16, pod64, pod128, pod256)", "offline.target", group="Execution"),
+       "in offline mode (pod4, pod16, pod64, pod128, pod256)", "offline.target", group="Execution",
+       dsl="offline target"),
     _o("--autoreport-dir", "autoreport_dir", "path", "Write PopVision profiles of each instance "
-       "under this directory", "profile.autoreport_dir", group="Execution"),
+       "under this directory", "profile.autoreport_dir", group="Execution",
+       dsl="autoreport to"),
     _o("--host-subnet", "host_subnet", "subnet", "The subnet (CIDR) for host communication",
-       "network.host_subnet", group="MPI"),
+       "network.host_subnet", group="MPI", dsl="subnet"),
     _o("--distribute-ssh-key", "distribute_ssh_key", "bool", "Distribute an SSH key to all hosts "
-       "with ssh-copy-id", "ssh.distribute_key", default="no", group="SSH"),
+       "with ssh-copy-id", "ssh.distribute_key", default="no", group="SSH",
+       dsl_off="no distribute ssh key"),
     _o("--distribute-ssh-key-path", "distribute_ssh_key_path", "path", "The folder of the key to "
-       "distribute", "ssh.key_path", default="$HOME/.ssh", group="SSH"),
+       "distribute", "ssh.key_path", default="$HOME/.ssh", group="SSH",
+       dsl="path", dsl_in="ssh key"),
     _o("--distribute-ssh-key-type", "distribute_ssh_key_type", "choice", "Generate a key of this "
-       "type to distribute: dsa, ecdsa, ed25519 or rsa", "ssh.key_type", choices=SSH_KEY_TYPES, group="SSH"),
+       "type to distribute: dsa, ecdsa, ed25519 or rsa", "ssh.key_type", choices=SSH_KEY_TYPES, group="SSH",
+       dsl="type", dsl_in="ssh key"),
     _o("--allow-run-as-root", "allow_run_as_root", "bool", "Allow running as root (passed to "
-       "mpirun)", "run.allow_run_as_root", default="no", group="Execution"),
+       "mpirun)", "run.allow_run_as_root", default="no", group="Execution",
+       dsl_on="allow run as root", dsl_off="no allow run as root"),
     _o("--mask", "mask", "names", "Mask the values of these variables (comma-separated names; repeats add) in "
        "explain, diff, logs and every text output, beside those whose names look secret", "env.mask",
        group="Execution"),
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
-       "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution"),
+       "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution",
+       dsl="backend"),
     _o("--export-config", None, "action", "Export the command line to a configuration file",
        group="Configuration"),
     _o("--import-config", None, "action", "Import a configuration file (command-line values "

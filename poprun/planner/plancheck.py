@@ -1,7 +1,8 @@
 """
 A saved plan is untrusted input: check it as strictly as the solver builds one.
 
-Layer: ``poprun.planner``; imports ``poprun.core`` and the plan model.
+Layer: ``poprun.planner``; imports ``poprun.core``, the plan model, the limits of
+:mod:`constraint` and the option table's choices.
 
 :func:`validate_plan_data` checks the JSON data before it becomes a :class:`LaunchPlan`
 (no NUL character in any string, no value of the wrong JSON type, bounded numbers);

@@ -1,7 +1,8 @@
 """
 Solving: a Spec and a Context to a complete, explained LaunchPlan.
 
-Layer: ``poprun.planner``; imports ``poprun.core``, ``popdist.env`` and the planner's models.
+Layer: ``poprun.planner``; imports ``poprun.core``, the planner's models and the policies
+(:mod:`policy`, :mod:`environment`, :mod:`binding`); Slurm's variables only inside an allocation.
 
 The solver fills in every value the user left open, checks the rules of
 :mod:`constraint`, and records for each value its source and the reason (what

@@ -1,7 +1,7 @@
 """
 The solver's working state: the spec, the context, the decisions so far and the diagnostics.
 
-Layer: ``poprun.planner``; shared by :mod:`solve`, :mod:`_policy` and :mod:`_environment`.
+Layer: ``poprun.planner``; shared by :mod:`solve`, :mod:`policy`, :mod:`environment` and :mod:`binding`.
 """
 
 from __future__ import annotations

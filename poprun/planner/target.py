@@ -1,7 +1,7 @@
 """
 Offline targets (``--offline-target``): the Pod systems a program can be compiled for.
 
-Layer: ``poprun.planner``; standard library only.
+Layer: ``poprun.planner``; imports ``poprun.core`` only.
 """
 
 from __future__ import annotations

@@ -27,7 +27,6 @@ from poprun.planner import _tomllocate as loc
 from poprun.planner import value as conv
 from poprun.planner._tomllocate import Locations, Path
 from poprun.planner.flags import split_env_args
-from poprun.planner.load import read_text
 from poprun.planner.option import BY_FIELD, TOML_KEYS, Option
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
@@ -86,7 +85,9 @@ def load_toml(path: str) -> Spec:
     Diagnostics:
         PR113 when the file cannot be read, and those of :func:`parse_toml`.
     """
-    return parse_toml(read_text(path), file=path)
+    from poprun.core.textfile import read_text_file
+
+    return parse_toml(read_text_file(path, key="SPEC"), file=path)
 
 
 class _Reader:

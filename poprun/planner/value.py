@@ -1,8 +1,9 @@
 """
-Conversions of written values (flag values, DSL words) into typed spec values.
+Conversions of written values (flag values, TOML strings, DSL words) into typed spec values.
 
 Layer: ``poprun.planner``; standard library only. Each converter returns the value or
 raises :class:`InvalidValueError`, which the front end turns into a diagnostic at its span.
+The option table (:meth:`poprun.planner.option.Option.convert`) picks one per option kind.
 """
 
 from __future__ import annotations

@@ -10,7 +10,9 @@ from hypothesis.extra.lark import from_lark
 from lark.lexer import PatternStr
 
 from poprun.core.diagnostic import DiagnosticError
-from poprun.planner.dsl import dsl_parser, parse_dsl, to_dsl
+from poprun.planner.dsl.grammar import dsl_parser
+from poprun.planner.dsl.read import parse_dsl
+from poprun.planner.dsl.write import to_dsl
 from poprun.planner.spec import Spec
 from tests.strategies import specs
 

@@ -7,7 +7,8 @@ from hypothesis import strategies as st
 
 from poprun.core.record import evolve
 from poprun.planner.context import Context
-from poprun.planner.dsl import parse_dsl, to_dsl
+from poprun.planner.dsl.read import parse_dsl
+from poprun.planner.dsl.write import to_dsl
 from poprun.planner.flags import parse_flags
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.serde import to_json

@@ -14,7 +14,9 @@ from lark.lexer import PatternStr
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.record import fields
 from poprun.core.span import SourceSpan
-from poprun.planner.dsl import dsl_parser, load_dsl, parse_dsl, to_dsl
+from poprun.planner.dsl.grammar import dsl_parser
+from poprun.planner.dsl.read import load_dsl, parse_dsl
+from poprun.planner.dsl.write import to_dsl
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
 EXAMPLES = Path(__file__).parents[2] / "examples"  # design.md section 4, as files

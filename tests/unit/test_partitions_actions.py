@@ -7,13 +7,13 @@ import pytest
 from poprun.core.diagnostic import DiagnosticError
 from poprun.core.record import evolve
 from poprun.partitions.actions import acquire, plan_actions, probe
+from poprun.partitions.choice import provider_for
 from poprun.partitions.provider import (
     EMULATOR_INVENTORY_ENV,
     PROVIDER_ENV,
     Owner,
     PartitionRequest,
     PartitionState,
-    provider_for,
 )
 from poprun.partitions.store import Inventory, Seed, Store
 from poprun.planner import plan

@@ -17,7 +17,7 @@ import pytest
 from poprun.core.diagnostic import DiagnosticError
 from poprun.core.record import evolve
 from poprun.partitions.actions import acquire, plan_actions, probe
-from poprun.partitions.provider import provider_for
+from poprun.partitions.choice import provider_for
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
 from poprun.planner.solve import solve

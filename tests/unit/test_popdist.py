@@ -187,3 +187,17 @@ def test_only_a_real_mpi_launcher_counts_as_mpi():
     """poprun's OMPI_COMM_WORLD_* variables do not mean that an MPI runtime started us; PMIx's do."""
     assert not env.launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_RANK": "1"})
     assert env.launched_by_mpi({"OMPI_COMM_WORLD_SIZE": "4", "PMIX_RANK": "1"})
+
+
+def test_env_reexports_every_name_and_reader_of_the_contract() -> None:
+    """popdist.env offers every variable name and reader of popdist._contract, the same objects."""
+    import types
+
+    from popdist import _contract
+
+    declared = {name for name, value in vars(_contract).items() if not name.startswith("_")
+                and isinstance(value, (str, int, tuple, types.FunctionType))
+                and name != "TYPE_CHECKING"}
+
+    assert sorted(declared) == sorted(_contract.__all__)
+    assert all(getattr(env, name) is getattr(_contract, name) for name in _contract.__all__)

@@ -1,26 +1,25 @@
 """
-The DSL front end: a ``.pop`` spec that reads aloud, to a :class:`Spec`, and back.
+Reading the DSL: the text of a ``.pop`` spec to a :class:`Spec`.
 
-Layer: ``poprun.planner``; imports ``poprun.core``, the option table, the value converters
-and lark (on first use only, to keep ``import poprun`` fast). The language is specified by
-``poprun/grammars/spec.lark`` and documented in ``docs/spec-dsl.md``.
+Layer: ``poprun.planner``; imports ``poprun.core``, the option table, the value converters,
+the grammar (:mod:`poprun.planner.dsl.grammar`) and lark (on first use only, to keep
+``import poprun`` fast). The language is specified by ``poprun/grammars/spec.lark`` with the
+option table's one-field statements, and documented in ``docs/spec-dsl.md``;
+:func:`poprun.planner.dsl.write.to_dsl` writes a spec back so that
+``parse_dsl(to_dsl(spec)) == spec`` (origins do not take part in equality).
 
 A file is parsed line by line (one statement per line), so every bad line gets its own
 diagnostic and all of them are raised together. Syntax errors become ``PR108`` with the
 expected words spelt out; common mistakes are labelled by example, as lark's
-``match_examples`` does. :func:`to_dsl` writes a spec back so that
-``parse_dsl(to_dsl(spec)) == spec`` (origins do not take part in equality).
-
-The module is longer than the usual budget because reading and writing the language are
-two halves of one contract, kept side by side so that they cannot drift apart.
+``match_examples`` does. A statement of the option table is read by its row (its field and
+converter); the structured ones by a method named after their rule.
 """
 
 from __future__ import annotations
 
 import json
 import re
-import shlex
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, cast
 
 from poprun.core.diagnostic import Diagnostic, Diagnostics, error
@@ -28,46 +27,28 @@ from poprun.core.hint import did_you_mean, join_or
 from poprun.core.record import evolve, positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import value as conv
+from poprun.planner.dsl.grammar import START_WORDS, STATEMENTS, dsl_parser, split_server
 from poprun.planner.flags import split_env_args
-from poprun.planner.option import BACKENDS, BY_FIELD, PLACEMENTS, ROUTING_TYPES, SSH_KEY_TYPES, SYNC_TYPES
+from poprun.planner.option import BY_FIELD
 from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 
 if TYPE_CHECKING:  # lark is imported on first use, not with poprun
-    from lark import Lark, Token, Tree
+    from lark import Token, Tree
     from lark.exceptions import UnexpectedInput
 
-__all__ = ["dsl_parser", "load_dsl", "parse_dsl", "to_dsl"]
+__all__ = ["load_dsl", "parse_dsl"]
 
-_PARSER: Lark | None = None
 _BLANK = re.compile(r"[ \t]*(?:#.*)?")
-_WORD = re.compile(r"[^\s'\"#,()][^\s,()]*")
-_PATH = re.compile(r"[^\s'\"#]\S*")
-# A `set` value written without quotes by to_dsl: shell-safe characters only.
-_BARE = re.compile(r"[\w.:/@%+=,-]+")
 _DOCS = "see docs/spec-dsl.md for the statements of the DSL"
 _UNITS = ("replicas", "replica", "instances", "ilds", "ild", "ipus", "ipu")
-# The order in which messages list the words a statement may start with (as in the docs).
-_START = ("hosts", "partition", "forward", "set", "mask", "mpi", "instance", "placement", "numa", "cache", "offline",
-          "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "cd",
-          "run", "no")
+# The order in which messages list the words that may follow another word (partition options
+# as in the docs, then the words after a statement's `no`); other words follow the grammar's order.
+_FOLLOWING = ("update", "no", "reset", "keep", "remove", "allocation", "timeout", "attempts", "sync", "ipu-link",
+              "gw-link", "port", "offline", "print", "distribute", "allow")
 # Spec fields whose repeats add up (like repeated --mpi-*-args) instead of conflicting.
 _MERGED = ("mpi_global_args", "mpi_local_args", "mask")
 _KEYS = {field: f"{option.section}.{option.key}" for field, option in BY_FIELD.items()}
 _KEYS |= {"program": "program.argv", "working_dir": "program.cwd"}
-
-
-def dsl_parser() -> Lark:
-    """Return the LALR parser of ``spec.lark`` (start symbols ``file`` and ``statement``), built once."""
-    global _PARSER  # noqa: PLW0603 - a lazily built, immutable cache
-    if _PARSER is None:
-        from importlib.resources import files
-
-        from lark import Lark
-
-        grammar = files("poprun.grammars").joinpath("spec.lark").read_text(encoding="utf-8")
-        _PARSER = Lark(grammar, parser="lalr", lexer="contextual", propagate_positions=True,
-                       start=["file", "statement"])
-    return _PARSER
 
 
 def parse_dsl(text: str, *, file: str) -> Spec:
@@ -92,9 +73,9 @@ def load_dsl(path: str) -> Spec:
     Diagnostics:
         PR113 when the file cannot be read, and those of :func:`parse_dsl`.
     """
-    from poprun.planner.load import read_text  # load imports this module lazily; keep it one-way
+    from poprun.core.textfile import read_text_file
 
-    return parse_dsl(read_text(path), file=path)
+    return parse_dsl(read_text_file(path, key="SPEC"), file=path)
 
 
 # ---- reading ---------------------------------------------------------------------------
@@ -137,7 +118,7 @@ class _Reader:
             settings = _Statement(self.file, number, line).read(tree)
         except UnexpectedInput as exc:
             first = (line.split() or [""])[0]
-            key = "topology" if first.isdigit() else first if first in _START else "statement"
+            key = "topology" if first.isdigit() else first if first in START_WORDS else "statement"
             self.diags.add(_syntax_error(exc, line, span=SourceSpan(file=self.file, key_path=key, line=number)))
             return
         except _StatementError as problem:
@@ -168,36 +149,6 @@ class _Reader:
         return Spec(**self.values, env=tuple(self.env), instance_args=tuple(self.instance_args))
 
 
-def _choice(choices: tuple[str, ...]) -> Callable[[str], str]:
-    return lambda text: conv.to_choice(text, choices)
-
-
-# Statements that set one field to a constant.
-_SWITCHES: dict[str, tuple[str, object]] = {
-    "update": ("update_partition", True), "no_update": ("update_partition", False),
-    "reset": ("reset_partition", True), "no_reset": ("reset_partition", False),
-    "keep": ("remove_partition", False), "remove": ("remove_partition", True),
-    "numa_aware": ("numa_aware", True), "numa_unaware": ("numa_aware", False),
-    "print_topology": ("print_topology", True), "no_print_topology": ("print_topology", False),
-    "no_offline": ("offline_mode", False), "no_distribute_ssh_key": ("distribute_ssh_key", False),
-    "allow_root": ("allow_run_as_root", True), "no_allow_root": ("allow_run_as_root", False),
-    "cache_off": ("executable_cache_path", ""),
-}
-# Statements (and options) that set one field from their last word.
-_VALUES: dict[str, tuple[str, Callable[[str], object]]] = {
-    "host_file": ("host_file", str), "allocation": ("allocation", str),
-    "timeout": ("vipu_server_timeout", conv.to_positive_int),
-    "attempts": ("partition_attempts", conv.to_positive_int),
-    "sync": ("sync_type", _choice(SYNC_TYPES)),
-    "ipu_link_routing": ("ipu_link_routing_type", _choice(ROUTING_TYPES)),
-    "gw_link_routing": ("gw_link_routing_type", _choice(ROUTING_TYPES)),
-    "port": ("vipu_server_port", conv.to_port), "placement": ("process_placement", _choice(PLACEMENTS)),
-    "cache": ("executable_cache_path", str), "offline_target": ("offline_target", str),
-    "autoreport": ("autoreport_dir", str), "subnet": ("host_subnet", conv.to_subnet),
-    "output": ("only_output_from_instance", conv.to_int), "verbosity": ("verbosity", conv.to_int),
-    "key_path": ("distribute_ssh_key_path", str), "key_type": ("distribute_ssh_key_type", _choice(SSH_KEY_TYPES)),
-    "backend": ("backend", lambda text: conv.to_backend(text, BACKENDS)), "cd": ("working_dir", str),
-}
 # Counts of the topology line: the rule names are the Spec fields.
 _COUNTS = ("replicas", "instances", "ilds", "ipus_per_replica")
 
@@ -213,19 +164,23 @@ class _Statement:
     def read(self, tree: Tree[Token]) -> list[_Setting]:
         """Return the settings of a statement (any rule of ``statement``)."""
         rule = str(tree.data)
-        if rule in _SWITCHES:
-            field, constant = _SWITCHES[rule]
-            return [self._set(field, constant, self._meta_span(field, tree))]
-        if rule in _VALUES:
-            field, convert = _VALUES[rule]
-            token = _tokens(tree)[-1]
-            return [self._set(field, self._convert(convert, token, field), self._span(field, token))]
+        if rule in STATEMENTS:
+            return [self._table_statement(tree, rule)]
         if rule in _COUNTS:
             token = _tokens(tree)[0]
             number = self._convert(conv.to_positive_int, token, rule)
             return [self._set(rule, number, self._meta_span(rule, tree))]
         handler = cast("Callable[[Tree[Token]], list[_Setting]]", getattr(self, f"_{rule}"))
         return handler(tree)
+
+    def _table_statement(self, tree: Tree[Token], rule: str) -> _Setting:
+        """Read a statement of the option table: its row's constant, or its value through the row's converter."""
+        statement = STATEMENTS[rule]
+        field = statement.field
+        if statement.role != "value":
+            return self._set(field, statement.constant, self._meta_span(field, tree))
+        token = _tokens(tree)[-1]
+        return self._set(field, self._convert(statement.option.convert, token, field), self._span(field, token))
 
     def _read_all(self, tree: Tree[Token]) -> list[_Setting]:
         return [setting for child in _trees(tree) for setting in self.read(child)]
@@ -246,6 +201,16 @@ class _Statement:
                                 span=span) from exc
         return [self._set("hosts", hosts, self._span("hosts", token))]
 
+    def _host_file(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``host_file``: ``hosts from file PATH``."""
+        token = _tokens(tree)[-1]
+        return [self._set("host_file", self._text(token), self._span("host_file", token))]
+
+    def _cd(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``cd``: the working directory of every instance."""
+        token = _tokens(tree)[-1]
+        return [self._set("working_dir", self._text(token), self._span("working_dir", token))]
+
     def _partition(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``partition``: a name, a server and options."""
         names = [self._set("partition", self._text(t), self._span("partition", t)) for t in _tokens(tree)]
@@ -257,7 +222,7 @@ class _Statement:
         if token.type == "STRING":
             return [self._set("vipu_server_host", self._text(token), self._span("vipu_server_host", token))]
         try:
-            host, port, offset = _split_server(str(token))
+            host, port, offset = split_server(str(token))
         except conv.InvalidValueError as problem:
             raise self._value_problem(problem, "vipu_server_host", self._span("vipu_server_host", token)) from None
         settings = [] if host is None else [self._set("vipu_server_host", host, self._span("vipu_server_host", token))]
@@ -406,21 +371,6 @@ def _trees(tree: Tree[Token]) -> list[Tree[Token]]:
     return [child for child in tree.children if not isinstance(child, str)]
 
 
-def _split_server(text: str) -> tuple[str | None, str | None, int]:
-    """Return (host, port text, column offset of the port) of ``host[:port]`` or ``[ipv6][:port]``."""
-    hint = "write the server as HOST, HOST:PORT or [IPV6]:PORT"
-    if text.startswith("["):
-        close = text.find("]")
-        rest = text[close + 1:]
-        if close < 0 or rest[:1] not in ("", ":"):
-            raise conv.InvalidValueError(f"'{text}' is not a server address", hint)
-        return text[1:close], (rest[1:] if rest else None), close + 2
-    if text.count(":") == 1:
-        host, port = text.split(":")
-        return host or None, port, len(host) + 1
-    return text, None, 0
-
-
 def _json_words(text: str) -> tuple[str, ...] | None:
     """Return the words of a JSON array of strings, or None when ``text`` is not one."""
     try:
@@ -505,7 +455,10 @@ def _describe(expected: frozenset[str], *, start: bool) -> list[str]:
     named = dict(_NAMED, FROM_FILE="'from file'")
     if start:
         named["NUMBER"] = "a count (as in '8 replicas')"
-        order |= {name: -len(_START) + _START.index(word) for name, word in keywords.items() if word in _START}
+        order |= {name: -len(START_WORDS) + START_WORDS.index(word) for name, word in keywords.items()
+                  if word in START_WORDS}
+    else:  # after all the other terminals' (a number or a path before keywords), in the order of _FOLLOWING
+        order |= {name: len(order) + _FOLLOWING.index(word) for name, word in keywords.items() if word in _FOLLOWING}
     ranked = sorted(expected, key=lambda n: (n == "$END", n != "NUMBER", order.get(n, 0), n))
     return list(dict.fromkeys(f"'{keywords[n]}'" if n in keywords else named.get(n, n) for n in ranked))
 
@@ -537,220 +490,3 @@ def _examples() -> dict[tuple[frozenset[str], bool], tuple[str, str]]:
                 except UnexpectedInput as exc:
                     _LABELS.setdefault((_expected(exc), _error_column(exc, example)[1]), (summary, hint))
     return _LABELS
-
-
-# ---- writing ---------------------------------------------------------------------------
-
-
-def to_dsl(spec: Spec) -> str:
-    """Return ``spec`` written in the DSL, one statement per line, in a fixed order."""
-    lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env), *_mask_lines(spec),
-             *_mpi_lines(spec), *_instance_lines(spec), *_simple_lines(spec), *_run_lines(spec)]
-    return "".join(f"{line}\n" for line in lines)
-
-
-def _hosts_lines(spec: Spec) -> Iterator[str]:
-    if spec.hosts is not None:
-        yield f"hosts {_host_text(spec.hosts.value)}"
-    if spec.host_file is not None:
-        yield f"hosts from file {_path(spec.host_file.value)}"
-
-
-def _host_text(hosts: tuple[str, ...]) -> str:
-    from poprun.core.hostlist import HostlistError, compress, expand
-
-    if not hosts:
-        return "''"
-    try:
-        text = compress(hosts)
-        if expand(text) == hosts:
-            return text
-    except HostlistError:
-        pass
-    return ", ".join(hosts)
-
-
-def _topology_lines(spec: Spec) -> Iterator[str]:
-    units = (("replicas", "", "replica"), ("ipus_per_replica", "with", "ipu"), ("instances", "over", "instance"),
-             ("ilds", "in", "ild"))
-    parts: list[str] = []
-    for field, preposition, unit in units:
-        count = getattr(spec, field)
-        if count is not None:
-            words = f"{count.value} {unit}{'' if count.value == 1 else 's'}"
-            words += " per replica" if unit == "ipu" else ""
-            parts.append(f"{preposition} {words}" if parts and preposition else words)
-    if parts:
-        yield " ".join(parts)
-
-
-def _partition_lines(spec: Spec) -> Iterator[str]:
-    words = [] if spec.partition is None else [_word(spec.partition.value, keywords=("at",))]
-    host = None if spec.vipu_server_host is None else spec.vipu_server_host.value
-    port = None if spec.vipu_server_port is None else spec.vipu_server_port.value
-    server = _server_text(host, port)
-    if server is not None:
-        words.append(f"at {server}")
-    elif host is not None:
-        words.append(f"at {_string(host)}")
-    options = list(_partition_options(spec, port=port if server is None else None))
-    if options:
-        words.append(f"({', '.join(options)})")
-    if words:
-        yield "partition " + " ".join(words)
-
-
-def _server_text(host: str | None, port: int | None) -> str | None:
-    """Return ``host:port`` as one word when it reads back unchanged, else None."""
-    if host is None or not host:
-        return None
-    text = (f"[{host}]" if ":" in host else host) + ("" if port is None else f":{port}")
-    try:
-        back, back_port, _ = _split_server(text)
-    except conv.InvalidValueError:
-        return None
-    same = back == host and (back_port is None if port is None else back_port == str(port))
-    return text if same and _WORD.fullmatch(text) else None
-
-
-def _partition_options(spec: Spec, *, port: int | None) -> Iterator[str]:
-    for field, true, false in (("update_partition", "update", "no update"), ("reset_partition", "reset", "no reset"),
-                               ("remove_partition", "remove", "keep")):
-        flag = getattr(spec, field)
-        if flag is not None:
-            yield true if flag.value else false
-    for field, words in (("allocation", "allocation"), ("vipu_server_timeout", "timeout"),
-                         ("partition_attempts", "attempts"), ("sync_type", "sync"),
-                         ("ipu_link_routing_type", "ipu-link routing"), ("gw_link_routing_type", "gw-link routing")):
-        value = getattr(spec, field)
-        if value is not None:
-            yield f"{words} {_word(str(value.value))}"
-    if port is not None:
-        yield f"port {port}"
-
-
-def _env_lines(env: tuple[Sourced[EnvVarSpec], ...]) -> Iterator[str]:
-    forwards: list[str] = []
-    for item in env:
-        if item.value.value is None:
-            forwards.append(item.value.name)
-            continue
-        if forwards:
-            yield f"forward {', '.join(forwards)}"
-            forwards = []
-        value = item.value.value
-        yield f"set {item.value.name} = {value if _BARE.fullmatch(value) else _string(value)}"
-    if forwards:
-        yield f"forward {', '.join(forwards)}"
-
-
-def _mask_lines(spec: Spec) -> Iterator[str]:
-    if spec.mask is not None:
-        yield f"mask {', '.join(spec.mask.value)}"
-
-
-def _mpi_lines(spec: Spec) -> Iterator[str]:
-    for field, scope in (("mpi_global_args", "global"), ("mpi_local_args", "local")):
-        args = getattr(spec, field)
-        if args is not None:
-            yield f"mpi {scope} {_string(shlex.join(args.value))}"
-
-
-def _instance_lines(spec: Spec) -> Iterator[str]:
-    for item in spec.instance_args:
-        args = item.value
-        head = f"instance {args.index}"
-        if args.env and not args.mpi_args and all(e.value is None for e in args.env):
-            yield f"{head} forward {', '.join(e.name for e in args.env)}"
-        elif len(args.env) == 1 and not args.mpi_args:
-            yield f"{head} set {args.env[0].name} = {_string(cast('str', args.env[0].value))}"
-        else:
-            words = [w for e in args.env for w in ("-x", e.name if e.value is None else f"{e.name}={e.value}")]
-            yield f"{head} mpi {_string(shlex.join([*args.mpi_args, *words]))}"  # no word after a -x pair
-
-
-def _simple_lines(spec: Spec) -> Iterator[str]:
-    if spec.process_placement is not None:
-        yield f"placement {_word(spec.process_placement.value)}"
-    yield from _flag(spec.numa_aware, "numa aware", "numa unaware")
-    if spec.executable_cache_path is not None:
-        path = spec.executable_cache_path.value
-        yield f"cache {_path(path, keywords=('off',))}" if path else "cache off"
-    yield from _offline_lines(spec)
-    for field, words in (("autoreport_dir", "autoreport to"), ("working_dir", "cd")):
-        value = getattr(spec, field)
-        if value is not None:
-            yield f"{words} {_path(value.value)}"
-    if spec.host_subnet is not None:
-        yield f"subnet {_word(spec.host_subnet.value)}"
-    yield from _flag(spec.print_topology, "print topology", "no print topology")
-    if spec.only_output_from_instance is not None:
-        yield f"output from instance {spec.only_output_from_instance.value}"
-    yield from _ssh_lines(spec)
-    yield from _flag(spec.allow_run_as_root, "allow run as root", "no allow run as root")
-    if spec.verbosity is not None:
-        yield f"verbosity {spec.verbosity.value}"
-    if spec.backend is not None:
-        yield f"backend {_word(spec.backend.value)}"
-
-
-def _flag(value: Sourced[bool] | None, true: str, false: str) -> Iterator[str]:
-    if value is not None:
-        yield true if value.value else false
-
-
-def _offline_lines(spec: Spec) -> Iterator[str]:
-    mode = None if spec.offline_mode is None else spec.offline_mode.value
-    target = None if spec.offline_target is None else _word(spec.offline_target.value)
-    if mode:
-        yield "offline" if target is None else f"offline for {target}"
-        return
-    if mode is False:
-        yield "no offline"
-    if target is not None:
-        yield f"offline target {target}"
-
-
-def _ssh_lines(spec: Spec) -> Iterator[str]:
-    settings = []
-    if spec.distribute_ssh_key_path is not None:
-        settings.append(f"path {_word(spec.distribute_ssh_key_path.value)}")
-    if spec.distribute_ssh_key_type is not None:
-        settings.append(f"type {_word(spec.distribute_ssh_key_type.value)}")
-    options = f"({', '.join(settings)})" if settings else ""
-    distribute = None if spec.distribute_ssh_key is None else spec.distribute_ssh_key.value
-    if distribute:
-        yield f"distribute ssh key {options}".rstrip()
-        return
-    if distribute is False:
-        yield "no distribute ssh key"
-    if options:
-        yield f"ssh key {options}"
-
-
-def _run_lines(spec: Spec) -> Iterator[str]:
-    if spec.program is not None:
-        words = spec.program.value
-        if words and all(w.isprintable() for w in words):
-            yield f"run {shlex.join(words)}"
-        else:
-            yield f"run {json.dumps(list(words), ensure_ascii=False)}"
-
-
-# Keywords that may stand where a value may (`partition at ...`, `cache off`) are passed as
-# ``keywords``; a test writes every keyword into every value to keep these lists complete.
-def _word(text: str, *, keywords: tuple[str, ...] = ()) -> str:
-    """Return ``text`` as a bare word when it reads back as one, else quoted."""
-    return text if _WORD.fullmatch(text) and text not in keywords else _string(text)
-
-
-def _path(text: str, *, keywords: tuple[str, ...] = ()) -> str:
-    """Return ``text`` as a bare path when it reads back as one, else quoted."""
-    return text if _PATH.fullmatch(text) and text not in keywords else _string(text)
-
-
-def _string(text: str) -> str:
-    """Return a quoted string: literal in single quotes when possible, else JSON-escaped."""
-    if "'" not in text and text.isprintable():
-        return f"'{text}'"
-    return json.dumps(text, ensure_ascii=False)

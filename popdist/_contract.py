@@ -1,0 +1,213 @@
+"""
+popdist's two contracts: the environment the launcher writes, and what a popdist backend is.
+
+Standalone: standard library only; never imports ``poprun``, nor any other popdist module,
+so that every popdist module can import it without a circle.
+
+- The environment contract between the launcher (which writes it) and applications (which
+  read it): the variables' names, and the readers through which popdist reads them, each with
+  the documented default of the PopDist API when its variable is unset. Every popdist module
+  reads the environment through here; the launcher imports the names from
+  :mod:`popdist.env`, which re-exports them (with :mod:`popdist.config`'s values, on use).
+- The backend contract: the ``Backend`` protocol and the errors of :func:`popdist.init` and
+  the barriers. The backends (:mod:`popdist._mpi`, :mod:`popdist._tcp` through
+  :mod:`popdist._rendezvous`) import them from here, and :mod:`popdist._backend`, above them
+  all, chooses which one ``init`` opens.
+
+Imported by ``import popdist``, so it stays light (one module, not one per contract): no
+``dataclasses``, no ``typing`` at run time.
+"""
+
+from __future__ import annotations
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+    from typing import Protocol
+
+    class Backend(Protocol):
+        """What ``init`` opens: barriers among groups of instances, and a collective close."""
+
+        name: str
+
+        def barrier(self, group: frozenset[int], timeout_s: float | None) -> None:
+            """Return once every instance of ``group`` (which holds this one) has called it."""
+
+        def close(self) -> None:
+            """Wait for every instance to close, then release the connections."""
+
+
+class BackendError(RuntimeError):
+    """The instances could not meet: one left, could not be reached, or a barrier timed out."""
+
+
+class PopdistWarning(RuntimeWarning):
+    """popdist did less than asked, e.g. no synchronisation because ``popdist.init()`` was not called."""
+
+
+# What popdist.env re-exports: the names and readers (a name added here is public there too).
+__all__ = [
+    "ALWAYS_FORWARDED",
+    "AUTOREPORT_DIRECTORY",
+    "DEFAULT_MASTER_ADDR",
+    "DEFAULT_MASTER_PORT",
+    "EXECUTABLE_CACHE_PATH",
+    "INSTANCE_INDEX",
+    "IPUOF_CONFIG_PATH",
+    "IPUOF_LOG_LEVEL",
+    "LOCAL_INSTANCE_INDEX",
+    "MPI_RUNTIME_MARKERS",
+    "NUM_INSTANCES",
+    "NUM_IPUS_PER_REPLICA",
+    "NUM_LOCAL_REPLICAS",
+    "NUM_TOTAL_REPLICAS",
+    "OMPI_LOCAL_RANK",
+    "OMPI_LOCAL_SIZE",
+    "OMPI_RANK",
+    "OMPI_SIZE",
+    "POPLAR_ENGINE_OPTIONS",
+    "POPLAR_TARGET_OPTIONS",
+    "REPLICA_INDEX_OFFSET",
+    "TORCH_LOCAL_RANK",
+    "TORCH_LOCAL_WORLD_SIZE",
+    "TORCH_MASTER_ADDR",
+    "TORCH_MASTER_PORT",
+    "TORCH_RANK",
+    "TORCH_WORLD_SIZE",
+    "UNIFORM_REPLICAS_PER_INSTANCE",
+    "VIPU_API_GCD_ID",
+    "VIPU_API_HOST",
+    "VIPU_API_PARTITION_ID",
+    "VIPU_API_PORT",
+    "VIPU_API_TIMEOUT",
+    "instance_index",
+    "integer",
+    "is_set",
+    "launched_by_mpi",
+    "local_instance_index",
+    "master_address",
+    "num_instances",
+    "num_ipus_per_replica",
+    "num_local_replicas",
+    "num_total_replicas",
+    "replica_index_offset",
+    "uniform_replicas_per_instance",
+]
+
+# Set by real poprun for every instance (names and formats as it wrote them).
+NUM_TOTAL_REPLICAS = "POPDIST_NUM_TOTAL_REPLICAS"
+NUM_IPUS_PER_REPLICA = "POPDIST_NUM_IPUS_PER_REPLICA"
+NUM_LOCAL_REPLICAS = "POPDIST_NUM_LOCAL_REPLICAS"
+UNIFORM_REPLICAS_PER_INSTANCE = "POPDIST_UNIFORM_REPLICAS_PER_INSTANCE"
+REPLICA_INDEX_OFFSET = "POPDIST_REPLICA_INDEX_OFFSET"
+LOCAL_INSTANCE_INDEX = "POPDIST_LOCAL_INSTANCE_INDEX"
+EXECUTABLE_CACHE_PATH = "POPDIST_EXECUTABLE_CACHE_PATH"
+AUTOREPORT_DIRECTORY = "POPDIST_AUTOREPORT_DIRECTORY"
+VIPU_API_HOST = "IPUOF_VIPU_API_HOST"
+VIPU_API_PORT = "IPUOF_VIPU_API_PORT"
+VIPU_API_PARTITION_ID = "IPUOF_VIPU_API_PARTITION_ID"
+VIPU_API_TIMEOUT = "IPUOF_VIPU_API_TIMEOUT"
+VIPU_API_GCD_ID = "IPUOF_VIPU_API_GCD_ID"
+IPUOF_LOG_LEVEL = "IPUOF_LOG_LEVEL"
+IPUOF_CONFIG_PATH = "IPUOF_CONFIG_PATH"
+POPLAR_TARGET_OPTIONS = "POPLAR_TARGET_OPTIONS"
+POPLAR_ENGINE_OPTIONS = "POPLAR_ENGINE_OPTIONS"
+
+# Real poprun left the instance index and count to MPI; PopTorch reads these.
+OMPI_RANK = "OMPI_COMM_WORLD_RANK"
+OMPI_SIZE = "OMPI_COMM_WORLD_SIZE"
+OMPI_LOCAL_RANK = "OMPI_COMM_WORLD_LOCAL_RANK"
+OMPI_LOCAL_SIZE = "OMPI_COMM_WORLD_LOCAL_SIZE"
+
+# Beyond poprun: explicit instance variables, and torchrun's, so its programs run unchanged.
+INSTANCE_INDEX = "POPDIST_INSTANCE_INDEX"
+NUM_INSTANCES = "POPDIST_NUM_INSTANCES"
+TORCH_RANK = "RANK"
+TORCH_WORLD_SIZE = "WORLD_SIZE"
+TORCH_LOCAL_RANK = "LOCAL_RANK"
+TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
+TORCH_MASTER_ADDR = "MASTER_ADDR"
+TORCH_MASTER_PORT = "MASTER_PORT"
+
+# Variables that real poprun always forwarded from the launching shell.
+ALWAYS_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
+
+# Set by a real MPI launcher (OpenMPI's PMIx, MPICH's PMI), never by poprun's own backends, which
+# set the OMPI_COMM_WORLD_* variables for compatibility without starting an MPI runtime.
+MPI_RUNTIME_MARKERS = ("PMIX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_NODE_RANK")
+
+# The defaults when nothing is set: torchrun's, for a launch on one machine.
+DEFAULT_MASTER_ADDR = "localhost"
+DEFAULT_MASTER_PORT = 29500
+
+
+def integer(env: Mapping[str, str], name: str, default: int) -> int:
+    """Return variable ``name`` as an integer, or ``default`` when it is unset or not a number."""
+    raw = env.get(name, "").strip()
+    try:
+        return int(raw)
+    except ValueError:
+        return default
+
+
+def is_set(env: Mapping[str, str]) -> bool:
+    """Return whether the process was launched by poprun (its total replica count is set)."""
+    return NUM_TOTAL_REPLICAS in env
+
+
+def num_total_replicas(env: Mapping[str, str]) -> int:
+    """Return the total number of replicas (1 when unset)."""
+    return max(integer(env, NUM_TOTAL_REPLICAS, 1), 1)
+
+
+def num_local_replicas(env: Mapping[str, str]) -> int:
+    """Return the number of replicas this instance controls (1 when unset)."""
+    return max(integer(env, NUM_LOCAL_REPLICAS, 1), 1)
+
+
+def num_ipus_per_replica(env: Mapping[str, str]) -> int:
+    """Return the number of IPUs per replica (1 when unset)."""
+    return max(integer(env, NUM_IPUS_PER_REPLICA, 1), 1)
+
+
+def replica_index_offset(env: Mapping[str, str]) -> int:
+    """Return the global index of this instance's first replica (0 when unset)."""
+    return max(integer(env, REPLICA_INDEX_OFFSET, 0), 0)
+
+
+def local_instance_index(env: Mapping[str, str]) -> int:
+    """Return this instance's index among the instances of its host (0 when unset)."""
+    return max(integer(env, LOCAL_INSTANCE_INDEX, 0), 0)
+
+
+def instance_index(env: Mapping[str, str]) -> int:
+    """
+    Return this instance's index (0 when unset).
+
+    ``POPDIST_INSTANCE_INDEX`` first, then MPI's rank (real poprun left the index to MPI),
+    then the replica arithmetic third-party readers used: offset // local replicas.
+    """
+    derived = replica_index_offset(env) // num_local_replicas(env)
+    return integer(env, INSTANCE_INDEX, integer(env, OMPI_RANK, derived))
+
+
+def num_instances(env: Mapping[str, str]) -> int:
+    """Return the number of instances (1 when unset), found as :func:`instance_index` is."""
+    derived = max(num_total_replicas(env) // num_local_replicas(env), 1)
+    return max(integer(env, NUM_INSTANCES, integer(env, OMPI_SIZE, derived)), 1)
+
+
+def uniform_replicas_per_instance(env: Mapping[str, str]) -> bool:
+    """Return whether every instance controls the same number of replicas (True when unset)."""
+    return env.get(UNIFORM_REPLICAS_PER_INSTANCE, "1").strip() != "0"
+
+
+def master_address(env: Mapping[str, str]) -> tuple[str, int]:
+    """Return ``(MASTER_ADDR, MASTER_PORT)``: where instance 0 can be reached (torchrun's defaults)."""
+    host = env.get(TORCH_MASTER_ADDR, "").strip() or DEFAULT_MASTER_ADDR
+    return host, integer(env, TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
+
+
+def launched_by_mpi(env: Mapping[str, str]) -> bool:
+    """Return whether a real MPI launcher (mpirun, mpiexec) started this process."""
+    return any(name in env for name in MPI_RUNTIME_MARKERS)
