@@ -43,7 +43,7 @@ from poprun.core.events import (
     LaunchStarting,
     Stopping,
 )
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult, NotStarted, signal_name
+from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, signal_name
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
 
@@ -169,8 +169,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
 
     ``sink`` receives the instances' output and the events; ``env_source`` is the launching
     environment (default ``os.environ``): forwarded variables and the V-IPU settings are read
-    from it. ``control`` is how the caller stops the launch. When nothing ran, the result's
-    ``not_started`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
+    from it. ``control`` is how the caller stops the launch. When poprun itself failed (nothing
+    ran, or the backend failed while running), the result's ``error`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
     """
     control = control or Control()
     environ = os.environ if env_source is None else env_source
@@ -178,7 +178,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         backend = (registry or default_registry()).get(plan.backend.name)
     except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both
         message = str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)
-        return ApplyResult(statuses=(), not_started=NotStarted(status=CANNOT_LAUNCH, message=message))
+        return ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=message))
     relay = _Relay(plan, sink)
     control._tell = relay  # noqa: SLF001 - the control and the step are one piece
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
@@ -191,10 +191,10 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
                              if cache is not None else None,
                              started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
                                                     variables=tuple(sorted(added.items())), cache=cache))
-    except DiagnosticError as exc:  # the partition could not be had: nothing started
-        result = ApplyResult(statuses=(), not_started=NotStarted(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
+    except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
+        result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
     except Stopped as exc:  # before anything started
-        result = ApplyResult(statuses=(), not_started=NotStarted(status=128 + exc.signum, signal=exc.signum,
+        result = ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
                                                                  message=f"stopped by {signal_name(exc.signum)}"))
     return evolve(result, signals=tuple(control.signals), warnings=tuple(released))
 
@@ -217,12 +217,12 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
 
 def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay, control: Control,
             cache: TemporaryCache | None, started: LaunchStarting) -> ApplyResult:
-    """Launch and wait; return the result (``not_started`` when nothing could start)."""
+    """Launch and wait; return the result (``error`` when nothing could start)."""
     relay.event(started)
     try:
         launch = backend.launch(plan, env_source=environ, sink=relay, cache=cache)
     except LaunchError as exc:
-        return ApplyResult(statuses=(), not_started=NotStarted(status=exc.status, message=exc.message,
+        return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
                                                                diagnostics=exc.diagnostics))
     control._started(launch)  # noqa: SLF001
     relay.event(LaunchRunning())

@@ -203,8 +203,8 @@ def exit_status(result: ApplyResult, *, failed_output: bool) -> int:
     as for a tool killed by SIGPIPE). The instances' status otherwise; 1 when they succeeded
     but their output could not be written (``failed_output``).
     """
-    if result.not_started is not None:
-        return result.not_started.status
+    if result.error is not None:
+        return result.error.status
     if result.root_cause is None and result.signals:
         return 128 + result.signals[0]
     if result.status == 0 and failed_output:

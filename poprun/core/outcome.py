@@ -58,14 +58,15 @@ def signal_name(number: int) -> str:
 
 
 @record
-class NotStarted:
+class ApplyError:
     """
-    Nothing of the plan ran: why, and poprun's exit status.
+    poprun's own failure, and its exit status: nothing of the plan ran, or the backend failed while it ran.
 
-    ``status`` is 125 (the backend or the partition could not be had, or the backend could not
-    launch), 126/127 (the program is not executable / not found), or 128+N when signal N
-    stopped poprun first (``signal``). ``message`` is one line; ``diagnostics``, when given,
-    say more (one per problem, with codes) and are shown instead.
+    ``status`` is 125 (the backend or the partition could not be had, the backend could not
+    launch, or it failed while running: a host the mpirun backend lost), 126/127 (the program
+    is not executable / not found), or 128+N when signal N stopped poprun before the launch
+    (``signal``). ``message`` is one line; ``diagnostics``, when given, say more (one per
+    problem, with codes) and are shown instead.
     """
 
     status: int
@@ -90,7 +91,7 @@ class ApplyResult:
     failures: tuple[InstanceFailure, ...] = ()
     root_cause: int | None = None
     # What the apply step (poprun.apply) adds around a backend's result:
-    not_started: NotStarted | None = None  # nothing ran: why (then statuses is empty)
+    error: ApplyError | None = None  # poprun's own failure (then statuses is empty): nothing ran, or the backend failed
     signals: tuple[int, ...] = ()  # what stopped poprun, in order (SIGPIPE when an output stream was closed)
     warnings: tuple[Diagnostic, ...] = ()  # what to tell at the very end (releasing the partition)
 

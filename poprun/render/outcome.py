@@ -22,12 +22,12 @@ def render_outcome(result: ApplyResult) -> str:
     """
     Return what poprun says on stderr about how the apply ended ("" for a quiet success).
 
-    When nothing ran: why (its diagnostics, else ``poprun: MESSAGE``). Then the warnings of the
+    When poprun itself failed (``error``): why (its diagnostics, else ``poprun: MESSAGE``). Then the warnings of the
     end (releasing the partition). Then, when poprun was stopped with no instance to blame,
     ``poprun: stopped by SIGNAL`` (nothing for SIGPIPE: the reader left); else the failure report.
     """
     parts: list[str] = []
-    cause = result.not_started
+    cause = result.error
     if cause is not None:
         parts.append(_diagnostics(cause.diagnostics) if cause.diagnostics else f"poprun: {cause.message}\n")
     if result.warnings:

@@ -16,7 +16,7 @@ from poprun.backends.testing import Outcome, RecordingBackend
 from poprun.cli.run import exit_status
 from poprun.core import events
 from poprun.core.diagnostic import error, warning
-from poprun.core.outcome import ApplyResult, InstanceFailure, NotStarted
+from poprun.core.outcome import ApplyResult, InstanceFailure, ApplyError
 from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.plan import Cache
@@ -51,7 +51,7 @@ def test_a_successful_apply_reports_its_steps_as_events(tmp_path):
     assert ["launch-starting", "launch-running", "launch-ended"] == sink.kinds()
     assert events.LaunchStarting(backend="local", instances=3) == sink.events[0]
     assert events.LaunchEnded(statuses=(0, 0, 0)) == sink.events[-1]
-    assert (0, None, (), ()) == (result.status, result.not_started, result.signals, result.warnings)
+    assert (0, None, (), ()) == (result.status, result.error, result.signals, result.warnings)
 
 
 def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp_path):
@@ -69,23 +69,23 @@ def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp
     assert not (tmp_path / starting.cache).exists()
 
 
-def test_an_unknown_backend_is_not_started_with_125(tmp_path):
+def test_an_unknown_backend_is_error_with_125(tmp_path):
     """No backend of the plan's name: nothing runs, 125, and no event."""
     sink = Sink()
     result = apply(probe_plan("pass", tmp_path, backend="nosuch"), sink=sink, registry=BackendRegistry({}),
                    env_source={})
 
-    assert result.not_started is not None and 125 == result.not_started.status
-    assert "nosuch" in result.not_started.message
+    assert result.error is not None and 125 == result.error.status
+    assert "nosuch" in result.error.message
     assert [] == sink.events
 
 
-def test_a_launch_error_is_not_started_with_its_status(tmp_path):
+def test_a_launch_error_is_error_with_its_status(tmp_path):
     """The backend could not launch: its status and message, the launch announced but never running."""
     result, sink = _apply(RecordingBackend(error=LaunchError("program 'x' not found", status=127)),
                           probe_plan("pass", tmp_path, backend="local"))
 
-    assert NotStarted(status=127, message="program 'x' not found") == result.not_started
+    assert ApplyError(status=127, message="program 'x' not found") == result.error
     assert ["launch-starting"] == sink.kinds()
 
 
@@ -236,9 +236,9 @@ FAILED = ApplyResult(statuses=(0, 3), root_cause=1,
     (FAILED, False, ("poprun: 1 instance failed\n  instance 1 on h1: exited with status 3\n    | bad input\n"
                      "Root cause: instance 1 on h1 exited with status 3\n"), 3),
     (ApplyResult(statuses=(143,), signals=(signal.SIGTERM,)), False, "poprun: stopped by SIGTERM\n", 143),
-    (ApplyResult(statuses=(), not_started=NotStarted(status=127, message="program 'x' not found")), False,
+    (ApplyResult(statuses=(), error=ApplyError(status=127, message="program 'x' not found")), False,
      "poprun: program 'x' not found\n", 127),
-    (ApplyResult(statuses=(), not_started=NotStarted(status=130, signal=2, message="stopped by SIGINT"),
+    (ApplyResult(statuses=(), error=ApplyError(status=130, signal=2, message="stopped by SIGINT"),
                  signals=(2,)), False, "poprun: stopped by SIGINT\n", 130),
 ], ids=["success", "output-lost", "failure", "stopped", "not-found", "stopped-before"])
 def test_outcome_text_and_exit_status(result, failed_output, text, status):
@@ -248,7 +248,7 @@ def test_outcome_text_and_exit_status(result, failed_output, text, status):
 
 def test_diagnostics_come_first_then_the_warnings_of_the_end():
     """Nothing started for a coded reason: its diagnostics, then what releasing the partition warned about."""
-    result = ApplyResult(statuses=(), not_started=NotStarted(status=125, diagnostics=(error("PR500", "no server", detail="d", span=SourceSpan(file=COMMAND_LINE, key_path="--vipu-partition"), hint="h"),)),
+    result = ApplyResult(statuses=(), error=ApplyError(status=125, diagnostics=(error("PR500", "no server", detail="d", span=SourceSpan(file=COMMAND_LINE, key_path="--vipu-partition"), hint="h"),)),
                          warnings=(warning("PR508", "partition left", detail="d", span=SourceSpan(file=COMMAND_LINE, key_path="--vipu-partition"), hint="h"),))
 
     text = render_outcome(result)
