@@ -16,7 +16,7 @@ from poprun.backends.testing import Outcome, RecordingBackend
 from poprun.cli.run import exit_status
 from poprun.core import events
 from poprun.core.diagnostic import error, warning
-from poprun.core.outcome import ApplyResult, InstanceFailure, ApplyError
+from poprun.core.outcome import ApplyError, ApplyResult, InstanceFailure
 from poprun.core.record import evolve
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner.plan import Cache
