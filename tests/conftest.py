@@ -65,6 +65,19 @@ def kill_all(pids: dict[int, str]) -> None:
 
 
 @pytest.fixture(scope="session", autouse=True)
+def runs_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Keep the records of the session's runs in a folder of its own (``POPRUN_RUNS_DIR``), never the user's."""
+    folder = tmp_path_factory.mktemp("runs")
+    previous = os.environ.get("POPRUN_RUNS_DIR")
+    os.environ["POPRUN_RUNS_DIR"] = str(folder)
+    yield folder
+    if previous is None:
+        os.environ.pop("POPRUN_RUNS_DIR", None)
+    else:
+        os.environ["POPRUN_RUNS_DIR"] = previous
+
+
+@pytest.fixture(scope="session", autouse=True)
 def no_orphan_survives_the_session() -> Iterator[str]:
     """Mark every process the tests start; fail the session if one of them is still alive at its end."""
     value = uuid.uuid4().hex

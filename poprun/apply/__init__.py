@@ -28,6 +28,7 @@ import contextlib
 import os
 import signal
 import threading
+import time
 from collections.abc import Iterator, Mapping
 
 from popdist.env import EXECUTABLE_CACHE_PATH
@@ -38,14 +39,20 @@ from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.events import (
     Event,
     InstanceEnded,
+    InstanceOutputTruncated,
+    InstanceStarted,
     LaunchEnded,
     LaunchRunning,
     LaunchStarting,
+    RunEnded,
+    RunStarted,
     Stopping,
+    Teardown,
 )
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, signal_name
+from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
+from poprun.runs.record import RUN_ID, RunRecord
 
 __all__ = ["CACHE_PREFIX", "GRACE_S", "Control", "Stopped", "apply"]
 
@@ -126,25 +133,32 @@ class Control:
 
 class _Relay:
     """
-    The sink the backend writes to: output and instance events pass on; the first failure is told as stopping.
+    The sink the backend writes to: output and events pass on (and into the run record); the first failure is told as stopping.
 
     The caller's sink hears from one thread at a time (the backend's, and this step's own, in
     the main thread): a reentrant lock, since a signal handler in the main thread may tell of
-    stopping while it writes.
+    stopping while it writes. With a run record, each instance's lines are kept there too
+    (:meth:`instance_lines`, which the backend's output router calls when its sink has it).
     """
 
-    def __init__(self, plan: LaunchPlan, sink: EventSink) -> None:
-        self._plan, self._sink = plan, sink
+    def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None) -> None:
+        self._plan, self._sink, self._record = plan, sink, record
         self._lock = threading.Lock()
         self._calls = threading.RLock()
         self._stopping = False
+        if record is not None:
+            self.instance_lines = self._instance_lines
 
     def write(self, stream: Stream, data: bytes) -> None:
         with self._calls:
             self._sink.write(stream, data)
 
     def event(self, event: Event) -> None:
+        if isinstance(event, InstanceStarted) and not event.host and 0 <= event.index < len(self._plan.instances):
+            event = evolve(event, host=self._plan.instances[event.index].host)
         with self._calls:
+            if self._record is not None:
+                self._record.event(event)
             self._sink.event(event)
         if isinstance(event, InstanceEnded):
             if event.lost:
@@ -158,45 +172,96 @@ class _Relay:
             if self._stopping:
                 return
             self._stopping = True
-        with self._calls:
-            self._sink.event(Stopping(reason=why))
+        self.event(Stopping(reason=why))
+
+    def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+        assert self._record is not None
+        self._record.instance_lines(index, stream, data)
+        while self._record.on_truncated:
+            cut, kept = self._record.on_truncated.pop(0)
+            self.event(InstanceOutputTruncated(index=cut, kept=kept))
 
 
 def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
-          env_source: Mapping[str, str] | None = None, control: Control | None = None) -> ApplyResult:
+          env_source: Mapping[str, str] | None = None, control: Control | None = None,
+          record: RunRecord | None = None) -> ApplyResult:
     """
     Run ``plan`` with its backend (see the module docstring); return how it ended.
 
     ``sink`` receives the instances' output and the events; ``env_source`` is the launching
     environment (default ``os.environ``): forwarded variables and the V-IPU settings are read
-    from it. ``control`` is how the caller stops the launch. When poprun itself failed (nothing
-    ran, or the backend failed while running), the result's ``error`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
+    from it. ``control`` is how the caller stops the launch. With ``record`` (a new
+    :class:`~poprun.runs.record.RunRecord`), the run is kept there as it happens: its id is
+    every instance's ``POPRUN_RUN_ID``, and the record is finished (``report.json``) before this
+    returns. When poprun itself failed (nothing ran, or the backend failed while running), the
+    result's ``error`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
     """
     control = control or Control()
     environ = os.environ if env_source is None else env_source
+    relay = _Relay(plan, sink, record)
+    clock = _Clock(record)
+    relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
+                           instances=len(plan.instances), hosts=plan.topology.hosts))
     try:
         backend = (registry or default_registry()).get(plan.backend.name)
     except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both
         message = str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)
-        return ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=message))
-    relay = _Relay(plan, sink)
+        return _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=message)), relay,
+                       record, clock)
     control._tell = relay  # noqa: SLF001 - the control and the step are one piece
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
+            clock.lap("partition")
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
-            result = _launch(backend, plan.with_variables(added), environ, relay=relay, control=control,
-                             cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
-                             if cache is not None else None,
-                             started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
-                                                    variables=tuple(sorted(added.items())), cache=cache))
+            if record is not None:
+                added[RUN_ID] = record.id
+            applied = plan.with_variables(added)
+            if record is not None:
+                record.write_plan(applied)
+            try:
+                result = _launch(backend, applied, environ, relay=relay, control=control, clock=clock,
+                                 cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
+                                 if cache is not None else None,
+                                 started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
+                                                        variables=tuple(sorted(added.items())), cache=cache))
+            finally:
+                relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
         result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
     except Stopped as exc:  # before anything started
         result = ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
-                                                                 message=f"stopped by {signal_name(exc.signum)}"))
-    return evolve(result, signals=tuple(control.signals), warnings=tuple(released))
+                                                           message=f"stopped by {signal_name(exc.signum)}"))
+    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released)), relay, record, clock)
+
+
+class _Clock:
+    """The phases of a run, timed into its record: each :meth:`lap` ends one."""
+
+    def __init__(self, record: RunRecord | None) -> None:
+        self._phases = record.phases if record is not None else {}
+        self._last = time.monotonic()
+
+    def lap(self, phase: str) -> None:
+        now = time.monotonic()
+        self._phases[phase] = round(now - self._last, 6)
+        self._last = now
+
+
+def _finish(result: ApplyResult, relay: _Relay, record: RunRecord | None, clock: _Clock) -> ApplyResult:
+    """Tell the end of the run, and write its report into the record; return the result with the run's id."""
+    clock.lap("teardown")
+    status = exit_status(result)
+    error = result.error
+    relay.event(RunEnded(status=status, root_cause=result.root_cause,
+                         error=(error.message or "; ".join(d.summary for d in error.diagnostics)) if error else ""))
+    if record is None:
+        return result
+    from poprun.runs.report import report_data
+
+    record.finish(report_data(record, result, status))
+    return evolve(result, run=record.id)
 
 
 @contextlib.contextmanager
@@ -216,20 +281,24 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
 
 
 def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay, control: Control,
-            cache: TemporaryCache | None, started: LaunchStarting) -> ApplyResult:
+            clock: _Clock, cache: TemporaryCache | None, started: LaunchStarting) -> ApplyResult:
     """Launch and wait; return the result (``error`` when nothing could start)."""
     relay.event(started)
     try:
         launch = backend.launch(plan, env_source=environ, sink=relay, cache=cache)
     except LaunchError as exc:
+        clock.lap("start")
         return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
-                                                               diagnostics=exc.diagnostics))
+                                                         diagnostics=exc.diagnostics))
     control._started(launch)  # noqa: SLF001
+    clock.lap("start")
     relay.event(LaunchRunning())
     try:
         result = launch.wait()
     except BaseException:
         launch.terminate(0)
         raise
+    finally:
+        clock.lap("run")
     relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
     return result

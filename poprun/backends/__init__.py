@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         Formatting,
         InstanceEnded,
         InstanceFailure,
+        InstanceSink,
         InstanceStarted,
         Launch,
         LaunchError,
@@ -60,7 +61,7 @@ if TYPE_CHECKING:
 
 _BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
-         "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
+         "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
          "TopologyProbing", "capabilities", "environment", "signal_name")
 _REGISTRY = ("BackendRegistry", "UnknownBackendError", "default_registry", "describe", "find_format", "topology_prober")
 _TESTING = ("Outcome", "RecordingBackend")
@@ -82,6 +83,7 @@ __all__ = [
     "Formatting",
     "InstanceEnded",
     "InstanceFailure",
+    "InstanceSink",
     "InstanceStarted",
     "Launch",
     "LaunchError",

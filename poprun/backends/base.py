@@ -51,7 +51,7 @@ CHECKS_BEFORE_START = "checks-before-start"
 
 __all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult",
            "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
-           "InstanceFailure", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream",
+           "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream",
            "TemporaryCache", "TopologyProbing", "capabilities", "environment", "signal_name"]
 
 
@@ -94,6 +94,19 @@ class EventSink(OutputSink, Protocol):
 
     def event(self, event: Event) -> None:
         """Take note of ``event``; must return quickly (it is called between writes of output)."""
+
+
+class InstanceSink(OutputSink, Protocol):
+    """
+    An output sink that also keeps each instance's lines apart (the apply step's run record).
+
+    A backend whose output goes through the shared router (``poprun.backends._process.output``)
+    calls it for every piece of whole lines it reads, shown or not (``--only-output-from-instance``),
+    from the thread that calls ``write``. A plugin may call it too; it is optional.
+    """
+
+    def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+        """Keep ``data``, whole lines of ``stream`` of instance ``index``; must return quickly."""
 
 
 class Launch(Protocol):

@@ -28,7 +28,6 @@ from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import Control, apply
 from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.registry import BackendRegistry
-from poprun.cli import exitcode
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
 from poprun.core.events import (
@@ -38,13 +37,19 @@ from poprun.core.events import (
     LaunchRunning,
     LaunchStarting,
     PartitionAcquiring,
+    RunStarted,
     Stopping,
 )
-from poprun.core.outcome import ApplyResult, signal_name
+from poprun.core.outcome import exit_status, signal_name
 from poprun.core.secret import is_secret
 from poprun.planner.plan import LaunchPlan
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.runs.record import RunRecord
+
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+RECORD = "POPRUN_RECORD"  # 0: keep no run record
 
 
 def _plural(count: int, noun: str) -> str:
@@ -63,7 +68,10 @@ class _Reporter:
 
     def event(self, event: Event) -> None:
         """Log what ``event`` says; update the status line."""
-        if isinstance(event, PartitionAcquiring):
+        if isinstance(event, RunStarted):
+            if event.run:
+                self.verbose.info(f"Run {event.run}")
+        elif isinstance(event, PartitionAcquiring):
             self._console.status("partition: acquiring it from the V-IPU service")
         elif isinstance(event, LaunchStarting):
             _log_plan(self._plan.with_variables(dict(event.variables)), event, self.verbose)
@@ -161,7 +169,7 @@ def _log_plan(plan: LaunchPlan, starting: LaunchStarting, verbose: Log) -> None:
 
 def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
              env_source: Mapping[str, str] | None = None, subreaper: bool = True,
-             console: Console | None = None) -> int:
+             console: Console | None = None, started: float | None = None) -> int:
     """
     Run ``plan`` with its backend; return poprun's exit status (design.md section 3).
 
@@ -170,7 +178,9 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     instances succeeded but their output could not be written, 125 when the backend is
     unavailable or cannot launch, and 126/127 when the program is not executable / not found. With ``subreaper`` (the command line),
     this process becomes a child subreaper (see the module docstring). ``console`` is one the
-    caller made earlier (to show ``planning`` on the status line); it is closed here.
+    caller made earlier (to show ``planning`` on the status line); it is closed here. The run
+    is recorded (:mod:`poprun.runs.record`) unless ``POPRUN_RECORD=0``; ``started`` (monotonic) is
+    when planning began, for the record's timing of it.
     """
     console = console or Console()
     if subreaper:
@@ -179,9 +189,12 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     console.on_event = reporter.event
     control = Control()
     console.on_broken = control.output_closed
+    environ = os.environ if env_source is None else env_source
+    record = _record(environ, console, started)
     try:
         with _handling_signals(control):
-            result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control)
+            result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
+                           record=record)
     finally:
         console.close()
     from poprun.render.outcome import render_outcome
@@ -194,22 +207,20 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     return exit_status(result, failed_output=bool(console.failed))
 
 
-def exit_status(result: ApplyResult, *, failed_output: bool) -> int:
-    """
-    Return poprun's exit status for ``result`` (design.md section 3).
+def _record(environ: Mapping[str, str], console: Console, started: float | None) -> RunRecord | None:
+    """Return a new run record, or None (``POPRUN_RECORD=0``, or a warning when it cannot be made)."""
+    if environ.get(RECORD, "").strip().lower() in ("0", "no", "false", "off"):
+        return None
+    from poprun.runs.record import RecordError, RunRecord
 
-    Nothing ran: its status (125, 126, 127, or 128+N when signal N stopped poprun first).
-    Stopped by signal N with no instance to blame: 128+N (141 when stdout or stderr was closed,
-    as for a tool killed by SIGPIPE). The instances' status otherwise; 1 when they succeeded
-    but their output could not be written (``failed_output``).
-    """
-    if result.error is not None:
-        return result.error.status
-    if result.root_cause is None and result.signals:
-        return 128 + result.signals[0]
-    if result.status == 0 and failed_output:
-        return exitcode.FAILURE
-    return result.status
+    try:
+        record = RunRecord.create(environ)
+    except RecordError as exc:
+        console.log(f"poprun: warning: {exc.strerror}: this run is not recorded\n")
+        return None
+    if started is not None:
+        record.phases["plan"] = round(time.monotonic() - started, 6)
+    return record
 
 
 def _to_stderr(text: str) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import time
 from collections.abc import Iterator
 
 from poprun.core.diagnostic import Diagnostic
@@ -26,6 +27,7 @@ class Session:
     def __init__(self) -> None:
         self.sources: dict[str, str] = {}  # a span's file (``<command line>``) -> its text
         self.console: Console | None = None  # while planning a launch: the console showing ``planning``
+        self.started = time.monotonic()  # when the command began (a run's record times its planning from here)
 
     def warn(self, diagnostics: tuple[Diagnostic, ...]) -> None:
         """Write ``diagnostics`` (warnings, or errors that end nothing) to stderr."""

@@ -30,6 +30,7 @@ class InstanceStarted:
 
     index: int
     pid: int
+    host: str = ""  # filled in by the apply step from the plan
 
 
 @record
@@ -54,6 +55,22 @@ class InstanceEnded:
     def status(self) -> int:
         """Return the exit code, or 128+N for signal N."""
         return 128 + self.signal if self.signal is not None else self.exit_code or 0
+
+
+@record
+class RunStarted:
+    """
+    A run begins: its id (empty without a run record), the backend, the instances and hosts of the plan.
+
+    The first event of a run's stream.
+    """
+
+    kind: ClassVar[str] = "run-started"
+
+    run: str
+    backend: str
+    instances: int
+    hosts: tuple[str, ...] = ()
 
 
 @record
@@ -118,6 +135,23 @@ class Stopping:
 
 
 @record
+class InstanceOutputTruncated:
+    """The run record keeps no more of instance ``index``'s output: ``kept`` bytes were kept (the limit per instance)."""
+
+    kind: ClassVar[str] = "instance-output-truncated"
+
+    index: int
+    kept: int
+
+
+@record
+class Teardown:
+    """Every instance has ended; what the launch made is being undone (the cache, the partition)."""
+
+    kind: ClassVar[str] = "teardown"
+
+
+@record
 class LaunchEnded:
     """Every instance has ended: each one's status by index, and the root cause's index, or None."""
 
@@ -127,11 +161,26 @@ class LaunchEnded:
     root_cause: int | None = None
 
 
-Event = (InstanceStarted | InstanceEnded | PartitionAcquiring | PartitionAcquired | PartitionReleased | LaunchStarting
-         | LaunchRunning | Stopping | LaunchEnded)
-_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (InstanceStarted, InstanceEnded, PartitionAcquiring,
-                                                            PartitionAcquired, PartitionReleased, LaunchStarting,
-                                                            LaunchRunning, Stopping, LaunchEnded)}
+@record
+class RunEnded:
+    """
+    The run is over: poprun's exit status and the root cause's index, or None; the last event of a run's stream.
+
+    ``error`` is poprun's own failure in one line ("" when none).
+    """
+
+    kind: ClassVar[str] = "run-ended"
+
+    status: int
+    root_cause: int | None = None
+    error: str = ""
+
+
+Event = (RunStarted | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
+         | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded)
+_KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
+    RunStarted, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
+    InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

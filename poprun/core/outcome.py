@@ -94,6 +94,7 @@ class ApplyResult:
     error: ApplyError | None = None  # poprun's own failure (then statuses is empty): nothing ran, or the backend failed
     signals: tuple[int, ...] = ()  # what stopped poprun, in order (SIGPIPE when an output stream was closed)
     warnings: tuple[Diagnostic, ...] = ()  # what to tell at the very end (releasing the partition)
+    run: str | None = None  # the id of the run's record, when one was kept
 
     @property
     def status(self) -> int:
@@ -106,3 +107,21 @@ class ApplyResult:
     def failure(self, index: int | None) -> InstanceFailure | None:
         """Return the failure of instance ``index``, or None."""
         return next((f for f in self.failures if f.index == index), None)
+
+
+def exit_status(result: ApplyResult, *, failed_output: bool = False) -> int:
+    """
+    Return poprun's exit status for ``result`` (design.md section 3).
+
+    poprun's own failure: its status (125, 126, 127, or 128+N when signal N stopped poprun
+    before the launch). Stopped by signal N with no instance to blame: 128+N (141 when stdout
+    or stderr was closed, as for a tool killed by SIGPIPE). The instances' status otherwise; 1
+    when they succeeded but their output could not be written (``failed_output``).
+    """
+    if result.error is not None:
+        return result.error.status
+    if result.root_cause is None and result.signals:
+        return 128 + result.signals[0]
+    if result.status == 0 and failed_output:
+        return 1
+    return result.status

@@ -71,7 +71,7 @@ def render_failures(result: ApplyResult) -> str:
         return ""
     cause = result.failure(result.root_cause)
     ordered = sorted(result.failures, key=lambda f: f is not cause)  # stable: the rest in the order seen
-    lines = [f"poprun: {_plural(len(ordered), 'instance')} failed"]
+    lines = [f"poprun: {_plural(len(ordered), 'instance')} failed" + (f" (run {result.run})" if result.run else "")]
     for failure in ordered:
         pid = f" (PID {failure.pid})" if failure.pid is not None else ""
         lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")

@@ -29,8 +29,9 @@ def test_the_event_stream_of_a_real_launch_is_the_launch(tmp_path):
     assert back == sink.events
     assert (sorted(started.values()), {0: 0, 1: 3}) == (printed, ended)
     assert [events.Stopping(reason="instance 1 failed")] == [e for e in back if isinstance(e, events.Stopping)]
-    assert (3, events.LaunchEnded(statuses=(0, 3), root_cause=1)) == (result.status, back[-1])
-    assert "launch-starting" == back[0].kind
+    assert (3, events.LaunchEnded(statuses=(0, 3), root_cause=1)) == (result.status, back[-3])
+    assert (["run-started", "launch-starting"], ["teardown", "run-ended"]) == ([e.kind for e in back[:2]],
+                                                                               [e.kind for e in back[-2:]])
 
 
 def test_the_example_in_the_docs_runs_a_saved_plan(tmp_path):

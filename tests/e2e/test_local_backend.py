@@ -109,7 +109,7 @@ def test_failing_instance_stops_a_sleeping_sibling_and_is_the_root_cause(tmp_pat
     started = time.monotonic()
     done = poprun("--num-instances", "2", "--num-replicas", "2", PY, "-c", script, cwd=tmp_path)
 
-    report = re.sub(r" \(PID \d+\)", "", done.stderr)
+    report = re.sub(r" \(PID \d+\)| \(run [0-9a-f-]+\)", "", done.stderr)
     assert time.monotonic() - started < 10
     assert 3 == done.returncode
     assert report.startswith("poprun: 2 instances failed\n  instance 1 on localhost: exited with status 3\n    | bye 1\n")

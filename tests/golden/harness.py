@@ -41,8 +41,11 @@ def case_dirs(folder: Path) -> list[Path]:
 def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     """Run the case's argv in its folder, with a fixed context (working directory /home/user/app, not root)."""
     spec = json.loads((case / "case.json").read_text(encoding="utf-8"))
+    runs = os.environ.get("POPRUN_RUNS_DIR")  # the session's (tests/conftest.py): never the case folder
     for name in [n for n in os.environ if n.startswith(OWN_PREFIXES)]:
         monkeypatch.delenv(name)
+    if runs is not None:
+        monkeypatch.setenv("POPRUN_RUNS_DIR", runs)
     for name, value in spec.get("env", {}).items():
         monkeypatch.setenv(name, value)
     for folder in spec.get("sys_path", []):

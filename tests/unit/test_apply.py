@@ -48,9 +48,11 @@ def test_a_successful_apply_reports_its_steps_as_events(tmp_path):
     """Starting, running, ended: in order, with the backend and the instance count; the result is the backend's."""
     result, sink = _apply(RecordingBackend(), probe_plan("pass", tmp_path, backend="local", instances=3))
 
-    assert ["launch-starting", "launch-running", "launch-ended"] == sink.kinds()
-    assert events.LaunchStarting(backend="local", instances=3) == sink.events[0]
-    assert events.LaunchEnded(statuses=(0, 0, 0)) == sink.events[-1]
+    assert ["run-started", "launch-starting", "launch-running", "launch-ended", "teardown", "run-ended"] == sink.kinds()
+    assert events.RunStarted(run="", backend="local", instances=3, hosts=("localhost",)) == sink.events[0]
+    assert events.LaunchStarting(backend="local", instances=3) == sink.events[1]
+    assert events.LaunchEnded(statuses=(0, 0, 0)) == sink.events[-3]
+    assert events.RunEnded(status=0) == sink.events[-1]
     assert (0, None, (), ()) == (result.status, result.error, result.signals, result.warnings)
 
 
@@ -62,7 +64,7 @@ def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp
 
     _, sink = _apply(backend, plan)
 
-    starting = sink.events[0]
+    starting = sink.events[1]
     assert isinstance(starting, events.LaunchStarting) and starting.cache is not None
     assert (("POPDIST_EXECUTABLE_CACHE_PATH", starting.cache),) == starting.variables
     assert {starting.cache} == {i.env.get("POPDIST_EXECUTABLE_CACHE_PATH") for i in backend.plans[0].instances}
@@ -70,14 +72,15 @@ def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp
 
 
 def test_an_unknown_backend_is_error_with_125(tmp_path):
-    """No backend of the plan's name: nothing runs, 125, and no event."""
+    """No backend of the plan's name: nothing runs, 125; the run starts and ends, and nothing between."""
     sink = Sink()
     result = apply(probe_plan("pass", tmp_path, backend="nosuch"), sink=sink, registry=BackendRegistry({}),
                    env_source={})
 
     assert result.error is not None and 125 == result.error.status
     assert "nosuch" in result.error.message
-    assert [] == sink.events
+    assert ["run-started", "run-ended"] == [e.kind for e in sink.events]
+    assert 125 == sink.events[-1].status and "nosuch" in sink.events[-1].error
 
 
 def test_a_launch_error_is_error_with_its_status(tmp_path):
@@ -86,7 +89,8 @@ def test_a_launch_error_is_error_with_its_status(tmp_path):
                           probe_plan("pass", tmp_path, backend="local"))
 
     assert ApplyError(status=127, message="program 'x' not found") == result.error
-    assert ["launch-starting"] == sink.kinds()
+    assert ["run-started", "launch-starting", "teardown", "run-ended"] == sink.kinds()
+    assert events.RunEnded(status=127, error="program 'x' not found") == sink.events[-1]
 
 
 def test_a_failure_is_told_as_stopping_once(tmp_path):
@@ -95,8 +99,9 @@ def test_a_failure_is_told_as_stopping_once(tmp_path):
     result, sink = _apply(backend, probe_plan("pass", tmp_path, backend="local"))
 
     assert [events.Stopping(reason="instance 0 failed")] == [e for e in sink.events if isinstance(e, events.Stopping)]
-    assert ["launch-starting", "instance-started", "instance-started", "launch-running", "instance-ended",
-            "stopping", "instance-ended", "launch-ended"] == sink.kinds()
+    assert ["run-started", "launch-starting", "instance-started", "instance-started", "launch-running",
+            "instance-ended", "stopping", "instance-ended", "launch-ended", "teardown", "run-ended"] == sink.kinds()
+    assert ["localhost", "localhost"] == [e.host for e in sink.events if isinstance(e, events.InstanceStarted)]
     assert 3 == result.status
 
 
@@ -181,7 +186,11 @@ class _Emitting(RecordingBackend):
 # -- the events as data --------------------------------------------------------------------
 
 SAMPLES = [
-    events.InstanceStarted(index=0, pid=12),
+    events.RunStarted(run="20261124-235501-3f9a01", backend="local", instances=2, hosts=("a", "b")),
+    events.InstanceStarted(index=0, pid=12, host="h1"),
+    events.InstanceOutputTruncated(index=1, kept=1024),
+    events.Teardown(),
+    events.RunEnded(status=3, root_cause=1),
     events.InstanceEnded(index=1, pid=13, signal=9, stopped=True),
     events.PartitionAcquiring(partition="p1"),
     events.PartitionAcquired(),

@@ -16,6 +16,7 @@ from poprun.backends.testing import RecordingBackend
 from poprun.cli.main import main
 from poprun.core.diagnostic import DiagnosticError, Severity
 from poprun.planner.serde import to_json
+from tests.runids import without_run_id
 
 RECORDING = ("from poprun.backends.testing import RecordingBackend\nSHARED = RecordingBackend()\n\n\ndef make():\n"
              "    return SHARED\n")
@@ -63,7 +64,7 @@ def test_plugin_is_found_and_used_by_apply(plugins, module, tmp_path, monkeypatc
         status = main(["apply", str(tmp_path / "plan.json")])
     # THEN the plugin's backend ran exactly that plan
     assert (0, "") == (status, err.getvalue())
-    assert (plan,) == import_module(module).SHARED.plans
+    assert (plan,) == tuple(map(without_run_id, import_module(module).SHARED.plans))
     assert ("gpu", "local", "mpirun", "offline", "slurm", "ssh") == default_registry().names()
 
 

@@ -35,8 +35,9 @@ class Router:
     """
     Routes the output of every instance of a plan.
 
-    Every whole line goes to its instance's tail and, unless ``only_from_instance`` names
-    another instance, to the sink (prefixed ``[1,<index>]<stdout>:`` when the plan tags
+    Every whole line goes to its instance's tail, to the sink's ``instance_lines(index, stream,
+    lines)`` when it has one (an :class:`~poprun.backends.base.InstanceSink`: the apply step's run
+    record) and, unless ``only_from_instance`` names another instance, to the sink (prefixed ``[1,<index>]<stdout>:`` when the plan tags
     output, like ``mpirun --tag-output``). With ``output_filename DIR`` the bytes of each
     stream are also written, exactly as they came, to ``DIR/1/rank.<index>/stdout|stderr``
     (mpirun's layout). mpirun 4.1 still echoes output to the terminal with
@@ -53,6 +54,7 @@ class Router:
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
         self._sink = sink
+        self._keep = getattr(sink, "instance_lines", None)  # a sink that keeps each instance's lines (a run record)
         indices = [i.index for i in plan.instances]
         only = plan.output.only_from_instance
         self._shown = {i: only is None or only == i for i in indices}
@@ -119,6 +121,8 @@ class Router:
         """Keep the tail of ``lines`` (whole lines, ending in a newline) and queue them for the sink."""
         last = lines.rsplit(b"\n", TAIL_LINES + 1)  # the last item is the b"" after the last newline
         self._tails[index].extend(last[1:-1] if len(last) > TAIL_LINES + 1 else last[:-1])
+        if self._keep is not None:
+            self._keep(index, stream, lines)
         if not self._shown[index]:
             return
         ready = self._ready[stream]

@@ -100,7 +100,7 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
             console.close()
         session.warn(exc.diagnostics)
         return exitcode.LAUNCH
-    return run_plan(plan, registry=registry, console=console)
+    return run_plan(plan, registry=registry, console=console, started=session.started)
 
 
 def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:

@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import re
 import uuid
 from pathlib import Path
 
@@ -87,7 +88,8 @@ def test_failing_instance_ends_the_step_on_every_host(slurm_hosts: TestHosts, tm
     done = salloc(slurm_hosts, "--num-replicas", "6", "sh", "-c", program, mark, cwd=tmp_path)
 
     assert 3 == done.returncode, done.stderr
-    assert "poprun: 6 instances failed\n  instance 4 on h3: exited with status 3\n    | failing\n" in done.stderr
+    assert re.search(r"poprun: 6 instances failed \(run [0-9a-f-]+\)\n  instance 4 on h3: exited with status 3\n    \| failing\n",
+                     done.stderr), done.stderr
     assert done.stderr.endswith("Root cause: instance 4 on h3 exited with status 3\n"), done.stderr
     assert wait_for(lambda: not marked_anywhere(slurm_hosts, mark), within_s=5), marked_anywhere(slurm_hosts, mark)
 

@@ -1,0 +1,57 @@
+"""
+A run's ``report.json``: how it ended, as data.
+
+Layer: ``poprun.runs``; imports ``poprun.core``. Written last by the apply step
+(:func:`report_data`); ``poprun report`` and ``poprun ps`` read it back (:func:`result_of`).
+"""
+
+from __future__ import annotations
+
+import time
+
+from poprun.core.outcome import ApplyError, ApplyResult, InstanceFailure
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+    from poprun.runs.record import RunRecord
+
+VERSION = 1
+
+
+def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str, Any]:
+    """
+    Return the report of a run that ended with ``result`` and poprun's exit ``status``.
+
+    ``{"v": 1, "run": ID, "status": N, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
+    "failures": [{index, host, pid, exit_code, signal, stopped, lost, tail}], "signals": [...],
+    "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
+    "truncated": {index: {"kept": B, "dropped": B}}}``.
+    """
+    error = result.error
+    return {
+        "v": VERSION, "run": record.id, "status": status, "ended": round(time.time(), 6),
+        "statuses": list(result.statuses), "root_cause": result.root_cause,
+        "failures": [{"index": f.index, "host": f.host, "pid": f.pid, "exit_code": f.exit_code, "signal": f.signal,
+                      "stopped": f.stopped, "lost": f.lost, "tail": list(f.tail)} for f in result.failures],
+        "signals": list(result.signals),
+        "error": None if error is None else {
+            "status": error.status, "message": error.message, "signal": error.signal,
+            "diagnostics": [{"code": d.code, "summary": d.summary} for d in error.diagnostics]},
+        "phases": dict(record.phases),
+        "truncated": {str(i): {"kept": kept, "dropped": dropped}
+                      for i, (kept, dropped) in sorted(record.truncation().items())},
+    }
+
+
+def result_of(data: dict[str, Any]) -> ApplyResult:
+    """Return the :class:`ApplyResult` a report holds (its diagnostics by code and summary only)."""
+    failures = tuple(InstanceFailure(index=f["index"], host=f["host"], pid=f.get("pid"), exit_code=f.get("exit_code"),
+                                     signal=f.get("signal"), stopped=bool(f.get("stopped")), lost=bool(f.get("lost")),
+                                     tail=tuple(f.get("tail") or ())) for f in data.get("failures") or ())
+    error = data.get("error")
+    return ApplyResult(statuses=tuple(data.get("statuses") or ()), failures=failures, root_cause=data.get("root_cause"),
+                       signals=tuple(data.get("signals") or ()), run=data.get("run"),
+                       error=None if not error else ApplyError(status=error["status"], message=error.get("message", ""),
+                                                               signal=error.get("signal")))
