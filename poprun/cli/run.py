@@ -21,7 +21,7 @@ import signal
 import sys
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
@@ -46,6 +46,7 @@ from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from poprun.cli.eventstream import EventStream
     from poprun.runs.record import RunRecord
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -169,7 +170,8 @@ def _log_plan(plan: LaunchPlan, starting: LaunchStarting, verbose: Log) -> None:
 
 def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
              env_source: Mapping[str, str] | None = None, subreaper: bool = True,
-             console: Console | None = None, started: float | None = None) -> int:
+             console: Console | None = None, started: float | None = None,
+             events: EventStream | None = None) -> int:
     """
     Run ``plan`` with its backend; return poprun's exit status (design.md section 3).
 
@@ -180,13 +182,16 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     this process becomes a child subreaper (see the module docstring). ``console`` is one the
     caller made earlier (to show ``planning`` on the status line); it is closed here. The run
     is recorded (:mod:`poprun.runs.record`) unless ``POPRUN_RECORD=0``; ``started`` (monotonic) is
-    when planning began, for the record's timing of it.
+    when planning began, for the record's timing of it. ``events`` (``--events``) hears every
+    event as a JSON line.
     """
     console = console or Console()
+    if events is not None and events.fd == 1:
+        events.console = console  # on standard output, event lines and output lines stay whole
     if subreaper:
         become_subreaper()
     reporter = _Reporter(plan, Log(plan.output.verbosity, console.log), console)
-    console.on_event = reporter.event
+    console.on_event = reporter.event if events is None else _both(events, reporter)
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
@@ -197,6 +202,12 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
                            record=record)
     finally:
         console.close()
+        if events is not None:
+            events.close()
+    if events is not None and events.warning:
+        _to_stderr(f"poprun: warning: {events.warning}\n")
+    if record is not None and record.warning:
+        _to_stderr(f"poprun: warning: {record.warning}\n")
     from poprun.render.outcome import render_outcome
 
     text = render_outcome(result)
@@ -205,6 +216,14 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
             sys.stdout.flush()
         _to_stderr(text)
     return exit_status(result, failed_output=bool(console.failed))
+
+
+def _both(events: EventStream, reporter: _Reporter) -> Callable[[Event], None]:
+    def tell(event: Event) -> None:
+        events.event(event)
+        reporter.event(event)
+
+    return tell
 
 
 def _record(environ: Mapping[str, str], console: Console, started: float | None) -> RunRecord | None:

@@ -43,6 +43,7 @@ class CommandLine:
     version_format: str = "text"
     export_config: Sourced[str] | None = None
     import_config: Sourced[str] | None = None
+    events: Sourced[str] | None = None  # --events FILE|-|fd:N
     overwrite_config: Sourced[bool] | None = None
     explain: bool = False
     format: str = "text"
@@ -348,6 +349,7 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         version_format=actions["--version-format"].value if "--version-format" in actions else "text",
         export_config=actions.get("--export-config"),
         import_config=actions.get("--import-config"),
+        events=actions.get("--events"),
         overwrite_config=Sourced(overwrite.value == "yes", overwrite.origin) if overwrite else None,
         explain="--explain" in parser.flags,
         format=actions["--format"].value if "--format" in actions else "text",

@@ -198,6 +198,8 @@ OPTIONS: tuple[Option, ...] = (
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
        "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution",
        dsl="backend"),
+    _o("--events", None, "action", "Stream the run's events as JSON lines to this file, '-' (standard output) "
+       "or fd:N (an inherited descriptor), as they happen (docs/runs.md)", group="Execution"),
     _o("--export-config", None, "action", "Export the command line to a configuration file",
        group="Configuration"),
     _o("--import-config", None, "action", "Import a configuration file (command-line values "

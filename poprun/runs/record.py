@@ -100,8 +100,8 @@ class RunRecord:
     Every write failure ends the record quietly but for one warning (:attr:`warning`).
     """
 
-    def __init__(self, run_id: str, path: str, *, log_limit: int) -> None:
-        self.id, self.path = run_id, path
+    def __init__(self, run_id: str, path: str, *, log_limit: int, started: float = 0.0) -> None:
+        self.id, self.path, self.started = run_id, path, started
         self.warning: str | None = None  # why the record stopped being written, once
         self._log_limit = log_limit
         self._logged: dict[int, int] = {}  # instance -> bytes kept
@@ -132,7 +132,7 @@ class RunRecord:
             _write_new(os.path.join(path, MARK), "")  # noqa: PTH118
             write_supervisor(path)
             os.mkdir(os.path.join(path, "logs"), 0o700)  # noqa: PTH102, PTH118
-            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT))
+            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT), started=now)
         except OSError as exc:
             raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
         prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP)), but=run_id)

@@ -24,14 +24,15 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     """
     Return the report of a run that ended with ``result`` and poprun's exit ``status``.
 
-    ``{"v": 1, "run": ID, "status": N, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
+    ``{"v": 1, "run": ID, "status": N, "started": UNIX_SECONDS, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
     "failures": [{index, host, pid, exit_code, signal, stopped, lost, tail}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}}``.
     """
     error = result.error
     return {
-        "v": VERSION, "run": record.id, "status": status, "ended": round(time.time(), 6),
+        "v": VERSION, "run": record.id, "status": status, "started": round(record.started, 6),
+        "ended": round(time.time(), 6),
         "statuses": list(result.statuses), "root_cause": result.root_cause,
         "failures": [{"index": f.index, "host": f.host, "pid": f.pid, "exit_code": f.exit_code, "signal": f.signal,
                       "stopped": f.stopped, "lost": f.lost, "tail": list(f.tail)} for f in result.failures],

@@ -19,6 +19,7 @@ from poprun.cli.commands.common import (
     show_version,
     solve_spec,
 )
+from poprun.cli.eventstream import EventStream, open_stream
 from poprun.cli.session import Session
 from poprun.cli.views import topology
 from poprun.core.diagnostic import DiagnosticError
@@ -42,9 +43,10 @@ def apply(args: list[str], session: Session) -> int:
     reject_plan_options(command, "'poprun apply'")
     if command.help:
         return show_help()
+    events = open_stream(command.events, ctx.environ)
     with session.planning() as console:
         plan = solve_spec(session, spec, ctx, require_program=True).plan
-    return _run(plan, session, console=console, backend_span=backend_span(spec))
+    return _run(plan, session, console=console, backend_span=backend_span(spec), events=events)
 
 
 def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session) -> int:
@@ -62,7 +64,8 @@ def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session) -> 
     stale = validate_plan_inputs(plan, ctx, file=path)
     if stale:
         raise DiagnosticError(stale)
-    return _run(plan, session, backend_span=SourceSpan(file=path, key_path="$.backend.name"))
+    events = open_stream(None, ctx.environ)
+    return _run(plan, session, backend_span=SourceSpan(file=path, key_path="$.backend.name"), events=events)
 
 
 def classic(args: list[str], session: Session) -> int:
@@ -74,14 +77,16 @@ def classic(args: list[str], session: Session) -> int:
         return show_help()
     if command.version:
         return show_version(command.version_format)
+    events = open_stream(command.events, ctx.environ)
     with session.planning() as console:
         solution = solve_spec(session, spec, ctx, require_program=True)
         if solution.plan.output.print_topology:
             console.write("stdout", topology(solution.plan).encode())
-    return _run(solution.plan, session, console=console, backend_span=backend_span(spec))
+    return _run(solution.plan, session, console=console, backend_span=backend_span(spec), events=events)
 
 
-def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None = None, console: Console | None = None) -> int:
+def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None = None, console: Console | None = None,
+         events: EventStream | None = None) -> int:
     """
     Run ``plan`` with its backend from a new registry; return poprun's exit status.
 
@@ -100,7 +105,7 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
             console.close()
         session.warn(exc.diagnostics)
         return exitcode.LAUNCH
-    return run_plan(plan, registry=registry, console=console, started=session.started)
+    return run_plan(plan, registry=registry, console=console, started=session.started, events=events)
 
 
 def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
