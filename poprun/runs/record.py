@@ -154,21 +154,19 @@ class RunRecord:
         """Keep whole lines of instance ``index``'s ``stream``, up to the limit per instance (the backend's thread)."""
         if self._closed:
             return
+        if index in self._truncated:  # cut already: nothing more is kept of it
+            self._truncated[index] += len(data)
+            return
         kept = self._logged.get(index, 0)
         room = self._log_limit - kept
-        if room <= 0:
-            self._truncated[index] = self._truncated.get(index, 0) + len(data)
-            return
         if len(data) > room:  # keep whole lines only
-            cut = data.rfind(b"\n", 0, room) + 1
-            self._truncated[index] = self._truncated.get(index, 0) + len(data) - cut
+            cut = data.rfind(b"\n", 0, max(room, 0)) + 1
+            self._truncated[index] = len(data) - cut
             self.on_truncated.append((index, kept + cut))
             data = data[:cut]
-            self._logged[index] = self._log_limit  # nothing more is kept of it
             if not data:
                 return
-        else:
-            self._logged[index] = kept + len(data)
+        self._logged[index] = kept + len(data)
         self._guard(lambda: self._append(index, stream, data))
 
     def _append(self, index: int, stream: str, data: bytes) -> None:

@@ -1,0 +1,163 @@
+"""The record every launch keeps: its directory, plan, events (against the documented schema), logs and report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from poprun.planner.serde import from_json, to_json
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
+
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "events.schema.json").read_text())
+# Instance i prints "out i k" (k < 3) on stdout and "err i" on stderr; instance 2 then exits 3, the others sleep.
+CHATTY = ("import os, sys, time; i = int(os.environ['POPDIST_INSTANCE_INDEX']); "
+          "[print('out', i, k, flush=True) for k in range(3)]; print('err', i, file=sys.stderr, flush=True); "
+          "print('id', os.environ['POPRUN_RUN_ID'], flush=True); time.sleep(0.5 if i == 2 else 30); "
+          "sys.exit(3 if i == 2 else 0)")
+
+
+def poprun(*args: str, cwd: Path, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "poprun.cli.main", *args], cwd=cwd, capture_output=True, text=True,
+                          env={**os.environ, **(env or {})}, timeout=50, check=False)
+
+
+def only_run(runs: Path) -> Path:
+    made = [p for p in runs.iterdir() if p.is_dir()]
+    assert len(made) == 1, made
+    return made[0]
+
+
+def lines(path: Path) -> list[dict[str, object]]:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_a_failing_run_is_recorded_as_the_foreground_saw_it(tmp_path: Path) -> None:
+    """4 instances, instance 2 fails: logs per instance, events valid and streamed, report's root cause, plan.json."""
+    runs = tmp_path / "runs"
+    done = poprun("--events", "events.jsonl", "--num-instances", "4", "--num-replicas", "4", sys.executable, "-c",
+                  CHATTY, cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs)})
+    run = only_run(runs)
+
+    # the run's id: in the failure report, in every instance's environment, the directory's name
+    assert 3 == done.returncode, done.stderr
+    assert f"poprun: 4 instances failed (run {run.name})\n" in done.stderr
+    assert {f"id {run.name}"} == {line for line in done.stdout.splitlines() if line.startswith("id ")}
+    # each instance's output, exactly, in its own logs
+    for i in range(4):
+        assert f"out {i} 0\nout {i} 1\nout {i} 2\nid {run.name}\n" == (run / "logs" / f"{i}.stdout").read_text()
+        assert f"err {i}\n" == (run / "logs" / f"{i}.stderr").read_text()
+    # the events: every line valid against the documented schema, the same as --events streamed
+    recorded, streamed = lines(run / "events.jsonl"), lines(tmp_path / "events.jsonl")
+    for event in recorded + streamed:
+        jsonschema.validate(event, SCHEMA)
+    assert [{k: v for k, v in e.items() if k != "time"} for e in recorded] == \
+        [{k: v for k, v in e.items() if k != "time"} for e in streamed]
+    assert ("run-started", "run-ended") == (recorded[0]["event"], recorded[-1]["event"])
+    assert {"status": 3, "root_cause": 2} == {k: recorded[-1][k] for k in ("status", "root_cause")}
+    # the report: the root cause the foreground named, and the phases
+    report = json.loads((run / "report.json").read_text())
+    assert done.stderr.splitlines()[-1] == "Root cause: instance 2 on localhost exited with status 3"
+    assert (2, 3, run.name) == (report["root_cause"], report["status"], report["run"])
+    assert {"plan", "partition", "start", "run", "teardown"} == set(report["phases"])
+    # the plan as applied: the format of 'poprun plan --format json', run id included; 'poprun plan' reads it
+    text = (run / "plan.json").read_text()
+    plan = from_json(text)
+    assert text == to_json(plan)
+    assert {run.name} == {i.env.get("POPRUN_RUN_ID") for i in plan.instances}
+    assert 0 == poprun("plan", str(run / "plan.json"), cwd=tmp_path).returncode
+    assert oct((run).stat().st_mode & 0o777) == "0o700"
+
+
+def test_a_chatty_instance_is_cut_at_the_limit_and_the_cut_is_recorded(tmp_path: Path) -> None:
+    """POPRUN_RUN_LOG_LIMIT: whole lines up to the limit are kept, the rest counted; the terminal gets everything."""
+    runs = tmp_path / "runs"
+    done = poprun("--num-instances", "1", "--num-replicas", "1", sys.executable, "-c",
+                  "import sys; [sys.stdout.write('%05d\\n' % k) for k in range(1000)]", cwd=tmp_path,
+                  env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_RUN_LOG_LIMIT": "1000"})
+    run = only_run(runs)
+    kept = (run / "logs" / "0.stdout").read_text()
+
+    assert (0, 1000) == (done.returncode, len(done.stdout.splitlines()))
+    assert kept == "".join(f"{k:05d}\n" for k in range(166))  # 166 whole lines of 6 bytes: 996 bytes
+    assert {"0": {"kept": 996, "dropped": 6000 - 996}} == json.loads((run / "report.json").read_text())["truncated"]
+    assert [{"index": 0, "kept": 996}] == [{k: e[k] for k in ("index", "kept")} for e in lines(run / "events.jsonl")
+                                            if e["event"] == "instance-output-truncated"]
+
+
+@pytest.mark.parametrize("kind", ["file", "symlink"])
+def test_a_record_that_cannot_be_made_is_a_warning_and_the_run_goes_on(tmp_path: Path, kind: str) -> None:
+    """POPRUN_RUNS_DIR is a file, or a link: one warning, the instances run, nothing is written there."""
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    runs = tmp_path / "runs"
+    if kind == "file":
+        runs.write_text("not a directory")
+    else:
+        runs.symlink_to(target)
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "echo", "ran", cwd=tmp_path,
+                  env={"POPRUN_RUNS_DIR": str(runs)})
+
+    assert (0, "ran\nran\n") == (done.returncode, done.stdout)
+    assert done.stderr.startswith("poprun: warning: ") and done.stderr.endswith(": this run is not recorded\n")
+    assert [] == list(target.iterdir())
+
+
+def test_a_full_disk_stops_the_record_not_the_run(tmp_path: Path) -> None:
+    """The runs directory on a 64 KiB file system: the record stops with one warning; the output is all there."""
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)], check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        done = poprun("--num-instances", "2", "--num-replicas", "2", sys.executable, "-c",
+                      "import sys; [sys.stdout.write('x' * 99 + '\\n') for _ in range(2000)]", cwd=tmp_path,
+                      env={"POPRUN_RUNS_DIR": str(runs)})
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+    assert (0, 4000) == (done.returncode, len(done.stdout.splitlines())), done.stderr
+    assert done.stderr.startswith("poprun: warning: cannot write the run record "), done.stderr
+    assert done.stderr.endswith(": it stops here\n") and done.stderr.count("\n") == 1
+
+
+def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) -> None:
+    """POPRUN_RUNS_KEEP=2: the two newest runs stay; a folder without poprun's mark and a link are left alone."""
+    runs = tmp_path / "runs"
+    runs.mkdir(mode=0o700)
+    (runs / "0-mine").mkdir()
+    (runs / "0-mine" / "data").write_text("keep me")
+    (runs / "0-link").symlink_to(tmp_path)
+    for _ in range(4):
+        assert 0 == poprun("--num-instances", "1", "--num-replicas", "1", "true", cwd=tmp_path,
+                           env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_RUNS_KEEP": "2"}).returncode
+
+    recorded = sorted(p.name for p in runs.iterdir() if (p / ".poprun-run").exists() and not p.is_symlink())
+    assert 2 == len(recorded)
+    assert ("keep me", True) == ((runs / "0-mine" / "data").read_text(), (runs / "0-link").is_symlink())
+
+
+def test_poprun_record_0_keeps_nothing(tmp_path: Path) -> None:
+    """POPRUN_RECORD=0: no directory, no POPRUN_RUN_ID, no run id in the failure report."""
+    runs = tmp_path / "runs"
+    done = poprun("--num-instances", "1", "--num-replicas", "1", "sh", "-c", 'echo "[$POPRUN_RUN_ID]"; exit 3',
+                  cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_RECORD": "0"})
+
+    assert (3, "[]\n", False) == (done.returncode, done.stdout, runs.exists())
+    assert "poprun: 1 instance failed\n" in done.stderr
+
+
+def test_the_schema_documents_every_kind_and_field() -> None:
+    """docs/events.schema.json has one variant per event kind, with exactly its fields (plus v, event, time)."""
+    from poprun.core import events
+    from poprun.core.record import fields
+
+    documented = {v["properties"]["event"]["const"]: set(v["properties"]) for v in SCHEMA["oneOf"]}
+    actual = {kind: {"v", "event", "time"} | {f.name for f in fields(cls)} for kind, cls in events._KINDS.items()}
+    assert actual == documented
