@@ -114,3 +114,21 @@ def test_submit_dry_run_shows_the_batch_script(slurm_hosts: TestHosts, tmp_path:
     assert 0 == done.returncode, done.stderr
     assert "#SBATCH --nodes=3\n#SBATCH --ntasks-per-node=2\n" in done.stdout
     assert done.stdout.endswith(" -m poprun.cli.main --num-instances 6 --num-replicas 6 true\n")
+
+
+def test_a_slurm_run_is_recorded_instance_by_instance(slurm_hosts: TestHosts, tmp_path: Path) -> None:
+    """Inside an allocation: each of the 6 instances' lines in its own log, and the report names the failure."""
+    runs = tmp_path / "runs"
+    program = ('echo "out $POPDIST_INSTANCE_INDEX $(hostname)"; echo "err $POPDIST_INSTANCE_INDEX" >&2; '
+               'if [ "$POPDIST_INSTANCE_INDEX" = 5 ]; then sleep 0.5; exit 4; fi')
+    done = salloc(slurm_hosts, "--num-replicas", "6", "sh", "-c", program, cwd=tmp_path,
+                  env=environ(slurm_hosts, POPRUN_RUNS_DIR=str(runs)))
+    (run,) = list(runs.iterdir())
+
+    assert 4 == done.returncode, done.stderr
+    for i in range(6):
+        assert f"out {i} h{i // 2 + 1}\n" == (run / "logs" / f"{i}.stdout").read_text()
+        assert f"err {i}\n" == (run / "logs" / f"{i}.stderr").read_text()
+    report = json.loads((run / "report.json").read_text())
+    assert (5, 4, "slurm") == (report["root_cause"], report["status"],
+                               json.loads((run / "plan.json").read_text())["backend"]["name"])
