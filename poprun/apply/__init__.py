@@ -141,28 +141,41 @@ class _Relay:
     (:meth:`instance_lines`, which the backend's output router calls when its sink has it).
     """
 
-    def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None) -> None:
-        self._plan, self._sink, self._record = plan, sink, record
+    def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None,
+                 environ: Mapping[str, str]) -> None:
+        self.plan, self._sink, self._record, self._environ = plan, sink, record, environ
         self._lock = threading.Lock()
         self._calls = threading.RLock()
         self._stopping = False
+        self._pids: dict[int, int] = {}  # instance -> pid, as started
         if record is not None:
             self.instance_lines = self._instance_lines
+
+    def observe(self) -> None:
+        """Read back what each instance started as, into the record (once every instance has started)."""
+        if self._record is None:
+            return
+        from poprun.runs.verify import observe
+
+        for index, pid in sorted(self._pids.items()):
+            self._record.observed[index] = observe(self.plan.instances[index], pid, self._environ)
 
     def write(self, stream: Stream, data: bytes) -> None:
         with self._calls:
             self._sink.write(stream, data)
 
     def event(self, event: Event) -> None:
-        if isinstance(event, InstanceStarted) and not event.host and 0 <= event.index < len(self._plan.instances):
-            event = evolve(event, host=self._plan.instances[event.index].host)
+        if isinstance(event, InstanceStarted) and 0 <= event.index < len(self.plan.instances):
+            instance = self.plan.instances[event.index]
+            event = event if event.host else evolve(event, host=instance.host)
+            self._pids[event.index] = event.pid
         with self._calls:
             if self._record is not None:
                 self._record.event(event)
             self._sink.event(event)
         if isinstance(event, InstanceEnded):
             if event.lost:
-                self.stopping(f"host {self._plan.instances[event.index].host} stopped answering")
+                self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
 
@@ -198,7 +211,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     """
     control = control or Control()
     environ = os.environ if env_source is None else env_source
-    relay = _Relay(plan, sink, record)
+    relay = _Relay(plan, sink, record, environ)
     clock = _Clock(record)
     relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                            instances=len(plan.instances), hosts=plan.topology.hosts))
@@ -218,6 +231,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             if record is not None:
                 added[RUN_ID] = record.id
             applied = plan.with_variables(added)
+            relay.plan = applied  # what the instances are compared with
             if record is not None:
                 record.write_plan(applied)
             try:
@@ -293,6 +307,7 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
     control._started(launch)  # noqa: SLF001
     clock.lap("start")
     relay.event(LaunchRunning())
+    relay.observe()
     try:
         result = launch.wait()
     except BaseException:

@@ -17,6 +17,7 @@ Layer: ``poprun.runs``; imports ``poprun.planner.plan`` and ``poprun.core``; no 
   up to ``POPRUN_RUN_LOG_LIMIT`` bytes per instance (64 MiB by default); ``logs/order``: one
   ``N stream bytes`` line per piece written, so that ``poprun logs`` merges the instances'
   output in the order it arrived;
+- ``actual.json``: what each instance ran as (:mod:`poprun.runs.verify`);
 - ``report.json``: how the run ended (written last).
 
 Nothing here may stop a launch: a record that cannot be made or written (a full disk, a
@@ -113,6 +114,7 @@ class RunRecord:
         self._closed = False
         self.on_truncated: list[tuple[int, int]] = []  # (instance, bytes kept) not yet told as an event
         self.phases: dict[str, float] = {}  # phase -> seconds (plan, partition, start, run, teardown)
+        self.observed: dict[int, dict[str, object]] = {}  # instance -> what it ran as (poprun.runs.verify)
 
     @classmethod
     def create(cls, environ: Mapping[str, str], *, now: float | None = None) -> RunRecord:
@@ -188,7 +190,12 @@ class RunRecord:
         return {i: (self._logged.get(i, 0), dropped) for i, dropped in self._truncated.items()}
 
     def finish(self, report: Mapping[str, object]) -> None:
-        """Write ``report.json`` and close the record."""
+        """Write ``actual.json`` (what the instances ran as), then ``report.json`` (last), and close the record."""
+        if not self._closed and self.observed:
+            from poprun.runs.verify import actual_data
+
+            self._guard(lambda: _write_new(os.path.join(self.path, "actual.json"),  # noqa: PTH118
+                                           dumps(actual_data(self.observed), indent=2, sort_keys=True) + "\n"))
         if not self._closed:
             self._guard(lambda: _write_new(os.path.join(self.path, "report.json"),  # noqa: PTH118
                                            dumps(dict(report), indent=2, sort_keys=True) + "\n"))

@@ -161,3 +161,39 @@ def test_the_schema_documents_every_kind_and_field() -> None:
     documented = {v["properties"]["event"]["const"]: set(v["properties"]) for v in SCHEMA["oneOf"]}
     actual = {kind: {"v", "event", "time"} | {f.name for f in fields(cls)} for kind, cls in events._KINDS.items()}
     assert actual == documented
+
+
+def test_actual_json_verifies_each_instance_against_the_plan(tmp_path: Path) -> None:
+    """Instances bound by --numa-aware: argv, the plan's variables and the CPUs read back, all as planned, hashed."""
+    runs = tmp_path / "runs"
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "--numa-aware", "yes", "--mpi-global-args=-x FROM_PLAN=1",
+                  "sleep", "0.3", cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs)})
+    actual = json.loads((only_run(runs) / "actual.json").read_text())["instances"]
+
+    assert 0 == done.returncode, done.stderr
+    for index in ("0", "1"):
+        seen = actual[index]
+        assert (True, True, True, True, []) == (seen["verified"], seen["argv_as_planned"], seen["env_as_planned"],
+                                                 seen["cpus_as_planned"], seen["env_differs"]), seen
+        assert 64 == len(seen["argv_sha256"]) == len(seen["env_sha256"])
+    assert actual["0"]["argv_sha256"] == actual["1"]["argv_sha256"] != actual["0"]["env_sha256"]
+
+
+def test_a_process_that_is_not_what_the_plan_says_is_told_apart(tmp_path: Path) -> None:
+    """observe() on a process started with another argv and a changed variable names the difference (not the value)."""
+    from poprun.runs.verify import observe
+    from tests.e2e.helpers import plan_of
+
+    instance = plan_of("--num-instances", "1", "--num-replicas", "1", "--mpi-global-args=-x SECRET_TOKEN=planned",
+                       "sleep", "5").instances[0]
+    env = {**os.environ, **dict(instance.env.set), "SECRET_TOKEN": "changed"}
+    proc = subprocess.Popen(["sleep", "6"], env=env)
+    try:
+        seen = observe(instance, proc.pid, os.environ)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert (True, False, False, ["SECRET_TOKEN"]) == (seen["verified"], seen["argv_as_planned"],
+                                                       seen["env_as_planned"], seen["env_differs"])
+    assert "changed" not in json.dumps({k: v for k, v in seen.items() if not k.startswith("_")})
