@@ -164,7 +164,7 @@ def test_the_schema_documents_every_kind_and_field() -> None:
 
 
 def test_actual_json_verifies_each_instance_against_the_plan(tmp_path: Path) -> None:
-    """Instances bound by --numa-aware: argv, the plan's variables and the CPUs read back, all as planned, hashed."""
+    """Instances bound by --numa-aware: argv, the plan's variables and the CPUs read back, all as planned, digested."""
     runs = tmp_path / "runs"
     done = poprun("--num-instances", "2", "--num-replicas", "2", "--numa-aware", "yes", "--mpi-global-args=-x FROM_PLAN=1",
                   "sleep", "0.3", cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs)})
@@ -175,8 +175,8 @@ def test_actual_json_verifies_each_instance_against_the_plan(tmp_path: Path) -> 
         seen = actual[index]
         assert (True, True, True, True, []) == (seen["verified"], seen["argv_as_planned"], seen["env_as_planned"],
                                                  seen["cpus_as_planned"], seen["env_differs"]), seen
-        assert 64 == len(seen["argv_sha256"]) == len(seen["env_sha256"])
-    assert actual["0"]["argv_sha256"] == actual["1"]["argv_sha256"] != actual["0"]["env_sha256"]
+        assert 64 == len(seen["argv_blake2b"]) == len(seen["env_blake2b"])
+    assert actual["0"]["argv_blake2b"] == actual["1"]["argv_blake2b"] != actual["0"]["env_blake2b"]
 
 
 def test_a_process_that_is_not_what_the_plan_says_is_told_apart(tmp_path: Path) -> None:
