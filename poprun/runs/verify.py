@@ -16,10 +16,13 @@ client's or mpirun's), not read back: ``verified`` is false for them.
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Mapping
 
 from poprun.core.localhost import is_this_machine
 from poprun.planner.plan import Instance
+
+_TRIES = 20  # reads of a process that is still exec'ing, a millisecond apart
 
 
 def _cpus(text: str) -> set[int]:
@@ -36,11 +39,17 @@ def observe(instance: Instance, pid: int, env_source: Mapping[str, str]) -> dict
     if not is_this_machine(instance.host):
         return seen
     try:
-        with open(f"/proc/{pid}/cmdline", "rb") as file:  # noqa: PTH123 - pathlib costs start-up
-            argv = [a.decode(errors="surrogateescape") for a in file.read().split(b"\0")[:-1]]
-        with open(f"/proc/{pid}/environ", "rb") as file:  # noqa: PTH123
-            pairs = (item.partition(b"=") for item in file.read().split(b"\0") if item)
-            environ = {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape") for k, _, v in pairs}
+        for _ in range(_TRIES):  # a process in the middle of its exec reads empty for a moment
+            with open(f"/proc/{pid}/cmdline", "rb") as file:  # noqa: PTH123 - pathlib costs start-up
+                raw = file.read()
+            with open(f"/proc/{pid}/environ", "rb") as file:  # noqa: PTH123
+                env_raw = file.read()
+            if raw and env_raw:
+                break
+            time.sleep(0.001)
+        argv = [a.decode(errors="surrogateescape") for a in raw.split(b"\0")[:-1]]
+        pairs = (item.partition(b"=") for item in env_raw.split(b"\0") if item)
+        environ = {k.decode(errors="surrogateescape"): v.decode(errors="surrogateescape") for k, _, v in pairs}
         cpus = sorted(os.sched_getaffinity(pid))
     except OSError as exc:  # it ended already (a quick program), or is not ours to read
         seen["unread"] = exc.strerror or str(exc)
