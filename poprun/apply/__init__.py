@@ -88,11 +88,14 @@ class Control:
         self._launch: Launch | None = None
         self._stops = 0  # stop signals received: the second kills
         self._tell: _Relay | None = None
+        self._finished = False  # apply() has returned: a stop now changes nothing
 
     def stop(self, signum: int) -> None:
         """Stop the launch because of signal ``signum`` (see the class docstring)."""
         self.signals.append(signum)
         self._stops += 1
+        if self._finished:
+            return
         if self._launch is None:
             if threading.current_thread() is threading.main_thread():
                 raise Stopped(signum)
@@ -105,6 +108,8 @@ class Control:
         if signal.SIGPIPE in self.signals:
             return
         self.signals.append(signal.SIGPIPE)
+        if self._finished:
+            return
         self._stopping(f"{stream} was closed")
         if self._launch is not None:
             self._launch.terminate(self.grace_s)
@@ -147,6 +152,7 @@ class _Relay:
         self._lock = threading.Lock()
         self._calls = threading.RLock()
         self._stopping = False
+        self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
         if record is not None:
             self.instance_lines = self._instance_lines
@@ -172,7 +178,13 @@ class _Relay:
         with self._calls:
             if self._record is not None:
                 self._record.event(event)
-            self._sink.event(event)
+            if isinstance(event, InstanceStarted | InstanceEnded):  # the backend's: it must not stop half-way
+                try:
+                    self._sink.event(event)
+                except Exception as exc:  # noqa: BLE001 - apply() stops the launch, then raises it
+                    self.failed = self.failed or exc
+            else:
+                self._sink.event(event)
         if isinstance(event, InstanceEnded):
             if event.lost:
                 self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
@@ -247,6 +259,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     except Stopped as exc:  # before anything started
         result = ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
                                                            message=f"stopped by {signal_name(exc.signum)}"))
+    control._finished = True  # noqa: SLF001
     return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released)), relay, record, clock)
 
 
@@ -304,16 +317,22 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
         clock.lap("start")
         return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
                                                          diagnostics=exc.diagnostics))
-    control._started(launch)  # noqa: SLF001
-    clock.lap("start")
-    relay.event(LaunchRunning())
-    relay.observe()
-    try:
+    try:  # whatever raises now (the sink, an interrupt) stops the launch first
+        if relay.failed is not None:
+            raise relay.failed  # noqa: TRY301 - stopped by the except below
+        control._started(launch)  # noqa: SLF001
+        clock.lap("start")
+        relay.event(LaunchRunning())
+        relay.observe()
         result = launch.wait()
     except BaseException:
         launch.terminate(0)
+        with contextlib.suppress(Exception):
+            launch.wait()  # nothing of the launch is left when apply() raises
         raise
     finally:
         clock.lap("run")
+    if relay.failed is not None:
+        raise relay.failed
     relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
     return result

@@ -324,8 +324,14 @@ def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
 
 
 def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
-    """Return the plan view ``name`` that a backend offers (its ``formats``), or None; the first backend by name wins."""
-    for backend_name in registry.names():
+    """
+    Return the plan view ``name`` that a backend offers (its ``formats``), or None.
+
+    The built-in backends are asked first, so that a plugin adds views but never replaces one
+    of theirs (``sbatch`` stays the slurm backend's); then the others, the first by name wins.
+    """
+    built_in = [n for n in registry.names() if registry._sources[n].origin == BUILT_IN]  # noqa: SLF001 - this module's
+    for backend_name in [*built_in, *(n for n in registry.names() if n not in built_in)]:
         method = getattr(_created(registry, backend_name), "formats", None)
         view: PlanFormat | None = method().get(name) if method is not None else None
         if view is not None:

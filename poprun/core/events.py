@@ -17,6 +17,7 @@ from poprun.core.record import fields, record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from typing import Any, ClassVar
 
 VERSION = 1
@@ -192,13 +193,30 @@ def to_dict(event: Event) -> dict[str, Any]:
     return data
 
 
-def from_dict(data: dict[str, Any]) -> Event | None:
-    """Return the event that :func:`to_dict` made, or None for a kind or a version this poprun does not know."""
-    cls = _KINDS.get(data.get("event", ""))
-    if cls is None or data.get("v") != VERSION:
+def from_dict(data: object) -> Event | None:
+    """
+    Return the event that :func:`to_dict` made, or None for a kind or a version this poprun does not know.
+
+    Data that is not such an event (not an object, a required field missing, a field of another
+    type than declared) is None too: a reader of events written by someone else never gets an
+    exception from here. Fields this poprun does not know are skipped.
+    """
+    if not isinstance(data, dict):
         return None
-    names = {f.name for f in fields(cls)}
-    values: dict[str, Any] = {k: _tuple(v) for k, v in data.items() if k in names}
+    kind, version = data.get("event"), data.get("v")
+    cls = _KINDS.get(kind) if isinstance(kind, str) else None
+    if cls is None or type(version) is not int or version != VERSION:
+        return None
+    values: dict[str, Any] = {}
+    for field in fields(cls):
+        if field.name not in data:
+            if field.required:
+                return None
+            continue
+        value = _tuple(data[field.name])
+        if not _TYPES[cls.__annotations__[field.name]](value):
+            return None
+        values[field.name] = value
     return cls(**values)
 
 
@@ -208,3 +226,21 @@ def _plain(value: object) -> object:
 
 def _tuple(value: object) -> object:
     return tuple(_tuple(v) for v in value) if isinstance(value, list) else value
+
+
+def _is_int(value: object) -> bool:
+    return type(value) is int  # not a bool
+
+
+# What a field's value may be, by its annotation (every annotation of every event is here; a test checks)
+_TYPES: dict[str, Callable[[object], bool]] = {
+    "int": _is_int,
+    "int | None": lambda v: v is None or _is_int(v),
+    "bool": lambda v: type(v) is bool,
+    "str": lambda v: type(v) is str,
+    "str | None": lambda v: v is None or type(v) is str,
+    "tuple[int, ...]": lambda v: type(v) is tuple and all(_is_int(i) for i in v),
+    "tuple[str, ...]": lambda v: type(v) is tuple and all(type(i) is str for i in v),
+    "tuple[tuple[str, str], ...]": lambda v: type(v) is tuple and all(
+        type(p) is tuple and len(p) == len(("name", "value")) and all(type(i) is str for i in p) for p in v),
+}

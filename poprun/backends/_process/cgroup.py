@@ -90,11 +90,14 @@ class Cgroup:
     def enter(self) -> bool:
         """Move this process into the cgroup (what it starts then begins inside); return whether it is inside."""
         if not self._inside:
+            # inside before the write: a stop signal's handler may raise right after the (slow) move,
+            # and kill() must then not take poprun for outside
+            self._inside = True
             try:
                 _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
             except OSError:
+                self._inside = False
                 return False
-            self._inside = True
         return True
 
     def leave(self) -> None:
