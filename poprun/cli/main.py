@@ -19,7 +19,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.cli.session import Session
 
-COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server")  # poprun.cli.commands.COMMANDS
+COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server", "ps", "logs", "report", "stop", "attach")  # poprun.cli.commands.COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:

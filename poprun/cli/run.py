@@ -171,7 +171,7 @@ def _log_plan(plan: LaunchPlan, starting: LaunchStarting, verbose: Log) -> None:
 def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
              env_source: Mapping[str, str] | None = None, subreaper: bool = True,
              console: Console | None = None, started: float | None = None,
-             events: EventStream | None = None) -> int:
+             events: EventStream | None = None, detach: bool = False, record: RunRecord | None = None) -> int:
     """
     Run ``plan`` with its backend; return poprun's exit status (design.md section 3).
 
@@ -182,10 +182,17 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     this process becomes a child subreaper (see the module docstring). ``console`` is one the
     caller made earlier (to show ``planning`` on the status line); it is closed here. The run
     is recorded (:mod:`poprun.runs.record`) unless ``POPRUN_RECORD=0``; ``started`` (monotonic) is
-    when planning began, for the record's timing of it. ``events`` (``--events``) hears every
-    event as a JSON line.
+    when planning began, for the record's timing of it; ``record``, a record made already. ``events``
+    (``--events``) hears every event as a JSON line. With ``detach``, the run goes on in a supervisor
+    of its own (:mod:`poprun.cli.detach`) and this returns once every instance has started.
     """
     console = console or Console()
+    if detach:
+        from poprun.cli.detach import detach as supervise_detached
+
+        return supervise_detached(_record(os.environ if env_source is None else env_source, console, started), console,
+                                  lambda console, record: run_plan(plan, registry=registry, env_source=env_source,
+                                                                   console=console, events=events, record=record))
     if events is not None and events.fd == 1:
         events.console = console  # on standard output, event lines and output lines stay whole
     if subreaper:
@@ -195,7 +202,7 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
-    record = _record(environ, console, started)
+    record = record if record is not None else _record(environ, console, started)
     try:
         with _handling_signals(control):
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,

@@ -4,7 +4,8 @@ Diagnostics: every user error and warning, with a stable code, a place and a hin
 Layer: ``poprun.core``; imports only ``poprun.core.record`` and ``poprun.core.span``.
 
 Codes are stable and never reused: ``PR1xx`` syntax (flags, TOML, DSL, host lists),
-``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply, ``PR5xx`` partitions. Each code in
+``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply, ``PR5xx`` partitions,
+``PR6xx`` run records (``poprun ps``, ``logs``, ``report``, ``stop``, ``attach``, ``--detach``). Each code in
 :data:`CODES` has a page in ``docs/errors/`` and a test that triggers it.
 """
 
@@ -95,6 +96,15 @@ CODES: dict[str, str] = {
     "PR508": "partition not released at exit",
     "PR509": "V-IPU request failed",
     "PR510": "V-IPU answer not understood",
+    "PR600": "no such run",
+    "PR601": "ambiguous run",
+    "PR602": "run record unreadable",
+    "PR603": "run is not running",
+    "PR604": "run supervised on another host",
+    "PR605": "no such instance in the run",
+    "PR606": "--detach without a run record",
+    "PR607": "run did not stop in time",
+    "PR608": "run has no report yet",
 }
 
 

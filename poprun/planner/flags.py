@@ -50,6 +50,7 @@ class CommandLine:
     output: Sourced[str] | None = None
     diff: Sourced[str] | None = None  # plan --diff OLD.json
     expand: bool = False  # graphs: no grouping
+    detach: bool = False  # a launch: leave it running without a terminal (not part of the plan)
     plan_options: tuple[Sourced[str], ...] = ()
     text: str = ""  # the command line as one string, for carets under flag spans
     warnings: tuple[Diagnostic, ...] = ()
@@ -356,6 +357,7 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         output=actions.get("--output"),
         diff=actions.get("--diff"),
         expand="--expand" in parser.flags,
+        detach="--detach" in parser.flags,
         plan_options=tuple(parser.plan_options),
         text=parser.text.line,
         warnings=parser.diags.warnings,

@@ -200,6 +200,9 @@ OPTIONS: tuple[Option, ...] = (
        dsl="backend"),
     _o("--events", None, "action", "Stream the run's events as JSON lines to this file, '-' (standard output) "
        "or fd:N (an inherited descriptor), as they happen (docs/runs.md)", group="Execution"),
+    _o("--detach", None, "flag", "Start the launch, print its run id once every instance has started, and leave it "
+       "running without a terminal ('poprun attach', 'logs -f', 'stop' and 'report' find it by its id)",
+       group="Execution"),
     _o("--export-config", None, "action", "Export the command line to a configuration file",
        group="Configuration"),
     _o("--import-config", None, "action", "Import a configuration file (command-line values "

@@ -14,9 +14,10 @@ from poprun.core.diagnostic import CODES
 from tests.golden.harness import assert_golden, case_dirs, run_cli
 
 CASE_DIRS = case_dirs(Path(__file__).parent / "diagnostics")
-# Codes that need real ssh hosts have their golden cases beside the tests that bring the hosts up.
+# Codes that need real ssh hosts (or a live run) have their golden cases beside the tests that bring them up.
 HOST_CASE_DIRS = [*case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden"),
-                  *case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden_mpirun")]
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden_mpirun"),
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "runs_golden")]
 
 
 def stderr_of(case: Path, monkeypatch: pytest.MonkeyPatch) -> str:

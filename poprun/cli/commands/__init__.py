@@ -2,7 +2,8 @@
 The commands of ``poprun``, one module each.
 
 ``plan``, ``validate``, ``apply`` and the classic form (:mod:`~poprun.cli.commands.launch`),
-``render``, ``submit`` and ``vipu-server``.
+``render``, ``submit``, ``vipu-server``, and the commands over run records
+(``ps``, ``logs``, ``report``, ``stop``, ``attach``: :mod:`~poprun.cli.commands.runs`).
 
 Layer: ``poprun.cli``. A command is a function ``(args, session) -> exit status``;
 :func:`handler` imports only the module of the command asked for (start-up).
@@ -24,6 +25,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "render": ("render", "render"),
     "submit": ("submit", "submit"),
     "vipu-server": ("vipu", "vipu_server"),
+    "ps": ("runs", "ps"),
+    "logs": ("runs", "logs"),
+    "report": ("runs", "report"),
+    "stop": ("runs", "stop"),
+    "attach": ("runs", "attach"),
 }
 CLASSIC: tuple[str, str] = ("launch", "classic")
 

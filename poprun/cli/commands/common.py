@@ -27,12 +27,17 @@ from poprun.planner.spec import Spec, overlay
 IMAGE_FORMATS = ("svg", "png")
 
 
-def read_command(session: Session, args: list[str], ctx: Context, *, prog: str, allow_spec_file: bool) -> tuple[CommandLine, Spec]:
-    """Return the command line and the spec it describes (spec file and imported config under it)."""
+def read_command(session: Session, args: list[str], ctx: Context, *, prog: str, allow_spec_file: bool,
+                 launch: bool = False) -> tuple[CommandLine, Spec]:
+    """Return the command line and the spec it describes (spec file and imported config under it); PR101 for --detach but in a ``launch``."""
     spec_path = args.pop(0) if allow_spec_file and args and is_spec_path(args[0]) else None
     if spec_path is not None:
         prog = f"{prog} {spec_path}"
     command = parse_flags(args, environ=ctx.environ, prog=prog)
+    if command.detach and not launch:
+        raise DiagnosticError([error("PR101", "'--detach' is an option of a launch", detail=f"'{prog}' does not take it",
+                                     span=SourceSpan.flag("--detach"),
+                                     hint="launch with 'poprun --detach [options] PROGRAM' or 'poprun apply --detach ...'")])
     session.sources[COMMAND_LINE] = command.text
     session.warn(command.warnings)
     spec = command.spec

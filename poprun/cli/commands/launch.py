@@ -37,19 +37,25 @@ if TYPE_CHECKING:
 def apply(args: list[str], session: Session) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
     ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
-    if args and is_plan_path(args[0]):
-        return _apply_saved(args[0], args[1:], ctx, session)
-    command, spec = read_command(session, list(args), ctx, prog="poprun apply", allow_spec_file=True)
+    detach = args[:1] == ["--detach"]
+    words = args[1:] if detach else args
+    if words and is_plan_path(words[0]):
+        rest = words[1:]
+        if rest[:1] == ["--detach"]:
+            detach, rest = True, rest[1:]
+        return _apply_saved(words[0], rest, ctx, session, detach=detach)
+    command, spec = read_command(session, list(args), ctx, prog="poprun apply", allow_spec_file=True, launch=True)
     reject_plan_options(command, "'poprun apply'")
     if command.help:
         return show_help()
     events = open_stream(command.events, ctx.environ)
     with session.planning() as console:
         plan = solve_spec(session, spec, ctx, require_program=True).plan
-    return _run(plan, session, console=console, backend_span=backend_span(spec), events=events)
+    return _run(plan, session, console=console, backend_span=backend_span(spec), events=events,
+                detach=command.detach)
 
 
-def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session) -> int:
+def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session, *, detach: bool = False) -> int:
     """
     Run the plan saved in ``path`` exactly, once its inputs are checked (design.md section 3).
 
@@ -65,13 +71,14 @@ def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session) -> 
     if stale:
         raise DiagnosticError(stale)
     events = open_stream(None, ctx.environ)
-    return _run(plan, session, backend_span=SourceSpan(file=path, key_path="$.backend.name"), events=events)
+    return _run(plan, session, backend_span=SourceSpan(file=path, key_path="$.backend.name"), events=events,
+                detach=detach)
 
 
 def classic(args: list[str], session: Session) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
     ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
-    command, spec = read_command(session, list(args), ctx, prog="poprun", allow_spec_file=False)
+    command, spec = read_command(session, list(args), ctx, prog="poprun", allow_spec_file=False, launch=True)
     reject_plan_options(command, "the classic form")
     if command.help:
         return show_help()
@@ -82,13 +89,14 @@ def classic(args: list[str], session: Session) -> int:
         solution = solve_spec(session, spec, ctx, require_program=True)
         if solution.plan.output.print_topology:
             console.write("stdout", topology(solution.plan).encode())
-    return _run(solution.plan, session, console=console, backend_span=backend_span(spec), events=events)
+    return _run(solution.plan, session, console=console, backend_span=backend_span(spec), events=events,
+                detach=command.detach)
 
 
 def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None = None, console: Console | None = None,
-         events: EventStream | None = None) -> int:
+         events: EventStream | None = None, detach: bool = False) -> int:
     """
-    Run ``plan`` with its backend from a new registry; return poprun's exit status.
+    Run ``plan`` with its backend from a new registry; return poprun's exit status (``detach``: see ``--detach``).
 
     Plugins that failed to load are warned about (PR401); a backend that cannot be had exits
     125 with its diagnostic (PR400, PR402), placed at ``backend_span`` when given.
@@ -105,7 +113,8 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
             console.close()
         session.warn(exc.diagnostics)
         return exitcode.LAUNCH
-    return run_plan(plan, registry=registry, console=console, started=session.started, events=events)
+    return run_plan(plan, registry=registry, console=console, started=session.started, events=events,
+                    detach=detach)
 
 
 def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:

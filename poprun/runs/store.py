@@ -1,0 +1,481 @@
+"""
+Finding and reading run records: what ``poprun ps``, ``logs``, ``report``, ``stop`` and ``attach`` read.
+
+Layer: ``poprun.runs``; imports ``poprun.core`` and :mod:`poprun.runs.record`. Not on the launch
+path: ``json`` is used freely here.
+
+A record is untrusted input (another process wrote it, or someone planted it): every file is
+opened without following a symbolic link and without blocking (a FIFO is refused, never waited
+on), only a regular file of this user is read, and no more than a bound of it; a file that is
+not what poprun writes (bad JSON, the wrong shape) is a PR602 diagnostic naming the file, never
+a traceback. A run directory is one that poprun made (its mark, ``.poprun-run``), of this user,
+not a link.
+"""
+
+# ruff: noqa: PTH114, PTH118, PTH208 - os.path and os.open: descriptors opened with O_NOFOLLOW, checked with fstat
+from __future__ import annotations
+
+import calendar
+import json
+import os
+import stat
+import time
+from collections.abc import Iterator, Mapping
+
+from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.record import record
+from poprun.core.span import SourceSpan
+from poprun.runs.record import MARK, runs_directory, start_time
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Any
+
+JSON_LIMIT = 64 << 20  # plan.json of a large launch, report.json with every failed instance's tail
+SMALL_LIMIT = 64 << 10  # the supervisor file, the first line of events.jsonl
+LAST = "last"  # the RUN that names the newest run
+CANDIDATES = 5  # how many run ids a diagnostic lists
+
+
+@record
+class Supervisor:
+    """The process that supervises a run: its pid, its start time (clock ticks since boot) and its host."""
+
+    pid: int
+    started: int
+    host: str
+
+    def alive(self) -> bool:
+        """Return whether it still runs here (the same pid with the same start time); False on another host."""
+        return self.host == os.uname().nodename and start_time(self.pid) == self.started
+
+
+@record
+class RunInfo:
+    """
+    What ``poprun ps`` says of one run.
+
+    ``state``: ``running``, ``ended`` (``status`` is poprun's exit status), ``lost`` (the supervisor is gone
+    and wrote no report) or ``damaged`` (``problem`` says which file of the record cannot be read).
+    """
+
+    id: str
+    path: str
+    state: str
+    status: int | None = None
+    started: float | None = None  # UNIX seconds
+    ended: float | None = None
+    instances: int | None = None
+    hosts: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    backend: str = ""
+    problem: str = ""
+
+    def duration(self, now: float) -> float | None:
+        """Return how long it ran (until now while it runs), or None when its start is not known."""
+        if self.started is None:
+            return None
+        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
+
+
+def damaged(path: str, why: str, *, hint: str = "") -> DiagnosticError:
+    """Return the PR602 error for a record file ``path`` that cannot be read (``why``, one line)."""
+    return DiagnosticError([error(
+        "PR602", "run record unreadable", detail=why, span=SourceSpan(file=path, key_path="$"),
+        hint=hint or "the record was not written by poprun, or was changed since: remove the run's directory "
+                     "(poprun keeps the others)")])
+
+
+def open_record_file(path: str) -> int:
+    """
+    Return a descriptor of the record file ``path``: a regular file of this user, not a link, opened without blocking.
+
+    Raises:
+        FileNotFoundError: when it does not exist (yet).
+        DiagnosticError: PR602 for anything else.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise
+    except OSError as exc:
+        why = "a symbolic link (poprun never follows one in a record)" if os.path.islink(path) else exc.strerror
+        raise damaged(path, str(why)) from exc
+    info = os.fstat(fd)
+    if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid():
+        os.close(fd)
+        raise damaged(path, "not a regular file" if not stat.S_ISREG(info.st_mode) else "it belongs to another user")
+    return fd
+
+
+def read_bytes(path: str, *, limit: int) -> bytes | None:
+    """Return the bytes of the record file ``path`` (None when it does not exist); PR602 beyond ``limit`` bytes."""
+    try:
+        fd = open_record_file(path)
+    except FileNotFoundError:
+        return None
+    try:
+        chunks, size = [], 0
+        while chunk := os.read(fd, min(1 << 20, limit + 1 - size)):
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > limit:
+                raise damaged(path, f"larger than {limit >> 20 or limit} {'MiB' if limit >> 20 else 'bytes'}")
+    except OSError as exc:
+        raise damaged(path, exc.strerror or str(exc)) from exc
+    finally:
+        os.close(fd)
+    return b"".join(chunks)
+
+
+def read_json(path: str, *, limit: int = JSON_LIMIT) -> Any:
+    """Return the JSON object in the record file ``path``, or None when it does not exist; PR602 when it is not one."""
+    data = read_bytes(path, limit=limit)
+    if data is None:
+        return None
+    try:
+        value = json.loads(data.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise damaged(path, "not UTF-8 text") from exc
+    except ValueError as exc:
+        raise damaged(path, f"not JSON ({exc})") from exc
+    if not isinstance(value, dict):
+        raise damaged(path, f"a JSON {type(value).__name__}, not an object")
+    return value
+
+
+def runs_root(environ: Mapping[str, str]) -> str:
+    """Return where runs are kept (:func:`~poprun.runs.record.runs_directory`); PR602 when it is a link or not this user's."""
+    root = runs_directory(environ)
+    try:
+        info = os.lstat(root)
+    except FileNotFoundError:
+        return root
+    except OSError as exc:
+        raise damaged(root, exc.strerror or str(exc)) from exc
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise damaged(root, "not a directory of its own (a symbolic link, or a file)",
+                      hint="set POPRUN_RUNS_DIR to a directory of your own")
+    if info.st_uid != os.geteuid():
+        raise damaged(root, "it belongs to another user", hint="set POPRUN_RUNS_DIR to a directory of your own")
+    return root
+
+
+def run_ids(root: str) -> list[str]:
+    """Return the ids of the runs under ``root``, oldest first (ids sort by time): poprun's directories of this user."""
+    try:
+        names = sorted(os.listdir(root))
+    except FileNotFoundError:
+        return []
+    except OSError as exc:
+        raise damaged(root, exc.strerror or str(exc)) from exc
+    uid = os.geteuid()
+    found = []
+    for name in names:
+        path = os.path.join(root, name)
+        try:
+            info = os.lstat(path)
+            mark = os.lstat(os.path.join(path, MARK))
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and stat.S_ISREG(mark.st_mode):
+            found.append(name)
+    return found
+
+
+def find_run(root: str, given: str) -> str:
+    """
+    Return the id of the run ``given`` names: an id, a unique prefix of one, or ``last`` (the newest).
+
+    Diagnostics:
+        PR600 (no run matches, the newest ids listed), PR601 (a prefix of several, listed).
+    """
+    ids = run_ids(root)
+    span = SourceSpan(file="<command line>", key_path="RUN")
+    newest = ", ".join(reversed(ids[-CANDIDATES:]))
+    if given == LAST and ids:
+        return ids[-1]
+    if given in ids:
+        return given
+    matches = [i for i in ids if i.startswith(given)] if given else []
+    if len(matches) == 1:
+        return matches[0]
+    if matches:
+        shown = ", ".join(matches[:CANDIDATES]) + (f" and {len(matches) - CANDIDATES} more" if len(matches) > CANDIDATES
+                                                   else "")
+        raise DiagnosticError([error("PR601", f"ambiguous run '{given}'", detail=f"'{given}' begins {len(matches)} run "
+                                     f"ids: {shown}", span=span, hint="give more of the id")])
+    detail = f"no run under {root} is '{given}'" if ids else f"no run is recorded under {root}"
+    hint = (f"the newest: {newest} ('poprun ps --all' lists them all)" if ids
+            else "launch one first; runs are kept under $POPRUN_RUNS_DIR, else $XDG_STATE_HOME/poprun/runs")
+    raise DiagnosticError([error("PR600", f"no such run '{given}'", detail=detail, span=span, hint=hint)])
+
+
+def read_supervisor(path: str) -> Supervisor | None:
+    """Return the run's supervisor (its ``supervisor`` file), or None when the file is missing; PR602 when malformed."""
+    name = os.path.join(path, "supervisor")
+    data = read_bytes(name, limit=SMALL_LIMIT)
+    if data is None:
+        return None
+    words = data.decode("utf-8", "replace").split()
+    if len(words) != 3 or not words[0].isdigit() or not words[1].isdigit():  # noqa: PLR2004 - pid, start, host
+        raise damaged(name, "not 'PID START HOST'")
+    return Supervisor(pid=int(words[0]), started=int(words[1]), host=words[2])
+
+
+def supervised_here(supervisor: Supervisor | None) -> bool:
+    """Return whether the supervisor runs on this host (a missing one is counted as here: it is gone)."""
+    return supervisor is None or supervisor.host == os.uname().nodename
+
+
+def ended(path: str) -> bool:
+    """Return whether the run has written its report (it is over)."""
+    return os.path.lexists(os.path.join(path, "report.json"))
+
+
+def state_of(path: str) -> str:
+    """Return ``ended``, ``running`` or ``lost`` (PR602 when the supervisor file is malformed)."""
+    if ended(path):
+        return "ended"
+    supervisor = read_supervisor(path)
+    if supervisor is not None and (supervisor.alive() or not supervised_here(supervisor)):
+        return "running"
+    return "lost"
+
+
+def run_info(root: str, run_id: str) -> RunInfo:
+    """Return what ``poprun ps`` shows of run ``run_id``; a record that cannot be read is ``damaged``, not an error."""
+    path = os.path.join(root, run_id)
+    try:
+        return _info(run_id, path)
+    except DiagnosticError as exc:
+        problem = f"{exc.diagnostics[0].span.file}: {exc.diagnostics[0].detail}"
+        return RunInfo(id=run_id, path=path, state="damaged", started=_id_time(run_id), problem=problem)
+
+
+def _info(run_id: str, path: str) -> RunInfo:
+    state = state_of(path)
+    report = read_json(os.path.join(path, "report.json")) if state == "ended" else None
+    plan = read_json(os.path.join(path, "plan.json"))
+    status = _typed(report, "status", int, path) if report is not None else None
+    finished = _typed(report, "ended", (int, float), path) if report is not None else None
+    started = _first_event_time(path)
+    if state == "lost":
+        finished = _mtime(os.path.join(path, "events.jsonl"))
+    instances, hosts, argv, backend = _plan_summary(plan, os.path.join(path, "plan.json"))
+    return RunInfo(id=run_id, path=path, state=state, status=status, started=started if started is not None
+                   else _id_time(run_id), ended=finished, instances=instances, hosts=hosts, argv=argv,
+                   backend=backend)
+
+
+def _typed(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
+    value = data.get(key)
+    if value is None or isinstance(value, bool) or not isinstance(value, kind):
+        raise damaged(os.path.join(path, "report.json"), f"'{key}' is missing or of the wrong type")
+    return value
+
+
+def _plan_summary(plan: Any, name: str) -> tuple[int | None, tuple[str, ...], tuple[str, ...], str]:
+    """Return the instances, hosts, instance 0's argv and the backend of ``plan.json`` (empty when it is missing)."""
+    if plan is None:
+        return None, (), (), ""
+    try:
+        instances = plan["instances"]
+        hosts = tuple(plan["topology"]["hosts"])
+        argv = tuple(instances[0]["argv"]) if instances else ()
+        backend = plan["backend"]["name"]
+        valid = (isinstance(instances, list) and isinstance(backend, str)
+                 and all(isinstance(w, str) for w in (*hosts, *argv)))
+    except (KeyError, TypeError, IndexError):
+        valid = False
+    if not valid:
+        raise damaged(name, "not a plan poprun wrote (its instances, hosts or backend are missing)")
+    return len(instances), hosts, argv, backend
+
+
+def _first_event_time(path: str) -> float | None:
+    """Return the time of the run's first event (``run-started``), or None."""
+    name = os.path.join(path, "events.jsonl")
+    try:
+        fd = open_record_file(name)
+    except FileNotFoundError:
+        return None
+    try:
+        line = os.read(fd, SMALL_LIMIT).split(b"\n", 1)[0]
+    finally:
+        os.close(fd)
+    try:
+        value = json.loads(line)
+    except ValueError:
+        return None
+    at = value.get("time") if isinstance(value, dict) else None
+    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+
+
+def _mtime(path: str) -> float | None:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return None
+
+
+def _id_time(run_id: str) -> float | None:
+    """Return the time a run id was made (to the second), or None when it is not poprun's form."""
+    try:
+        return float(calendar.timegm(time.strptime(run_id[:15], "%Y%m%d-%H%M%S")))
+    except ValueError:
+        return None
+
+
+def list_runs(root: str) -> Iterator[RunInfo]:
+    """Yield every run under ``root``, newest first."""
+    for run_id in reversed(run_ids(root)):
+        yield run_info(root, run_id)
+
+
+_INT = (int,)
+_OPT_INT = (int, type(None))
+_REPORT_SHAPE: dict[str, tuple[type, ...]] = {
+    "status": _INT, "statuses": (list,), "failures": (list,), "root_cause": _OPT_INT, "signals": (list,),
+    "error": (dict, type(None)), "phases": (dict,), "truncated": (dict,), "run": (str, type(None)),
+}
+_FAILURE_SHAPE: dict[str, tuple[type, ...]] = {
+    "index": _INT, "host": (str,), "pid": _OPT_INT, "exit_code": _OPT_INT, "signal": _OPT_INT, "stopped": (bool,),
+    "lost": (bool,), "tail": (list,),
+}
+
+
+def checked_report(data: dict[str, Any], name: str) -> dict[str, Any]:
+    """
+    Return ``data`` (a ``report.json``) when it has the shape :func:`poprun.runs.report.report_data` writes.
+
+    Diagnostics:
+        PR602 naming the first key of the wrong type.
+    """
+    _check(data, _REPORT_SHAPE, name, "$")
+    _each(data["statuses"], int, name, "$.statuses")
+    _each(data["signals"], int, name, "$.signals")
+    for i, failure in enumerate(data["failures"]):
+        where = f"$.failures[{i}]"
+        if not isinstance(failure, dict):
+            raise damaged(name, f"{where} is not an object")
+        _check(failure, _FAILURE_SHAPE, name, where)
+        _each(failure["tail"], str, name, f"{where}.tail")
+    error_ = data["error"]
+    if error_ is not None:
+        _check(error_, {"status": _INT, "message": (str,), "signal": _OPT_INT, "diagnostics": (list,)}, name, "$.error")
+        for i, diagnostic in enumerate(error_["diagnostics"]):
+            if not (isinstance(diagnostic, dict) and isinstance(diagnostic.get("code"), str)
+                    and isinstance(diagnostic.get("summary"), str)):
+                raise damaged(name, f"$.error.diagnostics[{i}] is not a code and a summary")
+    for phase, seconds in data["phases"].items():
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+            raise damaged(name, f"$.phases.{phase} is not a number")
+    for index, sizes in data["truncated"].items():
+        if not (isinstance(sizes, dict) and all(isinstance(sizes.get(k), int) for k in ("kept", "dropped"))):
+            raise damaged(name, f"$.truncated.{index} is not kept and dropped bytes")
+    return data
+
+
+def _check(data: dict[str, Any], shape: dict[str, tuple[type, ...]], name: str, where: str) -> None:
+    for key, kinds in shape.items():
+        value = data.get(key)
+        bad_bool = isinstance(value, bool) and bool not in kinds
+        if key not in data or bad_bool or not isinstance(value, kinds):
+            raise damaged(name, f"{where}.{key} is missing or of the wrong type")
+
+
+def _each(values: list[Any], kind: type, name: str, where: str) -> None:
+    if not all(isinstance(v, kind) and not (isinstance(v, bool) and kind is not bool) for v in values):
+        raise damaged(name, f"{where} holds a value that is not {'a number' if kind is int else 'text'}")
+
+
+_ORDER_LINE = 64  # a line of logs/order: "INDEX STREAM BYTES"
+_PIECE = 1 << 20  # output is handed on in pieces of at most this many bytes
+_STREAMS = ("stdout", "stderr")
+
+
+class LogReader:
+    """
+    A run's output in the order it arrived, read from ``logs/order`` and the instances' files.
+
+    Each call of :meth:`pieces` yields what was written since the last one, so that it also
+    follows a run as it goes (``poprun logs -f``). Only ``instance``'s pieces when given. The
+    record writes a piece's bytes before its line in ``logs/order``, so a piece that is listed is
+    whole. A listing that names more bytes than a file holds, or a line that is not
+    ``INDEX STREAM BYTES``, is PR602.
+    """
+
+    def __init__(self, path: str, *, instance: int | None = None) -> None:
+        self._path, self._instance = path, instance
+        self._order: int | None = None
+        self._pending = b""
+        self._line = 0
+        self._files: dict[tuple[int, str], int] = {}
+
+    def pieces(self) -> Iterator[tuple[int, str, bytes]]:
+        """Yield (instance, stream, bytes) for each piece listed since the last call, in order."""
+        for index, stream, size in self._listed():
+            if self._instance is not None and index != self._instance:
+                continue
+            yield from self._read(index, stream, size)
+
+    def last_lines(self, count: int) -> list[tuple[int, str, bytes]]:
+        """Return the last ``count`` lines (each with its newline) of what :meth:`pieces` yields now."""
+        import collections
+
+        kept: collections.deque[tuple[int, str, bytes]] = collections.deque(maxlen=count)
+        partial: dict[tuple[int, str], bytes] = {}
+        for index, stream, data in self.pieces():
+            lines = (partial.pop((index, stream), b"") + data).split(b"\n")
+            for line in lines[-count - 1:-1] if count else ():
+                kept.append((index, stream, line + b"\n"))
+            if lines[-1]:
+                partial[(index, stream)] = lines[-1][-_PIECE:]
+        return list(kept) if count else []
+
+    def close(self) -> None:
+        """Close every file (idempotent)."""
+        for fd in [self._order, *self._files.values()]:
+            if fd is not None:
+                os.close(fd)
+        self._order = None
+        self._files.clear()
+
+    def _listed(self) -> Iterator[tuple[int, str, int]]:
+        name = os.path.join(self._path, "logs", "order")
+        if self._order is None:
+            try:
+                self._order = open_record_file(name)
+            except FileNotFoundError:
+                return
+        while chunk := os.read(self._order, _PIECE):
+            lines = (self._pending + chunk).split(b"\n")
+            self._pending = lines.pop()
+            if len(self._pending) > _ORDER_LINE:
+                raise damaged(name, f"line {self._line + len(lines) + 1} is not 'INDEX STREAM BYTES'")
+            for line in lines:
+                self._line += 1
+                yield self._entry(name, line)
+
+    def _entry(self, name: str, line: bytes) -> tuple[int, str, int]:
+        words = line.decode("ascii", "replace").split()
+        if len(words) != 3 or not words[0].isdigit() or words[1] not in _STREAMS or not words[2].isdigit():  # noqa: PLR2004
+            raise damaged(name, f"line {self._line} is not 'INDEX STREAM BYTES'")
+        return int(words[0]), words[1], int(words[2])
+
+    def _read(self, index: int, stream: str, size: int) -> Iterator[tuple[int, str, bytes]]:
+        name = os.path.join(self._path, "logs", f"{index}.{stream}")
+        fd = self._files.get((index, stream))
+        if fd is None:
+            try:
+                fd = self._files[(index, stream)] = open_record_file(name)
+            except FileNotFoundError:
+                raise damaged(name, "missing, though logs/order lists its output") from None
+        while size > 0:
+            data = os.read(fd, min(size, _PIECE))
+            if not data:
+                raise damaged(name, "shorter than logs/order says")
+            size -= len(data)
+            yield index, stream, data
