@@ -163,15 +163,20 @@ def runs_root(environ: Mapping[str, str]) -> str:
 
 
 def run_ids(root: str) -> list[str]:
-    """Return the ids of the runs under ``root``, oldest first (ids sort by time): poprun's directories of this user."""
+    """
+    Return the ids of the runs under ``root``, oldest first: poprun's directories of this user.
+
+    Ids sort by the second they began; runs of one second by when their mark was made (the random
+    end of two ids says nothing of which began first).
+    """
     try:
-        names = sorted(os.listdir(root))
+        names = os.listdir(root)
     except FileNotFoundError:
         return []
     except OSError as exc:
         raise damaged(root, exc.strerror or str(exc)) from exc
     uid = os.geteuid()
-    found = []
+    found: list[tuple[str, int, str]] = []
     for name in names:
         path = os.path.join(root, name)
         try:
@@ -180,8 +185,8 @@ def run_ids(root: str) -> list[str]:
         except OSError:
             continue
         if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and stat.S_ISREG(mark.st_mode):
-            found.append(name)
-    return found
+            found.append((name[:15], mark.st_mtime_ns, name))
+    return [name for _, _, name in sorted(found)]
 
 
 def find_run(root: str, given: str) -> str:

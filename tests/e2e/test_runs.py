@@ -123,7 +123,7 @@ def test_last_and_unique_prefixes_name_runs_and_ambiguity_is_one_diagnostic(tmp_
     env = runs_env(marked, tmp_path)
     launch(env, "echo first", instances=1)
     launch(env, "echo second", instances=1)
-    ids = sorted(p.name for p in (tmp_path / "runs").iterdir())
+    ids = [r["id"] for r in reversed(json.loads(poprun(env, "ps", "--json").stdout))]  # oldest first
     unique = next(ids[1][:n] for n in range(1, len(ids[1]) + 1) if not ids[0].startswith(ids[1][:n]))
 
     # WHEN
