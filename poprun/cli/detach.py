@@ -3,8 +3,9 @@
 
 Layer: ``poprun.cli``. :func:`detach` forks before the apply step. The child is the run's
 supervisor: it leaves the terminal's session (``setsid``), puts ``/dev/null`` on its standard
-descriptors (the instances' output then reaches only the run record's logs, and nothing of the
-launch holds the terminal or the pipes of whoever started poprun), records itself as the run's
+descriptors and closes the others it inherited (the instances' output then reaches only the run
+record's logs, and nothing of the launch holds the terminal or the pipes of whoever started
+poprun), records itself as the run's
 supervisor (:func:`poprun.runs.record.write_supervisor`, so that ``poprun stop`` signals it) and
 runs the plan as the foreground does, Ctrl-C's teardown on SIGTERM included. It tells the
 parent through a pipe once the launch is running (every instance started) or, when it could
@@ -117,6 +118,7 @@ def _supervise(record: RunRecord, word: _Word, run: Callable[[Console, RunRecord
         for fd in (0, 1, 2):
             os.dup2(null, fd)
         os.close(null)
+        _close_inherited()
         sys.stdout = open(os.devnull, "w")  # noqa: PTH123, SIM115
         sys.stderr = word.said
         write_supervisor(record.path)
@@ -126,6 +128,20 @@ def _supervise(record: RunRecord, word: _Word, run: Callable[[Console, RunRecord
             sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc}\n")
     word.tell(b"ended %d\n" % status)
     os._exit(status)
+
+
+def _close_inherited() -> None:
+    """
+    Close every descriptor above 2 that the supervisor inherited from its caller (``3>&1`` in a script).
+
+    Those are the inheritable ones: poprun opens its own close-on-exec (``--events fd:N`` made
+    it so), and a caller's pipe held by the run would keep the caller waiting for its end.
+    """
+    for name in os.listdir("/proc/self/fd"):  # noqa: PTH208 - names only
+        fd = int(name)
+        with contextlib.suppress(OSError):  # the directory's own descriptor, closed by now
+            if fd > 2 and os.get_inheritable(fd):  # noqa: PLR2004 - 0-2 are /dev/null by now
+                os.close(fd)
 
 
 def _await(read: int, child: int, run_id: str) -> int:

@@ -265,7 +265,9 @@ def _info(run_id: str, path: str) -> RunInfo:
     plan = read_json(os.path.join(path, "plan.json"))
     status = _typed(report, "status", int, path) if report is not None else None
     finished = _typed(report, "ended", (int, float), path) if report is not None else None
-    started = _first_event_time(path)
+    started = report.get("started") if report is not None else None
+    if not isinstance(started, int | float) or isinstance(started, bool):
+        started = _first_event_time(path)
     if state == "lost":
         finished = _mtime(os.path.join(path, "events.jsonl"))
     instances, hosts, argv, backend = _plan_summary(plan, os.path.join(path, "plan.json"))

@@ -128,3 +128,18 @@ def test_detach_of_a_saved_plan(tmp_path: Path, marked: Marked) -> None:
     logged = poprun(env, "logs", "-f", started.stdout.strip())
 
     assert (0, 0, "saved\n") == (started.returncode, logged.returncode, logged.stdout)
+
+
+def test_a_detached_run_holds_no_descriptor_its_caller_passed_down(tmp_path: Path, marked: Marked) -> None:
+    """A caller's pipe passed as fd 3 (``3>&1`` in a script whose output is captured) is not held by the run."""
+    # GIVEN a script that passes its stdout pipe down as fd 3 too
+    env = runs_env(marked, tmp_path)
+    script = f"{PY} -m poprun.cli.main --detach sh -c 'sleep 30' 3>&1"
+
+    # WHEN its output is captured (which ends only once every holder of the pipe has closed it)
+    started = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=10, check=False)
+
+    # THEN
+    assert (0, "") == (started.returncode, started.stderr)
+    assert 0 == poprun(env, "stop", started.stdout.strip()).returncode
+    assert {} == marked.survivors(within_s=3.0)

@@ -388,7 +388,7 @@ def _header(run_id: str, path: str, data: dict[str, object] | None) -> str:
     if info.started is not None:
         took = _duration(info.duration(time.time()))
         lines.append(f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info.started))}, "
-                     f"{'ran' if info.state == 'ended' else 'running'} {took}")
+                     f"{'running' if info.state == 'running' else 'ran'} {took}")
     if info.instances is not None:
         hosts = ", ".join(info.hosts) or "-"
         lines.append(f"{info.instances} instance{'' if info.instances == 1 else 's'} on {_printable(hosts)} "
