@@ -18,6 +18,11 @@ USAGE = """usage: poprun [options] program [program args]
        poprun submit [--dry-run] [--wait] [--nodes N] [SPEC] [options] program [args]
        poprun validate SPEC
        poprun vipu-server [--host H] [--port P] [--db FILE] [--ipus N] [--ild-size N]
+       poprun ps [--all] [--json]
+       poprun logs RUN [--instance N] [-f] [--tail N] [--tag]
+       poprun report RUN [--json]
+       poprun stop RUN [--timeout SECONDS]
+       poprun attach RUN
 """
 
 

@@ -1,5 +1,5 @@
 """
-``poprun``: the classic command line and the ``plan``, ``validate``, ``apply``, ``render`` and ``submit`` commands.
+``poprun``: the classic command line, the ``plan``, ``validate``, ``apply``, ``render`` and ``submit`` commands, and those over run records.
 
 Layer: ``poprun.cli``. Imports are lazy so that ``poprun --version`` starts fast.
 A subcommand is recognised only as the first argument; anything else is the classic form.
