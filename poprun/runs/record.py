@@ -283,9 +283,24 @@ def prune(root: str, *, keep: int, but: str) -> None:
             continue
         if supervisor_alive(path):
             continue
-        import shutil
+        _remove_tree(path)
 
-        shutil.rmtree(path, ignore_errors=True)
+
+def _remove_tree(path: str) -> None:
+    """Remove ``path`` and what it holds, never following a link (``shutil`` costs the launch path start-up)."""
+    for folder, dirs, files in os.walk(path, topdown=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(folder, name))  # noqa: PTH108, PTH118 - a link is removed, not followed
+        for name in dirs:
+            entry = os.path.join(folder, name)  # noqa: PTH118
+            with contextlib.suppress(OSError):
+                if os.path.islink(entry):
+                    os.unlink(entry)  # noqa: PTH108
+                else:
+                    os.rmdir(entry)  # noqa: PTH106
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # noqa: PTH106
 
 
 def supervisor_alive(path: str) -> bool:

@@ -7,6 +7,7 @@ imports no heavy module: these tests fail when one creeps back onto that path, w
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -26,10 +27,10 @@ print(status, *sorted(set(sys.modules) - before), file=sys.stderr)
 """
 
 
-def _imported(*args: str, cwd: Path) -> tuple[int, set[str]]:
+def _imported(*args: str, cwd: Path, env: dict[str, str] | None = None) -> tuple[int, set[str]]:
     """Return the exit status of ``poprun args`` in a fresh interpreter and the modules it imported."""
     result = subprocess.run([sys.executable, "-c", _PROBE, *args], cwd=cwd, capture_output=True, text=True,
-                            timeout=30, check=False)
+                            timeout=30, check=False, env=None if env is None else {**os.environ, **env})
     status, *modules = result.stderr.splitlines()[-1].split()
     return int(status), set(modules)
 
@@ -61,3 +62,17 @@ def test_entry_flushes_output_and_exits_with_main_status(tmp_path: Path) -> None
 
     assert 3 == result.returncode
     assert [f"line {i}" for i in range(2000)] == result.stdout.splitlines()
+
+
+def test_pruning_old_runs_imports_nothing_heavy(tmp_path: Path) -> None:
+    """A launch that prunes old run records (more than POPRUN_RUNS_KEEP) imports none of HEAVY, and prunes."""
+    runs = tmp_path / "runs"
+    for n in range(3):
+        (runs / f"20200101-00000{n}-aaaaaa" / "logs").mkdir(parents=True)
+        (runs / f"20200101-00000{n}-aaaaaa" / ".poprun-run").write_text("")
+        (runs / f"20200101-00000{n}-aaaaaa" / "logs" / "0.stdout").write_text("old\n")
+    status, modules = _imported("--offline-mode=1", "true", cwd=tmp_path,
+                                env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_RUNS_KEEP": "1"})
+
+    assert (0, []) == (status, sorted(modules.intersection(HEAVY)))
+    assert 1 == len(list(runs.iterdir()))
