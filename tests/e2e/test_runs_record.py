@@ -197,3 +197,22 @@ def test_a_process_that_is_not_what_the_plan_says_is_told_apart(tmp_path: Path) 
     assert (True, False, False, ["SECRET_TOKEN"]) == (seen["verified"], seen["argv_as_planned"],
                                                        seen["env_as_planned"], seen["env_differs"])
     assert "changed" not in json.dumps({k: v for k, v in seen.items() if not k.startswith("_")})
+
+
+def test_report_tells_plan_against_actual(tmp_path: Path) -> None:
+    """'poprun report' says every instance ran as planned; an actual.json that says otherwise is shown by name."""
+    runs = tmp_path / "runs"
+    env = {"POPRUN_RUNS_DIR": str(runs)}
+    assert 0 == poprun("--num-instances", "2", "--num-replicas", "2", "sleep", "0.2", cwd=tmp_path, env=env).returncode
+    assert "verified: 2 of 2 instances as planned (argv, environment, CPUs)\n" in \
+        poprun("report", "last", cwd=tmp_path, env=env).stdout
+    actual = only_run(runs) / "actual.json"
+    data = json.loads(actual.read_text())
+    data["instances"]["1"].update(env_as_planned=False, env_differs=["MY_TOKEN"])
+    data["instances"]["0"] = {"host": "h9", "pid": 1, "verified": False}
+    actual.write_text(json.dumps(data))
+
+    told = poprun("report", "last", cwd=tmp_path, env=env).stdout
+
+    assert ("verified: 0 of 2 instances as planned (argv, environment, CPUs); 1 not read back (on other hosts, or "
+            "ended before they could be)\n  instance 1 on localhost: environment not as planned (MY_TOKEN)\n") in told

@@ -375,8 +375,41 @@ def _report(run_id: str, path: str, *, as_json: bool) -> int:
 
         sys.stdout.write(json.dumps(data, indent=2, sort_keys=True) + "\n")
         return exitcode.OK
-    sys.stdout.write(_header(run_id, path, checked) + render_report(checked))
+    sys.stdout.write(_header(run_id, path, checked) + render_report(checked) + _verified(path))
     return exitcode.OK
+
+
+def _verified(path: str) -> str:
+    """
+    Return what ``actual.json`` says of each instance against the plan: one line when all is as planned.
+
+    ``verified: 4 of 4 instances as planned (argv, environment, CPUs)``, else a line per
+    instance that differs (the names of variables, never their values) and how many were not
+    read back (other hosts, or ended before they could be).
+    """
+    data = store.read_json(os.path.join(path, "actual.json"))  # noqa: PTH118
+    instances = data.get("instances") if isinstance(data, dict) else None
+    if not isinstance(instances, dict) or not instances:
+        return ""
+    lines, same, unread = [], 0, 0
+    for index, seen in sorted(instances.items(), key=lambda item: int(item[0]) if str(item[0]).isdigit() else -1):
+        if not isinstance(seen, dict) or seen.get("verified") is not True:
+            unread += 1
+            continue
+        wrong = [what for what, key in (("argv", "argv_as_planned"), ("environment", "env_as_planned"),
+                                        ("CPUs", "cpus_as_planned")) if seen.get(key) is not True]
+        if not wrong:
+            same += 1
+            continue
+        differ = seen.get("env_differs")
+        names = f" ({', '.join(_printable(str(n)) for n in differ)})" if isinstance(differ, list) and differ else ""
+        lines.append(f"  instance {_printable(str(index))} on {_printable(str(seen.get('host')))}: "
+                     f"{', '.join(wrong)} not as planned{names if 'environment' in wrong else ''}\n")
+    total = len(instances)
+    head = f"verified: {same} of {total} instance{'' if total == 1 else 's'} as planned (argv, environment, CPUs)"
+    if unread:
+        head += f"; {unread} not read back (on other hosts, or ended before they could be)"
+    return head + "\n" + "".join(lines)
 
 
 def _header(run_id: str, path: str, data: dict[str, object] | None) -> str:

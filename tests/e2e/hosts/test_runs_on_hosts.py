@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import jsonschema
@@ -45,3 +48,41 @@ def test_a_run_on_four_hosts_is_recorded_instance_by_instance(test_hosts: TestHo
     assert (3, 3, run.name) == (report["root_cause"], report["status"], report["run"])
     assert {(e["index"], e["host"]) for e in events if e["event"] == "instance-started"} == \
         set(enumerate(test_hosts.names))
+
+
+def _running(runs: Path, within_s: float = 30) -> Path:
+    """Wait for the one run under ``runs`` to have every instance started; return its directory."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        for run in runs.iterdir() if runs.exists() else ():
+            events = run / "events.jsonl"
+            if events.exists() and '"event":"launch-running"' in events.read_text():
+                return run
+        time.sleep(0.05)
+    raise AssertionError("the run never ran")
+
+
+@pytest.mark.parametrize("backend", ["ssh", "mpirun"])
+def test_poprun_stop_ends_a_run_on_every_host(test_hosts: TestHosts, tmp_path: Path, backend: str) -> None:
+    """'poprun stop RUN' from another shell: the run ends as on Ctrl-C (143), recorded, and nothing is left anywhere."""
+    runs, mark = tmp_path / "runs", f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    env = os.environ | test_hosts.env() | {"POPRUN_RUNS_DIR": str(runs)}
+    proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", "--backend", backend, "--host",
+                             ",".join(test_hosts.names), "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
+                             "sleep 60; :", mark], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        run = _running(runs)
+        stopped = subprocess.run([sys.executable, "-m", "poprun.cli.main", "stop", run.name], cwd=tmp_path, env=env,
+                                 capture_output=True, text=True, timeout=60, check=False)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert (0, 143) == (stopped.returncode, proc.returncode), stopped.stderr + err
+    assert [signal.SIGTERM] == json.loads((run / "report.json").read_text())["signals"]
+    deadline = time.monotonic() + 10
+    while any(test_hosts.processes(name, mark) for name in test_hosts.names) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert {} == {name: found for name in test_hosts.names if (found := test_hosts.processes(name, mark))}

@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import time
 import uuid
 from pathlib import Path
 
@@ -132,3 +133,30 @@ def test_a_slurm_run_is_recorded_instance_by_instance(slurm_hosts: TestHosts, tm
     report = json.loads((run / "report.json").read_text())
     assert (5, 4, "slurm") == (report["root_cause"], report["status"],
                                json.loads((run / "plan.json").read_text())["backend"]["name"])
+
+
+def test_poprun_stop_ends_a_slurm_run_on_every_node(slurm_hosts: TestHosts, tmp_path: Path) -> None:
+    """'poprun stop RUN' from another shell ends a run inside an allocation: 143, and nothing of the step is left."""
+    runs, mark = tmp_path / "runs", f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    env = environ(slurm_hosts, POPRUN_RUNS_DIR=str(runs))
+    proc = subprocess.Popen(["salloc", "--quiet", "-N3", "--ntasks-per-node=2", *POPRUN, "--num-replicas", "6", "sh",
+                             "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline, run = time.monotonic() + 30, None
+        while run is None and time.monotonic() < deadline:
+            for found in runs.iterdir() if runs.exists() else ():
+                events = found / "events.jsonl"
+                if events.exists() and '"event":"launch-running"' in events.read_text():
+                    run = found
+            time.sleep(0.05)
+        assert run is not None, "the run never ran"
+        stopped = subprocess.run([*POPRUN, "stop", run.name], cwd=tmp_path, env=env, capture_output=True, text=True,
+                                 timeout=60, check=False)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+
+    assert (0, 143) == (stopped.returncode, proc.returncode), stopped.stderr + err
+    assert wait_for(lambda: not marked_anywhere(slurm_hosts, mark), within_s=10), marked_anywhere(slurm_hosts, mark)
