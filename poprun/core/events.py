@@ -75,6 +75,22 @@ class RunStarted:
 
 
 @record
+class HostChecked:
+    """
+    A host's preflight answered (the ssh backend): whether it can run its instances, and why not.
+
+    ``problem`` is the diagnostic's code and summary (``PR409: 'h2' cannot run the program``),
+    "" when the host passed.
+    """
+
+    kind: ClassVar[str] = "host-checked"
+
+    host: str
+    ok: bool
+    problem: str = ""
+
+
+@record
 class PartitionAcquiring:
     """The partition step began: the partition is being acquired from the V-IPU service."""
 
@@ -177,10 +193,10 @@ class RunEnded:
     error: str = ""
 
 
-Event = (RunStarted | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
+Event = (RunStarted | HostChecked | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    RunStarted, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
+    RunStarted, HostChecked, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded)}
 
 

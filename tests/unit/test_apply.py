@@ -189,6 +189,7 @@ SAMPLES = [
     events.RunStarted(run="20261124-235501-3f9a01", backend="local", instances=2, hosts=("a", "b")),
     events.InstanceStarted(index=0, pid=12, host="h1"),
     events.InstanceOutputTruncated(index=1, kept=1024),
+    events.HostChecked(host="h2", ok=False, problem="PR409: 'h2' cannot run the program"),
     events.Teardown(),
     events.RunEnded(status=3, root_cause=1),
     events.InstanceEnded(index=1, pid=13, signal=9, stopped=True),

@@ -19,6 +19,7 @@ EVERY_EVENT = [
     events.LaunchRunning(), events.Stopping(reason="instance 1 failed"), events.LaunchEnded(statuses=(0, 3), root_cause=1),
     events.RunStarted(run="20261125-000000-abcdef", backend="ssh", instances=2, hosts=("h1", "h2")),
     events.InstanceOutputTruncated(index=0, kept=10), events.Teardown(), events.RunEnded(status=3, root_cause=1),
+    events.HostChecked(host="h1", ok=True),
 ]
 
 

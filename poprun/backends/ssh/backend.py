@@ -42,7 +42,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends._process.files import private_directory, remove_directories
@@ -61,12 +61,14 @@ from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
+    Event,
     LaunchError,
     OutputSink,
     TemporaryCache,
     environment,
 )
 from poprun.core.diagnostic import Diagnostic, error
+from poprun.core.events import HostChecked
 from poprun.core.localhost import is_this_machine
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
@@ -477,6 +479,10 @@ class _Sessions:
 
     def await_checks(self, plan: LaunchPlan, deadline: float) -> list[Diagnostic]:
         """Return the problems the checks found, one per host (that of its first instance), in host order."""
+        return list(self._problems(plan, deadline).values())
+
+    def _problems(self, plan: LaunchPlan, deadline: float) -> dict[str, Diagnostic]:
+        """Return the problem each host's checks found (that of its first instance), by host, in host order."""
         problems: dict[str, Diagnostic] = {}
         for index, answer in self._read_checks(deadline).items():
             instance = plan.instances[index]
@@ -490,18 +496,23 @@ class _Sessions:
                 problem = self._failure(instance, answer, deadline)
             if problem is not None:
                 problems.setdefault(instance.host, problem)
-        return list(problems.values())
+        return problems
 
-    def check(self, plan: LaunchPlan, deadline: float) -> None:
+    def check(self, plan: LaunchPlan, deadline: float, *, tell: Callable[[Event], None] | None = None) -> None:
         """
-        Read every check (at most until the deadline).
+        Read every check (at most until the deadline); ``tell`` hears each remote host's answer (a HostChecked event).
 
         Raises:
             PreflightError: naming each host that cannot run the plan, and why.
         """
-        problems = self.await_checks(plan, deadline)
+        problems = self._problems(plan, deadline)
+        if tell is not None:
+            for host in dict.fromkeys(plan.instances[index].host for index in sorted(self.procs)):
+                problem = problems.get(host)
+                tell(HostChecked(host=host, ok=problem is None,
+                                 problem=f"{problem.code}: {problem.summary}" if problem is not None else ""))
         if problems:
-            raise PreflightError(problems)
+            raise PreflightError(list(problems.values()))
 
     def _read_checks(self, deadline: float) -> dict[int, bytes | None]:
         """Return each session's answer: up to its check's ``ok``, to its end, or None if neither came in time."""
@@ -674,7 +685,7 @@ class SshBackend:
                     client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
             sessions = _Sessions(procs, inputs, budget_s=budget)
-            sessions.check(plan, deadline)
+            sessions.check(plan, deadline, tell=getattr(sink, "event", None))
             for instance, env in zip(plan.instances, envs, strict=True):
                 if instance.index not in remote:
                     procs[instance.index] = start_instance(instance, env, executable(instance, env), watchdog.group)

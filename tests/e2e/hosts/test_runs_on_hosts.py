@@ -48,6 +48,11 @@ def test_a_run_on_four_hosts_is_recorded_instance_by_instance(test_hosts: TestHo
     assert (3, 3, run.name) == (report["root_cause"], report["status"], report["run"])
     assert {(e["index"], e["host"]) for e in events if e["event"] == "instance-started"} == \
         set(enumerate(test_hosts.names))
+    if backend == "ssh":  # its preflight: each host answered, before any instance started
+        checked = [(e["host"], e["ok"]) for e in events if e["event"] == "host-checked"]
+        assert [(host, True) for host in test_hosts.names] == checked
+        kinds = [e["event"] for e in events]
+        assert kinds.index("instance-started") > max(i for i, k in enumerate(kinds) if k == "host-checked")
 
 
 def _running(runs: Path, within_s: float = 30) -> Path:
