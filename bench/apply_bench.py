@@ -196,17 +196,19 @@ def _throughput(runs: int) -> None:
 def _record(runs: int) -> None:
     """The run record's cost: start-up and tagged throughput with it (the default) and without (POPRUN_RECORD=0)."""
     off = {"POPRUN_RECORD": "0"}
-    start_on, start_off, bare = walls_s([poprun(1, "true"), poprun(1, "true"), [PY, "-c", "pass"]], runs,
-                                        envs=[{}, off, {}])
+    quiet = {"POPRUN_CGROUP": "0"}  # the cgroup's move (an RCU grace period) varies by tens of ms: leave it out of both
+    start_on, start_off, bare = walls_s([poprun(1, "true"), poprun(1, "true"), [PY, "-c", "pass"]], 3 * runs,
+                                        envs=[quiet, off | quiet, {}])
     on, none, theirs, ours_true, theirs_true = walls_s([
         poprun(4, "seq", "200000", tag=True), poprun(4, "seq", "200000", tag=True), mpirun(4, "seq", "200000", tag=True),
         poprun(4, "true", tag=True), mpirun(4, "true", tag=True)], runs, envs=[{}, off, {}, {}, {}])
-    print(f"\n6. the run record: 1 instance of `true` {start_on * 1e3:.1f} ms with it, {start_off * 1e3:.1f} ms "
-          f"without (POPRUN_RECORD=0); 4 x 200,000 tagged lines {on * 1e3:.0f} ms with it, {none * 1e3:.0f} ms without, "
+    print(f"\n6. the run record: 1 instance of `true` (POPRUN_CGROUP=0) {start_on * 1e3:.1f} ms with it, "
+          f"{start_off * 1e3:.1f} ms without (POPRUN_RECORD=0); 4 x 200,000 tagged lines {on * 1e3:.0f} ms with it, {none * 1e3:.0f} ms without, "
           f"mpirun {theirs * 1e3:.0f} ms")
     line("the record's cost at start-up", f"{(start_on - start_off) * 1e3:.1f} ms", "<= 5 ms",
          start_on - start_off <= 0.005)
-    line("  fixed start-up with it: poprun / python -c pass", f"{start_on / bare:.2f}x", "<= 2.0x", start_on <= 2 * bare)
+    line("  fixed start-up with it (POPRUN_CGROUP=0): poprun / python -c pass", f"{start_on / bare:.2f}x", "<= 2.0x",
+         start_on <= 2 * bare)
     net_on, net_theirs = max(on - ours_true, 1e-3), max(theirs - theirs_true, 1e-3)
     line("tagged throughput with the record, net of start-up: vs mpirun", f"{net_theirs / net_on:.2f}x", ">= 2.0x",
          net_theirs >= 2 * net_on)
