@@ -259,6 +259,14 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     except Stopped as exc:  # before anything started
         result = ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
                                                            message=f"stopped by {signal_name(exc.signum)}"))
+    except BaseException as exc:  # a bug, a sink that raised, an interrupt outside a launch: the record still ends
+        if record is not None:
+            why = f"poprun ended by {type(exc).__name__}: {exc}"
+            with contextlib.suppress(Exception):  # the sink may be what raised: the report is written first anyway
+                _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=why)), relay, record,
+                        clock)
+            record.close()
+        raise
     control._finished = True  # noqa: SLF001
     return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released)), relay, record, clock)
 
@@ -281,14 +289,15 @@ def _finish(result: ApplyResult, relay: _Relay, record: RunRecord | None, clock:
     clock.lap("teardown")
     status = exit_status(result)
     error = result.error
-    relay.event(RunEnded(status=status, root_cause=result.root_cause,
-                         error=(error.message or "; ".join(d.summary for d in error.diagnostics)) if error else ""))
-    if record is None:
-        return result
-    from poprun.runs.report import report_data
+    try:
+        relay.event(RunEnded(status=status, root_cause=result.root_cause,
+                             error=(error.message or "; ".join(d.summary for d in error.diagnostics)) if error else ""))
+    finally:  # a sink that raises does not keep the report from being written
+        if record is not None:
+            from poprun.runs.report import report_data
 
-    record.finish(report_data(record, result, status))
-    return evolve(result, run=record.id)
+            record.finish(report_data(record, result, status))
+    return result if record is None else evolve(result, run=record.id)
 
 
 @contextlib.contextmanager

@@ -216,3 +216,23 @@ def test_report_tells_plan_against_actual(tmp_path: Path) -> None:
 
     assert ("verified: 0 of 2 instances as planned (argv, environment, CPUs); 1 not read back (on other hosts, or "
             "ended before they could be)\n  instance 1 on localhost: environment not as planned (MY_TOKEN)\n") in told
+
+
+def test_a_sink_that_raises_still_leaves_a_finished_record(tmp_path: Path) -> None:
+    """apply() with a record and a sink that raises at an instance's start: it raises, the run is reported ended (125)."""
+    from poprun.apply import apply
+    from poprun.backends.conformance import MemorySink, probe_plan
+    from poprun.runs.record import RunRecord
+
+    class Raising(MemorySink):
+        def event(self, event: object) -> None:
+            if type(event).__name__ == "InstanceStarted":
+                msg = "the sink broke"
+                raise RuntimeError(msg)
+
+    record = RunRecord.create({"POPRUN_RUNS_DIR": str(tmp_path / "runs")})
+    with pytest.raises(RuntimeError, match="the sink broke"):
+        apply(probe_plan("pass", tmp_path, backend="local"), sink=Raising(), env_source=dict(os.environ), record=record)
+
+    report = json.loads((Path(record.path) / "report.json").read_text())
+    assert (125, "poprun ended by RuntimeError: the sink broke") == (report["status"], report["error"]["message"])
