@@ -33,6 +33,7 @@ import time
 from collections.abc import Mapping
 
 from poprun.core.events import Event
+from poprun.core.process import start_time
 from poprun.core.record import fields
 from poprun.planner.plan import Instance, LaunchPlan
 from poprun.runs.jsontext import dumps
@@ -44,7 +45,6 @@ RUN_ID = "POPRUN_RUN_ID"  # the run's id, in every instance's environment
 DEFAULT_KEEP = 100
 DEFAULT_LOG_LIMIT = 64 << 20
 MARK = ".poprun-run"
-_STARTTIME = 19  # field 22 of /proc/PID/stat, counted after the command name
 
 
 class RecordError(OSError):
@@ -68,15 +68,6 @@ def _count(environ: Mapping[str, str], name: str, default: int) -> int:
 def new_id(now: float) -> str:
     """Return a new run id: the UTC time to the second and six random hex digits (ids sort by time)."""
     return time.strftime("%Y%m%d-%H%M%S", time.gmtime(now)) + "-" + os.urandom(3).hex()
-
-
-def start_time(pid: int) -> int | None:
-    """Return when process ``pid`` started (clock ticks since boot), or None when it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as file:  # noqa: PTH123
-            return int(file.read().rsplit(b")", 1)[1].split()[_STARTTIME])
-    except (OSError, IndexError, ValueError):
-        return None
 
 
 def _user_directory(path: str) -> None:
@@ -287,18 +278,23 @@ def prune(root: str, *, keep: int, but: str) -> None:
 
 
 def _remove_tree(path: str) -> None:
-    """Remove ``path`` and what it holds, never following a link (``shutil`` costs the launch path start-up)."""
-    for folder, dirs, files in os.walk(path, topdown=False):
-        for name in files:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(folder, name))  # noqa: PTH108, PTH118 - a link is removed, not followed
-        for name in dirs:
-            entry = os.path.join(folder, name)  # noqa: PTH118
-            with contextlib.suppress(OSError):
-                if os.path.islink(entry):
-                    os.unlink(entry)  # noqa: PTH108
-                else:
-                    os.rmdir(entry)  # noqa: PTH106
+    """
+    Remove ``path`` and what it holds (``shutil`` costs the launch path start-up).
+
+    Walked by descriptor, never following a link, the top included: a run directory swapped
+    for a link after it was checked removes nothing outside it.
+    """
+    with contextlib.suppress(OSError):
+        for _, dirs, files, fd in os.fwalk(path, topdown=False, follow_symlinks=False):
+            for name in files:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=fd)
+            for name in dirs:  # a link to a directory is listed here, and removed as a link
+                with contextlib.suppress(OSError):
+                    try:
+                        os.rmdir(name, dir_fd=fd)
+                    except NotADirectoryError:
+                        os.unlink(name, dir_fd=fd)
     with contextlib.suppress(OSError):
         os.rmdir(path)  # noqa: PTH106
 

@@ -23,9 +23,10 @@ import time
 from collections.abc import Iterator, Mapping
 
 from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.process import start_time
 from poprun.core.record import record
 from poprun.core.span import SourceSpan
-from poprun.runs.record import MARK, runs_directory, start_time
+from poprun.runs.record import MARK, runs_directory
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see poprun.core.record)
 if TYPE_CHECKING:

@@ -20,17 +20,10 @@ import time
 from collections.abc import Mapping
 
 from poprun.core.localhost import is_this_machine
+from poprun.planner.machine import parse_cpulist
 from poprun.planner.plan import Instance
 
 _TRIES = 20  # reads of a process that is still exec'ing, a millisecond apart
-
-
-def _cpus(text: str) -> set[int]:
-    cpus: set[int] = set()
-    for part in filter(None, text.split(",")):
-        first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
-    return cpus
 
 
 def observe(instance: Instance, pid: int, env_source: Mapping[str, str]) -> dict[str, object]:
@@ -60,7 +53,7 @@ def observe(instance: Instance, pid: int, env_source: Mapping[str, str]) -> dict
     differ = [k for k in names if environ.get(k) != expected.get(k)]
     seen.update(verified=True, cpus=cpus,
                 argv_as_planned=argv == planned or argv[-len(planned):] == planned,  # behind poprun's binding
-                cpus_as_planned=not instance.placement.cpus or set(cpus) == _cpus(instance.placement.cpus),
+                cpus_as_planned=not instance.placement.cpus or tuple(cpus) == parse_cpulist(instance.placement.cpus),
                 env_as_planned=not differ, env_differs=differ,
                 _argv=argv, _env=[f"{k}={environ[k]}" for k in names if k in environ])
     return seen

@@ -236,3 +236,25 @@ def test_a_sink_that_raises_still_leaves_a_finished_record(tmp_path: Path) -> No
 
     report = json.loads((Path(record.path) / "report.json").read_text())
     assert (125, "poprun ended by RuntimeError: the sink broke") == (report["status"], report["error"]["message"])
+
+
+def test_removing_a_run_follows_no_link_not_even_a_swapped_top(tmp_path: Path) -> None:
+    """A pruned run's links are removed as links; a run directory swapped for a link removes nothing behind it."""
+    from poprun.runs.record import _remove_tree
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("keep me")
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "0.stdout").write_text("old\n")
+    (run / "to-dir").symlink_to(outside)
+    (run / "to-file").symlink_to(outside / "keep")
+    swapped = tmp_path / "swapped"
+    swapped.symlink_to(outside)
+
+    _remove_tree(str(run))
+    _remove_tree(str(swapped))
+
+    assert (False, "keep me", ["keep"]) == (run.exists(), (outside / "keep").read_text(),
+                                            [p.name for p in outside.iterdir()])

@@ -53,6 +53,7 @@ from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 
 from poprun.backends._process.cgroup import Cgroup
+from poprun.core.process import start_time
 
 # The watchdog. It ignores the signals sent to stop the group, tells poprun it does (the byte on
 # stdout, which poprun awaits before it sends any), then waits for EOF on stdin (poprun's
@@ -102,7 +103,6 @@ os.wait()
 """
 _READY_S = 5.0  # the longest launch() waits for the watchdog to be ready
 _PR_SET_CHILD_SUBREAPER = 36
-_STARTTIME = 19  # field 22 of /proc/PID/stat, counted after the command name
 _subreaper = False  # whether become_subreaper() succeeded in this process
 _cgroups: dict[int, Cgroup] = {}  # the process group of each open watchdog that has a cgroup -> that cgroup
 
@@ -203,8 +203,7 @@ def starting_in(group: int) -> None:
 
 def _start_time(pid: int) -> int:
     """Return when ``pid`` started, in clock ticks after boot (field 22 of ``/proc/PID/stat``); 0 if unknown."""
-    fields = _stat(pid)
-    return int(fields[_STARTTIME]) if len(fields) > _STARTTIME else 0
+    return start_time(pid) or 0
 
 
 def become_subreaper() -> bool:

@@ -65,6 +65,7 @@ from poprun.backends.mpirun.mpistart import (
 )
 from poprun.core.diagnostic import DiagnosticError
 from poprun.core.localhost import local_names
+from poprun.core.process import start_time
 from poprun.core.record import evolve
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -312,11 +313,7 @@ def _children_of(pid: int) -> list[int]:
 
 def _start_time(pid: int) -> int:
     """Return when ``pid`` started (clock ticks after boot), or 0 when it is gone or a zombie."""
-    try:
-        fields = Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return 0
-    return int(fields[19]) if len(fields) > 19 and fields[0] != b"Z" else 0  # noqa: PLR2004 - field 22
+    return start_time(pid, zombie=False) or 0
 
 
 class _Wrap:
