@@ -27,6 +27,7 @@ if TYPE_CHECKING:
         NOT_EXECUTABLE,
         NOT_FOUND,
         PROCESSES,
+        RESTARTS_INSTANCES,
         ApplyResult,
         Backend,
         Describing,
@@ -34,6 +35,7 @@ if TYPE_CHECKING:
         EventSink,
         FormatRequest,
         Formatting,
+        HostCommands,
         InstanceEnded,
         InstanceFailure,
         InstanceSink,
@@ -42,6 +44,7 @@ if TYPE_CHECKING:
         LaunchError,
         OutputSink,
         PlanFormat,
+        Restarter,
         Stream,
         TemporaryCache,
         TopologyProbing,
@@ -59,7 +62,8 @@ if TYPE_CHECKING:
     )
     from poprun.backends.testing import Outcome, RecordingBackend
 
-_BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
+_BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
+         "HostCommands", "Restarter", "ApplyResult", "Backend",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
          "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
          "TopologyProbing", "capabilities", "environment", "signal_name")
@@ -73,6 +77,7 @@ __all__ = [
     "NOT_EXECUTABLE",
     "NOT_FOUND",
     "PROCESSES",
+    "RESTARTS_INSTANCES",
     "ApplyResult",
     "Backend",
     "BackendRegistry",
@@ -81,6 +86,7 @@ __all__ = [
     "EventSink",
     "FormatRequest",
     "Formatting",
+    "HostCommands",
     "InstanceEnded",
     "InstanceFailure",
     "InstanceSink",
@@ -91,6 +97,7 @@ __all__ = [
     "OutputSink",
     "PlanFormat",
     "RecordingBackend",
+    "Restarter",
     "Stream",
     "TemporaryCache",
     "TopologyProbing",

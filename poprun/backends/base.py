@@ -48,11 +48,14 @@ PROCESSES = "processes"
 """Capability: the instances are real processes that run the plan's argv (a test double's are not)."""
 CHECKS_BEFORE_START = "checks-before-start"
 """Capability: a plan that cannot start (its working directory is missing) raises :class:`LaunchError` from launch."""
+RESTARTS_INSTANCES = "restarts-instances"
+"""Capability: :meth:`Backend.launch` takes ``restarter=`` (a :class:`Restarter`) and starts a failed instance again when it says so."""
 
-__all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult",
-           "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
-           "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream",
-           "TemporaryCache", "TopologyProbing", "capabilities", "environment", "signal_name"]
+__all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
+           "ApplyResult", "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting",
+           "HostCommands", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
+           "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Stream", "TemporaryCache", "TopologyProbing",
+           "capabilities", "environment", "signal_name"]
 
 
 def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
@@ -207,3 +210,49 @@ class TopologyProbing(Protocol):
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
         """Return each host's topology, or a one-line reason it could not be read; bounded in time."""
+
+
+class HostCommands(Protocol):
+    """
+    Optional: a backend that runs a short command on a host it launches on, as its instances would run there.
+
+    The apply step uses it before each attempt (a free port on instance 0's host: the port plan)
+    and before stopping a run that timed out or stalled (where each instance was: stacks).
+    """
+
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, bytes]:
+        """
+        Run ``script`` (POSIX sh, handed over on its standard input, never in an argv) on ``host``.
+
+        Return its exit status and its standard output (at most 1 MiB). Its standard error is
+        dropped. Bounded by ``timeout_s`` (then 124). A remote backend reuses the connection
+        its launch uses, or leaves one that the launch reuses. ``environ``: the launching
+        environment (ssh options, Slurm's variables).
+
+        Raises:
+            LaunchError: when the host cannot be reached (the message says why, in one line).
+        """
+
+
+class Restarter(Protocol):
+    """
+    The apply step's answer to "instance N failed: start it again?" (``--restart-scope instance``).
+
+    A backend with the :data:`RESTARTS_INSTANCES` capability receives one as ``launch(...,
+    restarter=)``. When an instance fails (not stopped by poprun, its host not lost), the
+    backend calls :meth:`restart_after` before telling :class:`InstanceEnded`: None means
+    "tear the launch down as usual"; a delay means the event is told with ``restarting=True``
+    and, once the delay has passed, the backend calls :meth:`prepare` (from a thread that may
+    block: it runs the pre-restart command) and starts the instance again with the variables
+    it returns added to its environment, telling :class:`InstanceStarted` with ``restart`` set.
+    If :meth:`prepare` returns None, or the launch is being stopped meanwhile, the instance
+    stays ended and the launch is torn down as after a failure (its status is the last one).
+    The result's status of a restarted instance is that of its last run.
+    """
+
+    def restart_after(self, ended: InstanceEnded, uptime_s: float) -> float | None:
+        """Return the seconds to wait before instance ``ended.index`` starts again, or None; quick, never blocks."""
+
+    def prepare(self, index: int) -> Mapping[str, str] | None:
+        """Return the variables the restarted instance ``index`` gets (its restart count), or None to give up."""

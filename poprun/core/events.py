@@ -32,6 +32,7 @@ class InstanceStarted:
     index: int
     pid: int
     host: str = ""  # filled in by the apply step from the plan
+    restart: int = 0  # how many times this instance was started again before (--restart-scope instance)
 
 
 @record
@@ -51,6 +52,7 @@ class InstanceEnded:
     signal: int | None = None
     stopped: bool = False
     lost: bool = False
+    restarting: bool = False  # the backend starts it again (--restart-scope instance): the run goes on
 
     @property
     def status(self) -> int:

@@ -166,6 +166,53 @@ class SshKeyDistribution:
 
 
 @record
+class Recovery:
+    """
+    What poprun does when a run fails, runs too long or hangs; and whether it picks the port.
+
+    The defaults are the behaviour before recovery existed (plans written then lack this
+    record and load with them): no restart, no time limit, MASTER_PORT in the plan.
+
+    Restarts: up to ``max_restarts`` for the whole run (one budget, whatever host or instance
+    failed). ``scope`` ``all`` stops every instance and starts them all again; ``instance``
+    starts only the failed one again (independent workers; backends that can). Before restart
+    k (1-based) poprun waits ``min(backoff_ms * 2**(k-1), backoff_max_ms)`` milliseconds and runs
+    ``pre_restart`` (a shell command on this machine; its failure ends the run). A failure
+    whose status is in ``never_retry`` ends the run at once. Crash-loop guard: ``crash_loop``
+    failures in a row, each within ``min_uptime_ms`` of its start, end the run.
+
+    Times are milliseconds (a plan holds whole numbers only).
+
+    Limits: ``timeout_ms`` for the whole run (0: none; reached: status 124); ``stall_timeout_ms``
+    (0: none) ends the run when no instance has written output for that long. Before either
+    ends the run, poprun collects where each Python instance was (its threads' stacks).
+    ``signal`` (a signal number; 0: none) is sent to every instance ``signal_before_ms`` milliseconds
+    before ``timeout_ms`` ends the run (a chance to checkpoint).
+
+    ``choose_port``: MASTER_PORT is not in the plan; the apply step picks a free port (and the
+    next one, popdist's hub) on instance 0's host for each attempt. False: the plan sets
+    MASTER_PORT (the user's), which the apply step checks is free before starting.
+    """
+
+    max_restarts: int = 0
+    scope: str = "all"
+    backoff_ms: int = 1000
+    backoff_max_ms: int = 30000
+    min_uptime_ms: int = 5000
+    crash_loop: int = 3
+    never_retry: tuple[int, ...] = (2, 126, 127)
+    pre_restart: str = ""
+    timeout_ms: int = 0
+    stall_timeout_ms: int = 0
+    signal: int = 0
+    signal_before_ms: int = 0
+    choose_port: bool = False
+
+
+NO_RECOVERY = Recovery()
+
+
+@record
 class BackendChoice:
     """The backend that runs the plan, and why it was chosen."""
 
@@ -213,6 +260,8 @@ class LaunchPlan:
     # Variables whose values text output masks, beyond those whose names look secret (--mask).
     # Added later: plans written before lack it, and load with none.
     mask: tuple[str, ...] = ()
+    # Restarts, time limits and the port plan. Added later: plans written before lack it, and load with none.
+    recovery: Recovery = NO_RECOVERY
 
     def with_variables(self, variables: Mapping[str, str]) -> LaunchPlan:
         """Return this plan with ``variables`` set in every instance's environment (values decided at apply time)."""
