@@ -31,12 +31,25 @@ import threading
 import time
 from collections.abc import Iterator, Mapping
 
+from popdist import env as names
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import partition
-from poprun.backends.base import Backend, EventSink, Launch, LaunchError, Stream, TemporaryCache
+from poprun.apply.recovery import LimitWatch, RestartBudget, run_pre_restart, seconds
+from poprun.backends.base import (
+    RESTARTS_INSTANCES,
+    Backend,
+    EventSink,
+    Launch,
+    LaunchError,
+    Stream,
+    TemporaryCache,
+    capabilities,
+)
 from poprun.backends.registry import BackendRegistry, default_registry
-from poprun.core.diagnostic import Diagnostic, DiagnosticError
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.events import (
+    AttemptEnded,
+    AttemptStarted,
     Event,
     InstanceEnded,
     InstanceOutputTruncated,
@@ -44,15 +57,18 @@ from poprun.core.events import (
     LaunchEnded,
     LaunchRunning,
     LaunchStarting,
+    LimitReached,
     RunEnded,
     RunStarted,
+    StacksCollected,
     Stopping,
     Teardown,
 )
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, exit_status, signal_name
+from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, Attempt, exit_status, signal_name
 from poprun.core.record import evolve
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
-from poprun.runs.record import RUN_ID, RunRecord
+from poprun.runs.record import RUN_ID, RunRecord, new_id
 
 __all__ = ["CACHE_PREFIX", "GRACE_S", "Control", "Stopped", "apply"]
 
@@ -89,11 +105,13 @@ class Control:
         self._stops = 0  # stop signals received: the second kills
         self._tell: _Relay | None = None
         self._finished = False  # apply() has returned: a stop now changes nothing
+        self._woken = threading.Event()  # set by every stop: a wait between attempts ends
 
     def stop(self, signum: int) -> None:
         """Stop the launch because of signal ``signum`` (see the class docstring)."""
         self.signals.append(signum)
         self._stops += 1
+        self._woken.set()
         if self._finished:
             return
         if self._launch is None:
@@ -108,6 +126,7 @@ class Control:
         if signal.SIGPIPE in self.signals:
             return
         self.signals.append(signal.SIGPIPE)
+        self._woken.set()
         if self._finished:
             return
         self._stopping(f"{stream} was closed")
@@ -143,7 +162,9 @@ class _Relay:
     The caller's sink hears from one thread at a time (the backend's, and this step's own, in
     the main thread): a reentrant lock, since a signal handler in the main thread may tell of
     stopping while it writes. With a run record, each instance's lines are kept there too
-    (:meth:`instance_lines`, which the backend's output router calls when its sink has it).
+    (:meth:`instance_lines`, which the backend's output router calls when its sink has it);
+    with time limits, each instance's output also tells the limit watch that it is alive, and
+    once a limit is reached each instance's standard error is kept (faulthandler's stacks).
     """
 
     def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None,
@@ -154,7 +175,9 @@ class _Relay:
         self._stopping = False
         self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
-        if record is not None:
+        self.watch: LimitWatch | None = None
+        self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
+        if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
             self.instance_lines = self._instance_lines
 
     def observe(self) -> None:
@@ -165,6 +188,11 @@ class _Relay:
 
         for index, pid in sorted(self._pids.items()):
             self._record.observed[index] = observe(self.plan.instances[index], pid, self._environ)
+
+    def next_attempt(self) -> None:
+        """Begin a new attempt: its first failure is told as stopping again."""
+        with self._lock:
+            self._stopping = False
 
     def write(self, stream: Stream, data: bytes) -> None:
         with self._calls:
@@ -185,7 +213,7 @@ class _Relay:
                     self.failed = self.failed or exc
             else:
                 self._sink.event(event)
-        if isinstance(event, InstanceEnded):
+        if isinstance(event, InstanceEnded) and not event.restarting:
             if event.lost:
                 self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
@@ -200,11 +228,24 @@ class _Relay:
         self.event(Stopping(reason=why))
 
     def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
-        assert self._record is not None
+        if self.watch is not None:
+            self.watch.output()
+        captured = self.captured
+        if captured is not None and stream == "stderr" and len(captured.setdefault(index, bytearray())) < _CAPTURE:
+            captured[index] += data[:_CAPTURE - len(captured[index])]
+        if self._record is None:
+            return
         self._record.instance_lines(index, stream, data)
         while self._record.on_truncated:
             cut, kept = self._record.on_truncated.pop(0)
             self.event(InstanceOutputTruncated(index=cut, kept=kept))
+
+
+# Set at apply time in every instance (their names join popdist's contract)
+_RESTART_COUNT = "POPRUN_RESTART_COUNT"
+_TE_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+_TE_RUN_ID = "TORCHELASTIC_RUN_ID"
+_CAPTURE = 256 << 10  # bytes of an instance's stderr kept once a limit is reached (faulthandler's stacks)
 
 
 def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
@@ -217,9 +258,12 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     environment (default ``os.environ``): forwarded variables and the V-IPU settings are read
     from it. ``control`` is how the caller stops the launch. With ``record`` (a new
     :class:`~poprun.runs.record.RunRecord`), the run is kept there as it happens: its id is
-    every instance's ``POPRUN_RUN_ID``, and the record is finished (``report.json``) before this
+    every instance's ``POPRUN_RUN_ID`` (and torchrun's ``TORCHELASTIC_RUN_ID``, which a run
+    without a record gets too, with an id of its own), and the record is finished (``report.json``) before this
     returns. When poprun itself failed (nothing ran, or the backend failed while running), the
     result's ``error`` says why; ``signals`` what stopped it; ``warnings`` what to tell at the end.
+    The plan's recovery (:mod:`poprun.apply.recovery`) restarts it, limits it in time and picks
+    its MASTER_PORT for each attempt.
     """
     control = control or Control()
     environ = os.environ if env_source is None else env_source
@@ -240,18 +284,12 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
                 _executable_cache(plan) as cache:
             clock.lap("partition")
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
-            if record is not None:
-                added[RUN_ID] = record.id
-            applied = plan.with_variables(added)
-            relay.plan = applied  # what the instances are compared with
-            if record is not None:
-                record.write_plan(applied)
+            run_id = record.id if record is not None else new_id(time.time())
+            added |= {_TE_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None else {})
             try:
-                result = _launch(backend, applied, environ, relay=relay, control=control, clock=clock,
-                                 cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
-                                 if cache is not None else None,
-                                 started=LaunchStarting(backend=plan.backend.name, instances=len(plan.instances),
-                                                        variables=tuple(sorted(added.items())), cache=cache))
+                result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
+                                   cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
+                                   if cache is not None else None, added=added, run_id=run_id).run()
             finally:
                 relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
@@ -268,7 +306,284 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             record.close()
         raise
     control._finished = True  # noqa: SLF001
-    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released)), relay, record, clock)
+    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings), relay,
+                   record, clock)
+
+
+class _Attempts:
+    """
+    The attempts of one run: each launched with its own restart count and MASTER_PORT, until one needs no restart.
+
+    With ``--restart-scope instance`` there is one launch, whose backend restarts each failed
+    instance alone (:class:`_InstanceRestarts`); the time limits (:class:`LimitWatch`) span them all.
+    """
+
+    def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay,
+                 control: Control, clock: _Clock, record: RunRecord | None, cache: TemporaryCache | None,
+                 added: dict[str, str], run_id: str) -> None:
+        self.backend, self.plan, self.environ = backend, plan, environ
+        self.relay, self.control, self.clock, self.record, self.cache = relay, control, clock, record, cache
+        self.added, self.run_id = added, run_id
+        self.recovery = plan.recovery
+        self.budget = RestartBudget(plan.recovery)
+        self.attempts: list[Attempt] = []
+        self.warnings: list[Diagnostic] = []
+        self.ports: list[int] = []
+        self.launch: Launch | None = None
+        self.limit = ""
+        self.limit_text = ""
+        self.stacks: dict[int, str] = {}
+        self._limit_lock = threading.Lock()
+        self.watch: LimitWatch | None = None
+
+    def run(self) -> ApplyResult:
+        r = self.recovery
+        if r.timeout_ms or r.stall_timeout_ms:
+            self.watch = LimitWatch(r, on_limit=self._limit_reached, on_signal=self._signal)
+            self.relay.watch = self.watch
+        try:
+            return self._run()
+        finally:
+            if self.watch is not None:
+                self.watch.close()
+
+    def _run(self) -> ApplyResult:
+        number = 0
+        instance_scope = self.recovery.scope == "instance" and self.budget.enabled
+        if instance_scope and RESTARTS_INSTANCES not in capabilities(self.backend):
+            raise DiagnosticError((error(
+                "PR450", "this backend cannot restart one instance",
+                detail=f"--restart-scope instance: the {self.plan.backend.name} backend starts its instances together "
+                       "and cannot start one of them again alone",
+                span=SourceSpan.derived("restart_scope"),
+                hint="use --restart-scope all (every instance starts again), or the local, offline or ssh backend"),))
+        while True:
+            port, chosen = self._master_port()
+            variables = self.added | {_RESTART_COUNT: str(number), _TE_RESTART_COUNT: str(number)}
+            if chosen:
+                variables[names.TORCH_MASTER_PORT] = str(port)
+            applied = self.plan.with_variables(variables)
+            self.relay.plan = applied  # what the instances are compared with
+            if self.record is not None:
+                if number == 0:
+                    self.record.write_plan(applied)
+                if self.budget.enabled:
+                    self.record.begin_attempt(number)
+            self.relay.next_attempt()
+            if self.budget.enabled or chosen:
+                self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen))
+            if self.watch is not None:
+                self.watch.attempt()
+            restarts = _InstanceRestarts(self, number) if instance_scope else None
+            began = time.monotonic()
+            result = _launch(self.backend, applied, self.environ, relay=self.relay, control=self.control,
+                             clock=self.clock, cache=self.cache, restarter=restarts, attempts=self,
+                             started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
+                                                    variables=tuple(sorted(variables.items())),
+                                                    cache=self.cache.path if self.cache is not None else None))
+            if restarts is not None:
+                self.attempts.extend(restarts.attempts)
+                number = len(self.attempts)
+            status = exit_status(result)
+            delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self._stopped(result))
+            if result.error is not None or restarts is not None:
+                delay, why = None, why if restarts is None or status == 0 else (restarts.gave_up or why)
+            self.attempts.append(Attempt(number=number, status=status, root_cause=result.root_cause,
+                                         seconds=round(time.monotonic() - began, 3), master_port=port,
+                                         next="" if delay is None and status == 0 else why, cause=_cause(result)))
+            if self.budget.enabled:
+                cause = self.attempts[-1].cause
+                self.relay.event(AttemptEnded(attempt=number, status=status, root_cause=result.root_cause,
+                                              restart=delay is not None, delay_ms=int((delay or 0) * 1000),
+                                              reason=f"{cause}; {why}" if cause else why))
+            if delay is not None:
+                stopped = self._between(delay, number + 1)
+                if stopped is None:
+                    number += 1
+                    continue
+                self.attempts[-1] = evolve(self.attempts[-1], next=f"not restarted: {stopped}")
+            return self._result(result)
+
+    def _result(self, result: ApplyResult) -> ApplyResult:
+        """Return the last attempt's result with what the attempts, limits and stacks add."""
+        gave_up = ""
+        if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
+            gave_up = self.attempts[-1].next
+        stacks = self._stacks_with_faulthandler()
+        return evolve(result, attempts=tuple(self.attempts) if self.budget.enabled else (), limit=self.limit,
+                      limit_text=self.limit_text, stacks=tuple(sorted(stacks.items())), gave_up=gave_up,
+                      warnings=result.warnings + tuple(self.warnings))
+
+    def _stopped(self, result: ApplyResult) -> str:
+        """Return what stopped the run ("" if nothing did: an instance failed on its own)."""
+        if self.limit:
+            return self.limit_text
+        if self.control.signals:
+            return f"poprun was stopped ({signal_name(self.control.signals[-1])})"
+        if result.error is not None:
+            return "poprun could not launch it"
+        return ""
+
+    def _between(self, delay: float, number: int) -> str | None:
+        """Wait ``delay`` seconds, then run the pre-restart command; return why the run stops instead, or None."""
+        woken = self.control._woken  # noqa: SLF001
+        if self.watch is not None:
+            self.watch.pause()
+        try:
+            if woken.wait(delay) or self.control.signals or self.limit:
+                return self._stopped(ApplyResult(statuses=())) or "stopped"
+            if self.recovery.pre_restart:
+                failed = run_pre_restart(self.recovery.pre_restart, self.environ,
+                                         {RUN_ID: self.run_id, _RESTART_COUNT: str(number)}, cancelled=woken)
+                if failed is not None:
+                    return self._stopped(ApplyResult(statuses=())) or failed
+        except Stopped as exc:  # a signal in the main thread while waiting
+            return f"poprun was stopped ({signal_name(exc.signum)})"
+        return None
+
+    def _master_port(self) -> tuple[int, bool]:
+        """Return the MASTER_PORT of the next attempt and whether it was chosen here (see :mod:`poprun.apply.ports`)."""
+        if not self.plan.instances:
+            return 0, False
+        first = self.plan.instances[0]
+        from poprun.apply import ports
+
+        if self.recovery.choose_port:
+            port = ports.choose_port(self.backend, first.host, environ=self.environ, avoid=tuple(self.ports))
+            self.ports.append(port)
+            return port, True
+        given = first.env.get(names.TORCH_MASTER_PORT)
+        if given is None and names.TORCH_MASTER_PORT in first.env.forward:
+            given = self.environ.get(names.TORCH_MASTER_PORT)
+        if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
+            return 0, False
+        problem = ports.check_port(self.backend, first.host, int(given), environ=self.environ)
+        if problem is not None:
+            if problem.is_error:
+                raise DiagnosticError((problem,))
+            if not self.attempts:
+                self.warnings.append(problem)
+        return int(given), False
+
+    def _signal(self, sig: int) -> None:
+        """``--signal``'s moment: send ``sig`` to every instance, where the backend can."""
+        self.relay.event(LimitReached(limit="signal", after_ms=self.recovery.timeout_ms - self.recovery.signal_before_ms,
+                                      signal=sig))
+        self.control.forward(sig)
+
+    def _limit_reached(self, kind: str, after_ms: int) -> None:
+        """End the run at a time limit: tell it, collect where each instance was, then stop every instance."""
+        with self._limit_lock:
+            self.limit = kind
+            self.limit_text = (f"the run timed out after {seconds(after_ms)} (--timeout)" if kind == "timeout" else
+                               f"no instance wrote output for {seconds(after_ms)} (--stall-timeout)")
+        self.relay.event(LimitReached(limit=kind, after_ms=after_ms))
+        self.relay.stopping(self.limit_text)
+        self.relay.captured = {}
+        launch = self.launch
+        if launch is not None:
+            self._collect_stacks()
+            launch.terminate(self.control.grace_s)
+        self.control._woken.set()  # noqa: SLF001 - a wait between attempts ends
+
+    def _collect_stacks(self) -> None:
+        """Read where each instance is (:mod:`poprun.apply.stacks`), bounded in time; nothing when it fails."""
+        try:
+            from poprun.apply.stacks import collect_stacks
+
+            hosts = tuple(dict.fromkeys(i.host for i in self.plan.instances))
+            self.stacks = dict(collect_stacks(self.backend, hosts, self.run_id, environ=self.environ,
+                                              timeout_s=_STACKS_TIMEOUT_S))
+        except Exception as exc:  # noqa: BLE001 - a report without stacks, never a run that does not stop
+            self.stacks = {}
+            self.warnings.append(warning("PR451", "the stacks of the instances could not be read", detail=str(exc),
+                                         span=SourceSpan.derived("stall_timeout"),
+                                         hint="install py-spy on the hosts, or set PYTHONFAULTHANDLER=1"))
+        if self.stacks:
+            self.relay.event(StacksCollected(instances=tuple(sorted(self.stacks))))
+
+    def _stacks_with_faulthandler(self) -> dict[int, str]:
+        """Return the stacks, those that faulthandler wrote to an instance's stderr taken from there."""
+        stacks = dict(self.stacks)
+        captured = self.relay.captured or {}
+        for index, text in stacks.items():
+            if "faulthandler" in text and index in captured:
+                dump = _faulthandler_dump(bytes(captured[index]).decode(errors="replace"))
+                if dump:
+                    stacks[index] = dump
+        return stacks
+
+
+_STACKS_TIMEOUT_S = 10.0
+
+
+def _faulthandler_dump(text: str) -> str:
+    """Return faulthandler's dump (``Fatal Python error`` ... the last ``File`` line) within ``text``, or ""."""
+    start = text.find("Fatal Python error")
+    if start < 0:
+        return ""
+    lines = text[start:].splitlines()
+    keep = [line for line in lines if line.startswith(("Fatal Python", "Thread 0x", "Current thread 0x", "  File",
+                                                       "Extension modules", "<no Python frame>")) or not line]
+    return "\n".join(keep).strip()
+
+
+def _cause(result: ApplyResult) -> str:
+    """Return the root cause of ``result`` in one line ("" when none)."""
+    if result.error is not None:
+        return result.error.message or "; ".join(d.summary for d in result.error.diagnostics)
+    failure = result.failure(result.root_cause)
+    if failure is None:
+        return ""
+    how = f"was killed by {failure.signal_name}" if failure.signal is not None else f"exited with {failure.exit_code}"
+    return f"instance {failure.index} {how} on {failure.host}"
+
+
+class _InstanceRestarts:
+    """The apply step's :class:`~poprun.backends.base.Restarter` for ``--restart-scope instance``: the run's one budget."""
+
+    def __init__(self, attempts: _Attempts, first: int) -> None:
+        self._attempts, self._next = attempts, first
+        self.attempts: list[Attempt] = []
+        self.gave_up = ""
+        self._counts: dict[int, int] = {}
+        self._lock = threading.Lock()
+
+    def restart_after(self, ended: InstanceEnded, uptime_s: float) -> float | None:
+        a = self._attempts
+        stopped = a._stopped(ApplyResult(statuses=()))  # noqa: SLF001
+        delay, why = a.budget.decide(ended.status, uptime_s, stopped=stopped)
+        with self._lock:
+            host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
+            how = f"was killed by {signal_name(ended.signal)}" if ended.signal is not None \
+                else f"exited with {ended.exit_code}"
+            self.attempts.append(Attempt(number=self._next + len(self.attempts), status=ended.status,
+                                         root_cause=ended.index, seconds=round(uptime_s, 3),
+                                         master_port=a.ports[-1] if a.ports else 0,
+                                         next=why, cause=f"instance {ended.index} {how} on {host}"))
+            if delay is None:
+                self.gave_up = why
+                self.attempts.pop()  # the run's last attempt is the launch's own result
+            else:
+                self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
+        if delay is not None:
+            a.relay.event(AttemptEnded(attempt=self.attempts[-1].number, status=ended.status, root_cause=ended.index,
+                                       restart=True, delay_ms=int(delay * 1000), reason=f"{self.attempts[-1].cause}; {why}"))
+        return delay
+
+    def prepare(self, index: int) -> Mapping[str, str] | None:
+        a = self._attempts
+        count = self._counts.get(index, 0)
+        if a.control.signals or a.limit:
+            return None
+        if a.recovery.pre_restart:
+            failed = run_pre_restart(a.recovery.pre_restart, a.environ,
+                                     {RUN_ID: a.run_id, _RESTART_COUNT: str(count)},
+                                     cancelled=a.control._woken)  # noqa: SLF001
+            if failed is not None:
+                self.gave_up = f"not restarted: {failed}"
+                return None
+        return {_RESTART_COUNT: str(count), _TE_RESTART_COUNT: str(count)}
 
 
 class _Clock:
@@ -280,7 +595,7 @@ class _Clock:
 
     def lap(self, phase: str) -> None:
         now = time.monotonic()
-        self._phases[phase] = round(now - self._last, 6)
+        self._phases[phase] = round(self._phases.get(phase, 0.0) + now - self._last, 6)  # attempts add up
         self._last = now
 
 
@@ -317,11 +632,13 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
 
 
 def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay, control: Control,
-            clock: _Clock, cache: TemporaryCache | None, started: LaunchStarting) -> ApplyResult:
+            clock: _Clock, cache: TemporaryCache | None, started: LaunchStarting,
+            restarter: _InstanceRestarts | None = None, attempts: _Attempts | None = None) -> ApplyResult:
     """Launch and wait; return the result (``error`` when nothing could start)."""
     relay.event(started)
+    extra = {"restarter": restarter} if restarter is not None else {}
     try:
-        launch = backend.launch(plan, env_source=environ, sink=relay, cache=cache)
+        launch = backend.launch(plan, env_source=environ, sink=relay, cache=cache, **extra)
     except LaunchError as exc:
         clock.lap("start")
         return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
@@ -330,6 +647,10 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
         if relay.failed is not None:
             raise relay.failed  # noqa: TRY301 - stopped by the except below
         control._started(launch)  # noqa: SLF001
+        if attempts is not None:
+            attempts.launch = launch
+            if attempts.limit:  # reached while it started
+                launch.terminate(control.grace_s)
         clock.lap("start")
         relay.event(LaunchRunning())
         relay.observe()
@@ -341,6 +662,9 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
         raise
     finally:
         clock.lap("run")
+        control._launch = None  # noqa: SLF001 - between attempts a stop unwinds the wait
+        if attempts is not None:
+            attempts.launch = None
     if relay.failed is not None:
         raise relay.failed
     relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))

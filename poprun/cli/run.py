@@ -31,11 +31,14 @@ from poprun.backends.registry import BackendRegistry
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
 from poprun.core.events import (
+    AttemptEnded,
+    AttemptStarted,
     Event,
     InstanceEnded,
     InstanceStarted,
     LaunchRunning,
     LaunchStarting,
+    LimitReached,
     PartitionAcquiring,
     RunStarted,
     Stopping,
@@ -88,6 +91,21 @@ class _Reporter:
         elif isinstance(event, InstanceStarted | InstanceEnded):
             self._instance(event)
             self._show()
+        elif isinstance(event, AttemptStarted):
+            self._stopping, self._started, self._waited = None, False, False
+            if event.chosen:
+                self.verbose.info(f"MASTER_PORT {event.master_port} (chosen for attempt {event.attempt})")
+        elif isinstance(event, AttemptEnded) and event.restart:
+            self._console.log(f"poprun: attempt {event.attempt} failed: {event.reason}\n")
+        elif isinstance(event, LimitReached):
+            self._limit(event)
+
+    def _limit(self, event: LimitReached) -> None:
+        if event.limit == "signal":
+            self.verbose.info(f"Sending {signal_name(event.signal)} to every instance (--signal)")
+        else:
+            self.verbose.info(f"Time limit reached: {event.limit} after {event.after_ms / 1000:.1f} s; "
+                              "reading where each instance is, then stopping them")
 
     def _instance(self, event: InstanceStarted | InstanceEnded) -> None:
         instance = self._plan.instances[event.index]

@@ -195,11 +195,74 @@ class RunEnded:
     error: str = ""
 
 
+@record
+class AttemptStarted:
+    """
+    Attempt ``attempt`` of the run begins (0 first, then one per restart of every instance).
+
+    ``master_port`` is the instances' MASTER_PORT for this attempt (chosen at apply time when
+    ``chosen``, else the user's), 0 when the plan has none.
+    """
+
+    kind: ClassVar[str] = "attempt-started"
+
+    attempt: int
+    master_port: int = 0
+    chosen: bool = False
+
+
+@record
+class AttemptEnded:
+    """
+    Attempt ``attempt`` ended with poprun's ``status`` for it; ``restart``: the run starts again, in ``delay_ms``.
+
+    ``reason`` says why in one line: what failed, and why it is or is not restarted (the budget,
+    a status never retried, the crash-loop guard, the pre-restart command, a stop).
+    """
+
+    kind: ClassVar[str] = "attempt-ended"
+
+    attempt: int
+    status: int
+    root_cause: int | None = None
+    restart: bool = False
+    delay_ms: int = 0
+    reason: str = ""
+
+
+@record
+class LimitReached:
+    """
+    A time limit was reached: ``limit`` ``timeout`` (the run's), ``stall`` (no output) or ``signal`` (``--signal``'s).
+
+    ``after_ms``: since the run started (timeout, signal) or since the last output (stall);
+    ``signal``: the signal sent to every instance (``signal`` only), else 0.
+    """
+
+    kind: ClassVar[str] = "limit-reached"
+
+    limit: str
+    after_ms: int
+    signal: int = 0
+
+
+@record
+class StacksCollected:
+    """Where each Python instance was, read before a timed-out or stalled run was stopped: ``instances`` that have a stack."""
+
+    kind: ClassVar[str] = "stacks-collected"
+
+    instances: tuple[int, ...]
+    how: str = ""
+
+
 Event = (RunStarted | HostChecked | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
-         | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded)
+         | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
+         | AttemptStarted | AttemptEnded | LimitReached | StacksCollected)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
-    InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded)}
+    InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
+    AttemptStarted, AttemptEnded, LimitReached, StacksCollected)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from poprun.core.diagnostic import Diagnostic
 from poprun.core.record import record
 
 CANNOT_LAUNCH = 125
+TIMED_OUT = 124  # a time limit ended the run, as timeout(1) says
 
 
 @record
@@ -76,6 +77,25 @@ class ApplyError:
 
 
 @record
+class Attempt:
+    """
+    One attempt of a run that may restart: how it ended and what poprun did next.
+
+    ``status`` is poprun's status for it, ``root_cause`` the instance to blame (or None),
+    ``seconds`` how long it ran, ``master_port`` its MASTER_PORT (0: none), ``next`` in one
+    line what followed (``restarted after 1 s``, ``not restarted: status 2 is never retried``).
+    """
+
+    number: int
+    status: int
+    root_cause: int | None = None
+    seconds: float = 0.0
+    master_port: int = 0
+    next: str = ""
+    cause: str = ""  # the root cause in one line: "instance 1 exited with 3 on h1"
+
+
+@record
 class ApplyResult:
     """
     How a launch ended.
@@ -95,6 +115,11 @@ class ApplyResult:
     signals: tuple[int, ...] = ()  # what stopped poprun, in order (SIGPIPE when an output stream was closed)
     warnings: tuple[Diagnostic, ...] = ()  # what to tell at the very end (releasing the partition)
     run: str | None = None  # the id of the run's record, when one was kept
+    attempts: tuple[Attempt, ...] = ()  # every attempt, when the plan allows restarts (the last is this result's)
+    limit: str = ""  # the time limit that ended the run: "timeout" or "stall" (then poprun's status is 124)
+    limit_text: str = ""  # that limit in one line ("the run timed out after 30 s (--timeout)")
+    stacks: tuple[tuple[int, str], ...] = ()  # (instance, where it was) collected before a limit stopped it
+    gave_up: str = ""  # why the run was not restarted again, when it could have been (the crash-loop guard...)
 
     @property
     def status(self) -> int:
@@ -114,12 +139,14 @@ def exit_status(result: ApplyResult, *, failed_output: bool = False) -> int:
     Return poprun's exit status for ``result`` (design.md section 3).
 
     poprun's own failure: its status (125, 126, 127, or 128+N when signal N stopped poprun
-    before the launch). Stopped by signal N with no instance to blame: 128+N (141 when stdout
+    before the launch). A time limit that ended the run (``--timeout``, ``--stall-timeout``): 124. Stopped by signal N with no instance to blame: 128+N (141 when stdout
     or stderr was closed, as for a tool killed by SIGPIPE). The instances' status otherwise; 1
     when they succeeded but their output could not be written (``failed_output``).
     """
     if result.error is not None:
         return result.error.status
+    if result.limit:
+        return TIMED_OUT
     if result.root_cause is None and result.signals:
         return 128 + result.signals[0]
     if result.status == 0 and failed_output:

@@ -32,13 +32,43 @@ def render_outcome(result: ApplyResult) -> str:
         parts.append(_diagnostics(cause.diagnostics) if cause.diagnostics else f"poprun: {cause.message}\n")
     if result.warnings:
         parts.append(_diagnostics(result.warnings))
+    if result.attempts and (len(result.attempts) > 1 or result.gave_up):
+        parts.append(render_attempts(result))
+    if result.limit:
+        parts.append(render_limit(result))
     if cause is None:
-        if result.root_cause is None and result.signals:
+        if result.root_cause is None and result.signals and not result.limit:
             if result.signals[0] != signal.SIGPIPE:
                 parts.append(f"poprun: stopped by {signal_name(result.signals[0])}\n")
         else:
             parts.append(render_failures(result))
     return "".join(parts)
+
+
+def render_attempts(result: ApplyResult) -> str:
+    """Return every attempt of a run that could restart: how each ended and what followed."""
+    lines = [f"poprun: {_plural(len(result.attempts), 'attempt')}" + (f" (run {result.run})" if result.run else "")
+             + ":"]
+    for attempt in result.attempts:
+        port = f"MASTER_PORT {attempt.master_port}, " if attempt.master_port else ""
+        how = attempt.cause or ("succeeded" if attempt.status == 0 else f"status {attempt.status}")
+        lines.append(f"  attempt {attempt.number} ({port}{attempt.seconds:.1f} s): {how}"
+                     + (f"; {attempt.next}" if attempt.next and attempt.next != "succeeded" else ""))
+    return "\n".join(lines) + "\n"
+
+
+def render_limit(result: ApplyResult) -> str:
+    """Return the time limit that ended the run, and where each instance was then (their stacks)."""
+    lines = [f"poprun: {result.limit_text}; every instance was stopped" + (f" (run {result.run})" if result.run else "")]
+    if result.stacks:
+        lines.append("Where each instance was when the run was stopped:")
+        for index, text in result.stacks:
+            lines.append(f"  instance {index}:")
+            lines.extend(f"    | {line}" for line in text.splitlines())
+    else:
+        lines.append("No instance's stack could be read (install py-spy, or run Python instances with "
+                     "PYTHONFAULTHANDLER=1).")
+    return "\n".join(lines) + "\n"
 
 
 def _diagnostics(diagnostics: tuple[Diagnostic, ...]) -> str:

@@ -17,6 +17,9 @@ Layer: ``poprun.runs``; imports ``poprun.planner.plan`` and ``poprun.core``; no 
   up to ``POPRUN_RUN_LOG_LIMIT`` bytes per instance (64 MiB by default); ``logs/order``: one
   ``N stream bytes`` line per piece written, so that ``poprun logs`` merges the instances'
   output in the order it arrived;
+- ``attempts/K/logs/``: with restarts allowed (``--max-restarts``), each attempt's logs apart,
+  ``K`` from 0; ``logs`` and ``latest`` are then links to the last attempt's (``attempts/K/logs``,
+  ``attempts/K``), so that readers of ``logs/`` see the attempt that counts;
 - ``actual.json``: what each instance ran as (:mod:`poprun.runs.verify`);
 - ``report.json``: how the run ended (written last).
 
@@ -24,7 +27,7 @@ Nothing here may stop a launch: a record that cannot be made or written (a full 
 directory that is not the user's) becomes one warning, and the launch goes on without it.
 """
 
-# ruff: noqa: PTH103, PTH105, PTH112, PTH114, PTH208 - os.path, not pathlib: pathlib costs the launch path start-up
+# ruff: noqa: PTH103, PTH105, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
 from __future__ import annotations
 
 import contextlib
@@ -99,6 +102,7 @@ class RunRecord:
         self._logged: dict[int, int] = {}  # instance -> bytes kept
         self._truncated: dict[int, int] = {}  # instance -> bytes dropped
         self._logs: dict[tuple[int, str], int] = {}  # (instance, stream) -> fd
+        self._logs_dir = os.path.join(path, "logs")  # noqa: PTH118
         self._events = os.open(os.path.join(path, "events.jsonl"),  # noqa: PTH118
                                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._order = -1
@@ -143,6 +147,35 @@ class RunRecord:
         line = event_line(event, time.time()) if data is None else dumps(dict(data)) + "\n"
         self._guard(lambda: os.write(self._events, line.encode(errors="surrogateescape")))
 
+    def begin_attempt(self, number: int) -> None:
+        """Keep the logs of attempt ``number`` apart from here on: ``attempts/N/logs``, linked as ``logs`` and ``latest``."""
+
+        def begin() -> None:
+            self._close_logs()
+            attempts = os.path.join(self.path, "attempts")  # noqa: PTH118
+            if number == 0:
+                os.mkdir(attempts, 0o700)  # noqa: PTH102
+                os.rmdir(os.path.join(self.path, "logs"))  # noqa: PTH106, PTH118 - made empty by create(): replaced by a link
+            os.mkdir(os.path.join(attempts, str(number)), 0o700)  # noqa: PTH102, PTH118
+            os.mkdir(os.path.join(attempts, str(number), "logs"), 0o700)  # noqa: PTH102, PTH118
+            self._logs_dir = os.path.join(attempts, str(number), "logs")  # noqa: PTH118
+            self._logged.clear()
+            self._truncated.clear()
+            for name, target in (("logs", f"attempts/{number}/logs"), ("latest", f"attempts/{number}")):
+                link = os.path.join(self.path, f".{name}.{os.getpid()}")  # noqa: PTH118
+                os.symlink(target, link)
+                os.replace(link, os.path.join(self.path, name))  # noqa: PTH118
+
+        self._guard(begin)
+
+    def _close_logs(self) -> None:
+        for fd in (self._order, *self._logs.values()):
+            if fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._order = -1
+        self._logs.clear()
+
     def instance_lines(self, index: int, stream: str, data: bytes) -> None:
         """Keep whole lines of instance ``index``'s ``stream``, up to the limit per instance (the backend's thread)."""
         if self._closed:
@@ -165,11 +198,11 @@ class RunRecord:
     def _append(self, index: int, stream: str, data: bytes) -> None:
         fd = self._logs.get((index, stream))
         if fd is None:
-            fd = self._logs[(index, stream)] = os.open(os.path.join(self.path, "logs", f"{index}.{stream}"),  # noqa: PTH118
+            fd = self._logs[(index, stream)] = os.open(os.path.join(self._logs_dir, f"{index}.{stream}"),  # noqa: PTH118
                                                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
                                                        | os.O_CLOEXEC, 0o600)
         if self._order < 0:
-            self._order = os.open(os.path.join(self.path, "logs", "order"),  # noqa: PTH118
+            self._order = os.open(os.path.join(self._logs_dir, "order"),  # noqa: PTH118
                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         view = memoryview(data)
         while view:
@@ -195,12 +228,11 @@ class RunRecord:
     def close(self) -> None:
         """Close every file of the record (idempotent)."""
         self._closed = True
-        for fd in (self._events, self._order, *self._logs.values()):
-            if fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._events = self._order = -1
-        self._logs.clear()
+        self._close_logs()
+        if self._events >= 0:
+            with contextlib.suppress(OSError):
+                os.close(self._events)
+        self._events = -1
 
     def _guard(self, write: object) -> None:
         """Run ``write``; on failure (a full disk) stop writing the record and keep why, once."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 
-from poprun.core.outcome import ApplyError, ApplyResult, InstanceFailure
+from poprun.core.outcome import ApplyError, ApplyResult, Attempt, InstanceFailure
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -27,7 +27,9 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     ``{"v": 1, "run": ID, "status": N, "started": UNIX_SECONDS, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
     "failures": [{index, host, pid, exit_code, signal, stopped, lost, tail}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
-    "truncated": {index: {"kept": B, "dropped": B}}}``.
+    "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
+    master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
+    "stacks": {index: TEXT}}`` (the last five added with restarts and time limits: older reports lack them).
     """
     error = result.error
     return {
@@ -43,6 +45,10 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
         "phases": dict(record.phases),
         "truncated": {str(i): {"kept": kept, "dropped": dropped}
                       for i, (kept, dropped) in sorted(record.truncation().items())},
+        "attempts": [{"number": a.number, "status": a.status, "root_cause": a.root_cause, "seconds": a.seconds,
+                      "master_port": a.master_port, "next": a.next, "cause": a.cause} for a in result.attempts],
+        "gave_up": result.gave_up, "limit": result.limit, "limit_text": result.limit_text,
+        "stacks": {str(i): text for i, text in result.stacks},
     }
 
 
@@ -52,7 +58,14 @@ def result_of(data: dict[str, Any]) -> ApplyResult:
                                      signal=f.get("signal"), stopped=bool(f.get("stopped")), lost=bool(f.get("lost")),
                                      tail=tuple(f.get("tail") or ())) for f in data.get("failures") or ())
     error = data.get("error")
+    attempts = tuple(Attempt(number=a["number"], status=a["status"], root_cause=a.get("root_cause"),
+                             seconds=a.get("seconds", 0.0), master_port=a.get("master_port", 0), next=a.get("next", ""),
+                             cause=a.get("cause", "")) for a in data.get("attempts") or ())
     return ApplyResult(statuses=tuple(data.get("statuses") or ()), failures=failures, root_cause=data.get("root_cause"),
-                       signals=tuple(data.get("signals") or ()), run=data.get("run"),
+                       signals=tuple(data.get("signals") or ()), run=data.get("run"), attempts=attempts,
+                       gave_up=data.get("gave_up") or "", limit=data.get("limit") or "",
+                       limit_text=data.get("limit_text") or "",
+                       stacks=tuple((int(i), text) for i, text in sorted((data.get("stacks") or {}).items(),
+                                                                         key=lambda item: int(item[0]))),
                        error=None if not error else ApplyError(status=error["status"], message=error.get("message", ""),
                                                                signal=error.get("signal")))

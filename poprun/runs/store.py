@@ -383,7 +383,30 @@ def checked_report(data: dict[str, Any], name: str) -> dict[str, Any]:
     for index, sizes in data["truncated"].items():
         if not (isinstance(sizes, dict) and all(isinstance(sizes.get(k), int) for k in ("kept", "dropped"))):
             raise damaged(name, f"$.truncated.{index} is not kept and dropped bytes")
+    _check_recovery(data, name)
     return data
+
+
+_ATTEMPT_SHAPE: dict[str, tuple[type, ...]] = {"number": _INT, "status": _INT, "root_cause": _OPT_INT,
+                                               "seconds": (int, float), "master_port": _INT, "next": (str,),
+                                               "cause": (str,)}
+
+
+def _check_recovery(data: dict[str, Any], name: str) -> None:
+    """PR602 for the keys restarts and time limits added (optional: older reports lack them) of the wrong shape."""
+    for key in ("gave_up", "limit", "limit_text"):
+        if key in data and not isinstance(data[key], str):
+            raise damaged(name, f"$.{key} is not text")
+    attempts = data.get("attempts", [])
+    if not isinstance(attempts, list):
+        raise damaged(name, "$.attempts is not a list")
+    for i, attempt in enumerate(attempts):
+        if not isinstance(attempt, dict):
+            raise damaged(name, f"$.attempts[{i}] is not an object")
+        _check(attempt, _ATTEMPT_SHAPE, name, f"$.attempts[{i}]")
+    stacks = data.get("stacks", {})
+    if not isinstance(stacks, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in stacks.items()):
+        raise damaged(name, "$.stacks is not an object of instance indices and text")
 
 
 def _check(data: dict[str, Any], shape: dict[str, tuple[type, ...]], name: str, where: str) -> None:

@@ -50,7 +50,11 @@ def test_a_successful_apply_reports_its_steps_as_events(tmp_path):
 
     assert ["run-started", "launch-starting", "launch-running", "launch-ended", "teardown", "run-ended"] == sink.kinds()
     assert events.RunStarted(run="", backend="local", instances=3, hosts=("localhost",)) == sink.events[0]
-    assert events.LaunchStarting(backend="local", instances=3) == sink.events[1]
+    starting = sink.events[1]
+    assert isinstance(starting, events.LaunchStarting)
+    run_id = dict(starting.variables)["TORCHELASTIC_RUN_ID"]  # a run without a record still has an id for torchrun's
+    assert events.LaunchStarting(backend="local", instances=3, variables=(
+        ("POPRUN_RESTART_COUNT", "0"), ("TORCHELASTIC_RESTART_COUNT", "0"), ("TORCHELASTIC_RUN_ID", run_id))) == starting
     assert events.LaunchEnded(statuses=(0, 0, 0)) == sink.events[-3]
     assert events.RunEnded(status=0) == sink.events[-1]
     assert (0, None, (), ()) == (result.status, result.error, result.signals, result.warnings)
@@ -66,7 +70,7 @@ def test_the_temporary_cache_is_made_passed_in_every_environment_and_removed(tmp
 
     starting = sink.events[1]
     assert isinstance(starting, events.LaunchStarting) and starting.cache is not None
-    assert (("POPDIST_EXECUTABLE_CACHE_PATH", starting.cache),) == starting.variables
+    assert ("POPDIST_EXECUTABLE_CACHE_PATH", starting.cache) in starting.variables
     assert {starting.cache} == {i.env.get("POPDIST_EXECUTABLE_CACHE_PATH") for i in backend.plans[0].instances}
     assert not (tmp_path / starting.cache).exists()
 
@@ -200,6 +204,11 @@ SAMPLES = [
     events.LaunchRunning(),
     events.Stopping(reason="received SIGINT"),
     events.LaunchEnded(statuses=(0, 3), root_cause=1),
+    events.AttemptStarted(attempt=1, master_port=29731, chosen=True),
+    events.AttemptEnded(attempt=0, status=3, root_cause=1, restart=True, delay_ms=1000,
+                        reason="instance 1 exited with 3 on h1; restart 1 of 3 in 1 s"),
+    events.LimitReached(limit="signal", after_ms=50_000, signal=10),
+    events.StacksCollected(instances=(0, 2), how="py-spy"),
 ]
 
 
