@@ -46,7 +46,7 @@ from poprun.backends.base import (
     capabilities,
 )
 from poprun.backends.registry import BackendRegistry, default_registry
-from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.events import (
     AttemptEnded,
     AttemptStarted,
@@ -402,6 +402,10 @@ class _Attempts:
                     number += 1
                     continue
                 self.attempts[-1] = evolve(self.attempts[-1], next=f"not restarted: {stopped}")
+                if self.control.signals and not self.limit:  # stopped while waiting to restart: as before a launch
+                    sig = self.control.signals[-1]
+                    result = evolve(result, error=ApplyError(
+                        status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {number + 1}"))
             return self._result(result)
 
     def _result(self, result: ApplyResult) -> ApplyResult:
@@ -495,12 +499,9 @@ class _Attempts:
             self.stacks = dict(collect_stacks(self.backend, hosts, self.run_id, environ=self.environ,
                                               timeout_s=_STACKS_TIMEOUT_S))
         except Exception as exc:  # noqa: BLE001 - a report without stacks, never a run that does not stop
-            self.stacks = {}
-            self.warnings.append(warning("PR451", "the stacks of the instances could not be read", detail=str(exc),
-                                         span=SourceSpan.derived("stall_timeout"),
-                                         hint="install py-spy on the hosts, or set PYTHONFAULTHANDLER=1"))
+            self.stacks = {-1: f"the stacks could not be read: {exc}"}
         if self.stacks:
-            self.relay.event(StacksCollected(instances=tuple(sorted(self.stacks))))
+            self.relay.event(StacksCollected(instances=tuple(i for i in sorted(self.stacks) if i >= 0)))
 
     def _stacks_with_faulthandler(self) -> dict[int, str]:
         """Return the stacks, those that faulthandler wrote to an instance's stderr taken from there."""

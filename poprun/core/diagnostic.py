@@ -85,6 +85,7 @@ CODES: dict[str, str] = {
     "PR422": "mpirun could not start on a host",
     "PR423": "not enough slots for mpirun",
     "PR430": "output files cannot be written safely",
+    "PR450": "this backend cannot restart one instance",
     "PR500": "partition not found",
     "PR501": "V-IPU server unreachable",
     "PR502": "V-IPU server unreachable while planning",
@@ -105,6 +106,7 @@ CODES: dict[str, str] = {
     "PR606": "--detach without a run record",
     "PR607": "run did not stop in time",
     "PR608": "run has no report yet",
+    "PR609": "no such attempt in the run",
 }
 
 

@@ -63,7 +63,7 @@ def render_limit(result: ApplyResult) -> str:
     if result.stacks:
         lines.append("Where each instance was when the run was stopped:")
         for index, text in result.stacks:
-            lines.append(f"  instance {index}:")
+            lines.append(f"  instance {index}:" if index >= 0 else "  poprun:")  # -1: why none could be read
             lines.extend(f"    | {line}" for line in text.splitlines())
     else:
         lines.append("No instance's stack could be read (install py-spy, or run Python instances with "

@@ -438,8 +438,10 @@ class LogReader:
     ``INDEX STREAM BYTES``, is PR602.
     """
 
-    def __init__(self, path: str, *, instance: int | None = None) -> None:
-        self._path, self._instance = path, instance
+    def __init__(self, path: str, *, instance: int | None = None, attempt: int | None = None) -> None:
+        # attempt K of a run that could restart: attempts/K/logs; else logs (the last attempt's, a link then)
+        self._path, self._instance = path if attempt is None else os.path.join(path, "attempts", str(attempt)), instance
+        self.instance = instance
         self._order: int | None = None
         self._pending = b""
         self._line = 0

@@ -37,7 +37,7 @@ BROKEN = 141  # stdout was closed: 128 + SIGPIPE, as a tool killed by it
 NOT_NOW = 1  # the run is not in a state the command can act on
 _USAGE = {
     "ps": "poprun ps [--all] [--json]",
-    "logs": "poprun logs RUN [--instance N] [-f] [--tail N] [--tag]",
+    "logs": "poprun logs RUN [--instance N] [--attempt K] [-f] [--tail N] [--tag]",
     "report": "poprun report RUN [--json]",
     "stop": "poprun stop RUN [--timeout SECONDS]",
     "attach": "poprun attach RUN",
@@ -201,13 +201,16 @@ def _write(stream: Stream, data: bytes) -> None:
 def logs(args: list[str], _session: Session) -> int:
     """``poprun logs RUN [--instance N] [-f] [--tail N] [--tag]``: the run's output, merged in arrival order or one instance's."""
     given_run, given = _arguments("logs", args, {"-f": "follow", "--follow": "follow", "--tag": "tag"},
-                                  {"--instance": "instance", "-i": "instance", "--tail": "tail", "-n": "tail"}, run=True)
+                                  {"--instance": "instance", "-i": "instance", "--tail": "tail", "-n": "tail",
+                                   "--attempt": "attempt"}, run=True)
     if given_run is None:
         return _help("logs")
     instance, tail = _count(given, "instance", "--instance"), _count(given, "tail", "--tail")
+    attempt = _count(given, "attempt", "--attempt")
     _, path = _found(given_run)
     _check_instance(path, instance)
-    reader = store.LogReader(path, instance=instance)
+    _check_attempt(path, attempt)
+    reader = store.LogReader(path, instance=instance, attempt=attempt)
     out = _Out(tag="tag" in given)
     try:
         _show(reader, out, tail=tail)
@@ -218,6 +221,22 @@ def logs(args: list[str], _session: Session) -> int:
     except BrokenPipeError:
         return BROKEN
     return exitcode.OK
+
+
+def _check_attempt(path: str, attempt: int | None) -> None:
+    """PR609 when the run has no attempt ``attempt`` (it could not restart, or did not that often)."""
+    if attempt is None or os.path.isdir(os.path.join(path, "attempts", str(attempt))):  # noqa: PTH112, PTH118
+        return
+    try:
+        kept = sorted(int(n) for n in os.listdir(os.path.join(path, "attempts")) if n.isdigit())  # noqa: PTH118, PTH208
+    except OSError:
+        kept = []
+    have = f"attempts 0 to {kept[-1]}" if kept else "no attempts kept apart (it could not restart)"
+    raise DiagnosticError([error("PR609", f"no attempt {attempt} in the run",
+                                 detail=f"run {os.path.basename(path)} has {have}",  # noqa: PTH119
+                                 span=SourceSpan.flag("--attempt"),
+                                 hint=f"give --attempt a number from 0 to {kept[-1]}" if kept
+                                 else "drop --attempt: the run's logs are its only attempt's")])
 
 
 def _check_instance(path: str, instance: int | None) -> None:
@@ -245,15 +264,28 @@ def _show(reader: store.LogReader, out: _Out, *, tail: int | None) -> None:
 
 def _follow(reader: store.LogReader, out: _Out, path: str, *, tick: Callable[[], None] | None = None) -> None:
     """Write the output as it arrives until the run is over (its report written, or its supervisor gone)."""
+    attempt = _attempt_link(path)
     while True:
         over = store.state_of(path) != "running"
         for index, stream, data in reader.pieces():
             out.piece(index, stream, data)
+        now = _attempt_link(path)
+        if now != attempt:  # the run restarted: follow the new attempt's logs from their start
+            attempt, reader = now, store.LogReader(path, instance=reader.instance)
+            continue
         if over:
             return
         if tick is not None:
             tick()
         time.sleep(POLL_S)
+
+
+def _attempt_link(path: str) -> str:
+    """Return where the run's ``logs`` link points (the current attempt's logs), or "" when it is no link."""
+    try:
+        return os.readlink(os.path.join(path, "logs"))  # noqa: PTH115, PTH118
+    except OSError:
+        return ""
 
 
 def _note_truncation(path: str, instance: int | None) -> None:
