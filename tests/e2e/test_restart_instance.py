@@ -227,3 +227,20 @@ def test_poprun_killed_during_the_delay_leaves_nothing(tmp_path: Path) -> None:
 
     assert wait_for(lambda: group_is_empty(group), within_s=5)
     assert wait_for(lambda: not Path(f"/proc/{pid}").exists(), within_s=5)
+
+
+def test_a_restart_that_cannot_start_tears_the_launch_down(tmp_path: Path) -> None:
+    """The program is gone when instance 1 is to start again: poprun says so, the launch is torn down, 1 is the root cause."""
+    program = tmp_path / "prog.sh"
+    program.write_text('#!/bin/sh\n[ "$POPDIST_INSTANCE_INDEX" = 1 ] && { rm -f "$0"; exit 5; }\nexec sleep 60\n')
+    program.chmod(0o755)
+    plan = probe_plan("", tmp_path, backend="local")
+    plan = evolve(plan, instances=tuple(evolve(i, argv=(str(program),)) for i in plan.instances))
+    sink = RecordingSink()
+
+    result = LocalBackend().launch(plan, env_source=dict(os.environ), sink=sink, restarter=RestartOnce()).wait()
+
+    assert ((143, 5), 1) == (result.statuses, result.root_cause)
+    assert [f"poprun: instance 1 could not start again: cannot run '{program}': No such file or directory"] == \
+        sink.lines("stderr")
+    assert [(0, 0), (1, 0)] == [(e.index, e.restart) for e in sink.events if isinstance(e, InstanceStarted)]

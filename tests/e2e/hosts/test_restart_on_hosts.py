@@ -68,3 +68,25 @@ def test_a_restarted_remote_instance_hears_the_heartbeat(test_hosts: TestHosts, 
 
     assert (0, (0, 0)) == (result.status, result.statuses), sink.data("stderr")
     assert ["done 0 None", "done 1 1"] == sorted(sink.lines())
+
+
+def test_a_stop_reaches_the_restarted_remote_instance_gently(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """terminate() once instance 1 (h2) runs again: its new session passes SIGTERM on; nothing is left on any host."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    code = ("import os, sys, time; i = os.environ['POPDIST_INSTANCE_INDEX']; n = os.environ.get('POPRUN_RESTART_COUNT')\n"
+            f"sys.exit(5) if i == '1' and n is None else time.sleep(60)  # {mark}")
+
+    class Stopper(EventSink):
+        def event(self, event: object) -> None:
+            super().event(event)  # type: ignore[arg-type]
+            if isinstance(event, InstanceStarted) and event.restart:
+                launch.terminate(10.0)
+
+    sink = Stopper()
+    launch = SshBackend().launch(probe_plan(code, tmp_path, backend="ssh", hosts=("h1", "h2")),
+                                 env_source=dict(os.environ) | test_hosts.env(), sink=sink, restarter=RestartOnce())
+
+    result = launch.wait()
+
+    assert ((143, 143), [0, 1]) == (result.statuses, sorted(f.index for f in result.failures if f.stopped))
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=3), marked_anywhere(test_hosts, mark)
