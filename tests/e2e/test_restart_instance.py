@@ -75,13 +75,24 @@ class Waiting(RestartOnce):
         return super().prepare(index)
 
 
-def group_is_empty(group: int) -> bool:
-    """Return whether no process (a zombie neither) is left in process group ``group``."""
+def alive(pid: int) -> bool:
+    """Return whether process ``pid`` exists and is not a zombie."""
     try:
-        os.killpg(group, 0)
-    except ProcessLookupError:
-        return True
-    return False
+        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()[0] != b"Z"
+    except (OSError, IndexError):
+        return False
+
+
+def group_is_empty(group: int) -> bool:
+    """Return whether no living process is left in process group ``group`` (zombies an ancestor has yet to reap aside)."""
+    for entry in Path("/proc").iterdir():
+        try:
+            fields = (entry / "stat").read_bytes().rsplit(b")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if entry.name.isdigit() and int(fields[2]) == group and fields[0] != b"Z":
+            return False
+    return True
 
 
 def test_only_the_failed_instance_starts_again_while_the_other_prints_on(tmp_path: Path) -> None:
@@ -133,6 +144,7 @@ def test_a_stop_during_the_delay_starts_nothing_and_leaves_nothing(tmp_path: Pat
     launch = LocalBackend().launch(probe_plan(FAILS, tmp_path, backend="local"), env_source=dict(os.environ),
                                    sink=sink, restarter=restarter)
     assert sink.ended.wait(20)
+    assert not group_is_empty(launch._watchdog.group)  # instance 0 runs on
 
     launch.terminate(1.0)
     result = launch.wait()
@@ -226,7 +238,7 @@ def test_poprun_killed_during_the_delay_leaves_nothing(tmp_path: Path) -> None:
     proc.stdout.close()
 
     assert wait_for(lambda: group_is_empty(group), within_s=5)
-    assert wait_for(lambda: not Path(f"/proc/{pid}").exists(), within_s=5)
+    assert wait_for(lambda: not alive(pid), within_s=5)
 
 
 def test_a_restart_that_cannot_start_tears_the_launch_down(tmp_path: Path) -> None:
