@@ -230,10 +230,8 @@ class LocalLaunch:
         """Forward output and note each end until every instance has ended."""
         while self._live or self._held:
             kill_at = self._kill_at
-            timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic())
-            if self._due:
-                timeout = max(0.0, min(self._due.values()) - time.monotonic()) if timeout is None else \
-                    max(0.0, min(timeout, min(self._due.values()) - time.monotonic()))
+            due = [at for at in (kill_at, *self._due.values()) if at is not None]  # the kill, the restarts' delays
+            timeout = max(0.0, min(due) - time.monotonic()) if due else None
             registered = self._selector.get_map()
             for key, _ in self._selector.select(timeout):
                 if registered.get(key.fd) is key:  # not drained and closed by an end earlier in this batch
