@@ -17,8 +17,9 @@ A backend package runs them the way submitit runs ``test_executors``::
 A check that needs more than the protocol promises names the capability it needs
 (:data:`~poprun.backends.base.PROCESSES`: the instances are real processes that run
 ``sys.executable -c ...`` probes; :data:`~poprun.backends.base.CHECKS_BEFORE_START`: a plan that
-cannot start raises from ``launch``), and runs only on backends that declare it in their
-``capabilities``. A test double that starts no process declares none and runs only the others.
+cannot start raises from ``launch``; :data:`~poprun.backends.base.RESTARTS_INSTANCES`: ``launch``
+takes a :class:`~poprun.backends.base.Restarter` and starts a failed instance again alone), and
+runs only on backends that declare it in their ``capabilities``. A test double that starts no process declares none and runs only the others.
 """
 
 from __future__ import annotations
@@ -35,8 +36,12 @@ from typing import TYPE_CHECKING
 from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
+    RESTARTS_INSTANCES,
     ApplyResult,
     Backend,
+    Event,
+    InstanceEnded,
+    InstanceStarted,
     Launch,
     LaunchError,
     Stream,
@@ -58,6 +63,14 @@ _EXIT_3_ON_1 = "import os, sys; sys.exit(3 if os.environ['POPDIST_INSTANCE_INDEX
 _KILLED_ON_1 = ("import os, signal; i = os.environ['POPDIST_INSTANCE_INDEX']; "
                 "os.kill(os.getpid(), signal.SIGKILL) if i == '1' else None")
 _SLEEP = "import time; time.sleep(60)"
+# Instance 1 fails on its first run and, started again (POPRUN_RESTART_COUNT=1), leaves a file that
+# instance 0 waits for: instance 0 ends well only if it ran on meanwhile (a shared working directory)
+_FAILS_ONCE_ON_1 = ("import os, sys, time; i = os.environ['POPDIST_INSTANCE_INDEX']; "
+                    "n = os.environ.get('POPRUN_RESTART_COUNT', '0'); print(f'run {i} {n}', flush=True)\n"
+                    "if i == '1': open('restarted', 'w').close() if n == '1' else None; sys.exit(0 if n == '1' else 5)\n"
+                    "deadline = time.monotonic() + 15\n"
+                    "while not os.path.exists('restarted') and time.monotonic() < deadline: time.sleep(0.02)\n"
+                    "sys.exit(0 if os.path.exists('restarted') else 7)")
 
 
 class MemorySink:
@@ -77,6 +90,41 @@ class MemorySink:
     def lines(self, stream: Stream = "stdout") -> list[str]:
         """Return the lines written to ``stream``."""
         return self.data(stream).decode().splitlines()
+
+
+class EventSink(MemorySink):
+    """A :class:`MemorySink` that also keeps every event (an :class:`~poprun.backends.base.EventSink`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.events: list[Event] = []
+
+    def event(self, event: Event) -> None:
+        """Keep ``event``."""
+        self.events.append(event)
+
+
+class RestartOnce:
+    """
+    A :class:`~poprun.backends.base.Restarter` double: instance ``index`` starts again once, after ``delay_s``.
+
+    Its restarted run gets ``POPRUN_RESTART_COUNT=1``. ``asked`` keeps what :meth:`restart_after` was asked.
+    """
+
+    def __init__(self, index: int = 1, delay_s: float = 0.1) -> None:
+        self.index, self.delay_s, self.restarted = index, delay_s, False
+        self.asked: list[tuple[InstanceEnded, float]] = []
+
+    def restart_after(self, ended: InstanceEnded, uptime_s: float) -> float | None:
+        """Return ``delay_s`` for the first failure of instance ``index``, else None."""
+        self.asked.append((ended, uptime_s))
+        return self.delay_s if ended.index == self.index and not self.restarted else None
+
+    def prepare(self, index: int) -> dict[str, str]:
+        """Return the restart count of the run to come (instance ``index`` is this double's)."""
+        _expect(self.index, index, "the instance prepared")
+        self.restarted = True
+        return {"POPRUN_RESTART_COUNT": "1"}
 
 
 @record
@@ -230,6 +278,29 @@ def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path, 
     raise AssertionError(msg)
 
 
+def check_restarts_the_failed_instance_alone(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
+    """
+    Check that instance 1, failing once and started again by the restarter, ends well while instance 0 runs on.
+
+    The events say that instance 1 ended restarting, then started again (``restart=1``), and
+    that instance 0 started once and was never stopped; the statuses are those of the last runs.
+    """
+    backend, sink, restarter = factory(), EventSink(), RestartOnce()
+    plan = _plan(backend, _FAILS_ONCE_ON_1, workdir, target)
+    launch = backend.launch(plan, env_source=_env_source(target), sink=sink, restarter=restarter)  # type: ignore[call-arg]
+    result = _wait(launch)
+    seen = [(type(e).__name__, e.index, getattr(e, "restart", None), getattr(e, "restarting", None))
+            for e in sink.events if isinstance(e, InstanceStarted | InstanceEnded)]
+    _expect((0, (0, 0), ()), (result.status, result.statuses, result.failures), "status, statuses, failures")
+    _expect([("InstanceStarted", 1, 0, None), ("InstanceEnded", 1, None, True), ("InstanceStarted", 1, 1, None),
+             ("InstanceEnded", 1, None, False)], [s for s in seen if s[1] == 1], "instance 1's events")
+    _expect([("InstanceStarted", 0, 0, None), ("InstanceEnded", 0, None, False)], [s for s in seen if s[1] == 0],
+            "instance 0's events")
+    _expect([(1, 5)], [(e.index, e.status) for e, _ in restarter.asked], "what the restarter was asked")
+    _expect(["run 0 0", "run 1 0", "run 1 1"], sorted(line for line in sink.lines() if line.startswith("run ")),
+            "the runs")
+
+
 @positional_record
 class Check:
     """One conformance check; ``needs``: the capabilities a backend must declare for it to apply."""
@@ -266,6 +337,7 @@ CHECKS = (
     Check(check_signal_is_reported, _REAL),
     Check(check_terminate_stops_every_instance, _REAL),
     Check(check_missing_cwd_is_a_launch_error, frozenset({PROCESSES, CHECKS_BEFORE_START})),
+    Check(check_restarts_the_failed_instance_alone, frozenset({PROCESSES, RESTARTS_INSTANCES})),
 )
 
 
@@ -302,5 +374,5 @@ def parametrize_backends(factories: Mapping[str, BackendFactory]) -> pytest.Mark
     return pytest.mark.parametrize(("factory", "check"), cases)
 
 
-__all__ = ["CHECKS", "LOCAL", "BackendFactory", "Check", "MemorySink", "Target", "checks", "parametrize",
-           "parametrize_backends", "probe_plan"]
+__all__ = ["CHECKS", "LOCAL", "BackendFactory", "Check", "EventSink", "MemorySink", "RestartOnce", "Target", "checks",
+           "parametrize", "parametrize_backends", "probe_plan"]

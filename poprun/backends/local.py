@@ -33,9 +33,18 @@ from poprun.backends._process.instance import (
     start_instance,
 )
 from poprun.backends._process.output import Router
-from poprun.backends._process.supervisor import LocalLaunch
+from poprun.backends._process.supervisor import LocalLaunch, Respawn
 from poprun.backends._process.watchdog import Watchdog, WatchdogError
-from poprun.backends.base import CHECKS_BEFORE_START, PROCESSES, LaunchError, OutputSink, TemporaryCache, environment
+from poprun.backends.base import (
+    CHECKS_BEFORE_START,
+    PROCESSES,
+    RESTARTS_INSTANCES,
+    LaunchError,
+    OutputSink,
+    Restarter,
+    TemporaryCache,
+    environment,
+)
 from poprun.core.localhost import is_this_machine
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import LaunchPlan
@@ -99,11 +108,24 @@ def _binding() -> Iterator[Callable[[set[int] | None, tuple[int, ...]], None]]:
             prefer(None)
 
 
+def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], programs: list[str], masks: list[set[int] | None],
+               group: int) -> Respawn:
+    """Return the :data:`~poprun.backends._process.supervisor.Respawn` of a launch: its instances as they first started."""
+
+    def respawn(index: int, variables: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        instance, mask = plan.instances[index], masks[index]
+        with _binding() as bind:  # this thread's CPUs and memory policy, restored after
+            bind(mask, parse_cpulist(instance.placement.numa_nodes) if mask is not None else ())
+            return start_instance(instance, envs[index] | dict(variables), programs[index], group, restart=True)
+
+    return respawn
+
+
 class LocalBackend:
     """Runs every instance as a child process; every instance must be planned for this machine."""
 
     name: ClassVar[str] = "local"
-    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START})
+    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START, RESTARTS_INSTANCES})
     skip_foreign_bindings: ClassVar[bool] = False  # the offline backend runs plans made for other hosts
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
@@ -141,8 +163,14 @@ class LocalBackend:
         return masks
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> LocalLaunch:
-        """Start every instance of ``plan``; raise :class:`LaunchError` when nothing can start."""
+               cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
+        """
+        Start every instance of ``plan``; raise :class:`LaunchError` when nothing can start.
+
+        With ``restarter``, a failed instance starts again alone when it says so, with the
+        same program, working directory, environment (plus the restarter's variables) and CPU
+        binding, reading ``/dev/null`` (:class:`~poprun.backends._process.supervisor.LocalLaunch`).
+        """
         self.check_hosts(plan)
         masks = self.cpu_masks(plan)
         source = dict(env_source)  # os.environ decodes every item each time it is read
@@ -169,4 +197,5 @@ class LocalBackend:
             abandon(watchdog, procs, router)
             raise
         return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           remove=remove)
+                           remove=remove, restarter=restarter,
+                           respawn=None if restarter is None else _respawner(plan, envs, programs, masks, watchdog.group))

@@ -20,7 +20,7 @@ from pathlib import Path
 
 from poprun.backends._process.files import made_here, which
 from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog, starting_in
+from poprun.backends._process.watchdog import Watchdog, started_in, starting_in
 from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, TemporaryCache
 from poprun.planner.plan import Instance
 
@@ -86,17 +86,21 @@ def forwarded_stdin() -> int | None:
     return 0
 
 
-def start_instance(instance: Instance, env: dict[str, str], program: str, group: int) -> subprocess.Popen[bytes]:
+def start_instance(instance: Instance, env: dict[str, str], program: str, group: int, *,
+                   restart: bool = False) -> subprocess.Popen[bytes]:
     """
     Start ``instance`` as a child process in process group ``group``, output piped.
 
     Its stdin is poprun's for instance 0 when :func:`forwarded_stdin` says so (the same open
-    file: the end of it reaches the instance as it is), ``/dev/null`` otherwise.
+    file: the end of it reaches the instance as it is), ``/dev/null`` otherwise. An instance
+    started again (``restart``, ``--restart-scope instance``) reads ``/dev/null``: what its
+    first run left of poprun's input is no defined place to go on from. It begins in the
+    launch's cgroup too, and poprun leaves it again at once.
 
     Raises:
         LaunchError: 127, 126 or 125 when the program cannot be started.
     """
-    stdin = forwarded_stdin() if instance.index == 0 else None
+    stdin = forwarded_stdin() if instance.index == 0 and not restart else None
     starting_in(group)  # the launch's cgroup, where there is one
     try:
         return subprocess.Popen(  # noqa: S603 - running the plan's program is the point
@@ -107,6 +111,9 @@ def start_instance(instance: Instance, env: dict[str, str], program: str, group:
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
         raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
                           status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
+    finally:
+        if restart:  # the launch runs: nothing else moves poprun out of its cgroup
+            started_in(group)
 
 
 def abandon(watchdog: Watchdog, procs: list[subprocess.Popen[bytes]], router: Router) -> None:

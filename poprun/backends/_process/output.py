@@ -109,13 +109,15 @@ class Router:
         self._files.clear()
 
     def end(self, index: int, stream: Stream) -> None:
-        """Take the end of ``stream`` of instance ``index``: a last line without newline gets one."""
+        """
+        Take the end of ``stream`` of instance ``index``: a last line without newline gets one.
+
+        Its output file stays open until :meth:`close`: an instance started again
+        (``--restart-scope instance``) goes on writing to it, after what it wrote before.
+        """
         rest = self._pending.pop((index, stream), b"")
         if rest:
             self._lines(index, stream, rest + b"\n")
-        fd = self._files.pop((index, stream), None)
-        if fd is not None:
-            os.close(fd)
 
     def _lines(self, index: int, stream: Stream, lines: bytes) -> None:
         """Keep the tail of ``lines`` (whole lines, ending in a newline) and queue them for the sink."""

@@ -13,6 +13,22 @@ SIGKILL after the grace period. When every instance has ended, what is still in 
 (background processes of the instances) is killed, processes re-parented to poprun are killed
 (:func:`~poprun.backends._process.watchdog.kill_adopted`), the output is drained to its end and the
 temporary directories are removed: no process of the launch outlives :meth:`LocalLaunch.wait`.
+
+Restarts (``--restart-scope instance``). Given a :class:`~poprun.backends.base.Restarter` and a
+``respawn`` callable, a failed instance (not stopped by poprun, its host not lost) may start
+again alone: the restarter says after how long (:meth:`~poprun.backends.base.Restarter.restart_after`,
+asked once its pipes are drained, with its uptime since its last start), its end is told with
+``restarting=True`` and the others go on, their output flowing. Once the delay has passed, a
+thread of its own asks :meth:`~poprun.backends.base.Restarter.prepare` (which may block), then,
+with the launch's lock held (so that a stop either comes before, and nothing starts, or after,
+and reaches the new process), calls ``respawn(index, variables)``; the supervisor registers the
+new process's pipes and pidfd and tells :class:`~poprun.backends.base.InstanceStarted` with
+``restart`` set. A stop (:meth:`LocalLaunch.terminate`) during the delay or the preparation
+cancels the restart at once (a preparation still running is not waited for: its answer is
+ignored), as does ``prepare`` returning None or ``respawn`` raising
+:class:`~poprun.backends.base.LaunchError`: the instance then stays ended with its last status
+and the launch is torn down as after a failure. The output router, the instance's tail, the
+sink's per-instance lines and its output files go on across restarts (the files are appended to).
 """
 
 from __future__ import annotations
@@ -24,7 +40,7 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from poprun.backends._process.files import remove_directories
 from poprun.backends._process.instance import start_supervising
@@ -36,7 +52,9 @@ from poprun.backends.base import (
     InstanceEnded,
     InstanceFailure,
     InstanceStarted,
+    LaunchError,
     OutputSink,
+    Restarter,
     Stream,
 )
 from poprun.planner.plan import LaunchPlan
@@ -48,6 +66,17 @@ _SIGNALLED = 128  # a POSIX shell reports death by signal N as status 128+N
 _MAX_SIGNAL = 64
 _SSH_FAILED = 255  # ssh's status when it, not the remote command, failed (or the command's own 255)
 _Key = tuple[int, Stream] | int | None  # a pipe, an instance's pidfd, the wake-up pipe
+Respawn = Callable[[int, Mapping[str, str]], subprocess.Popen[bytes]]
+"""
+Starts instance ``index`` again with ``variables`` added to its environment (as its first start computed it); returns its process.
+
+Called with the launch's lock held, from a thread that is not the supervisor's: it must be quick
+(start a process; never wait for it or for a host's answer). The process must be in the launch's
+process group (and cgroup), as the first one was. Its standard input is ``/dev/null``.
+
+Raises:
+    LaunchError: when it cannot start (the restart is given up, with the message on poprun's stderr).
+"""
 
 
 class LocalLaunch:
@@ -56,7 +85,8 @@ class LocalLaunch:
     def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
                  stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
-                 finish: Callable[[], None] | None = None, lost: Callable[[int], bool] | None = None) -> None:
+                 finish: Callable[[], None] | None = None, lost: Callable[[int], bool] | None = None,
+                 restarter: Restarter | None = None, respawn: Respawn | None = None) -> None:
         """
         Supervise ``procs`` (one per instance, in the launch's process group) until they end.
 
@@ -67,8 +97,18 @@ class LocalLaunch:
         ``finish`` runs once every process of the launch is gone (the ssh backend closes its
         connections). ``lost(index)``, asked when a remote instance ends with ssh's status 255,
         says whether its host stopped answering (then the host, not the instance, is to blame).
+        ``restarter`` and ``respawn`` together start a failed instance again (see the module docstring).
         """
-        self._plan, self._procs, self._watchdog, self._router = plan, tuple(procs), watchdog, router
+        self._plan, self._procs, self._watchdog, self._router = plan, list(procs), watchdog, router
+        self._sink, self._restarter, self._respawn = sink, restarter, respawn
+        self._pids = {proc.pid for proc in self._procs}  # every process of an instance ever started (to reap them)
+        self._started = [time.monotonic()] * len(self._procs)  # when each instance's current process started
+        self._restarts = [0] * len(self._procs)  # how many times each instance was started again
+        self._live = set(range(len(self._procs)))  # instances whose current process has not been seen to end
+        self._held: dict[int, InstanceEnded] = {}  # instances to start again: their end, until started or given up
+        self._due: dict[int, float] = {}  # ... those waiting for their delay: when it is over (monotonic)
+        self._preparing: set[int] = set()  # ... those whose prepare() runs (under the lock: cancelled by removal)
+        self._respawned: dict[int, subprocess.Popen[bytes] | BaseException | None] = {}  # prepare's outcome
         self._grace_s, self._remove = grace_s, tuple(remove)
         self._stop, self._remote, self._finish, self._lost = stop, remote, finish, lost
         self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)  # an EventSink
@@ -161,11 +201,14 @@ class LocalLaunch:
         """Register every pipe, every pidfd and the wake-up pipe."""
         self._selector.register(self._wake_r, selectors.EVENT_READ, None)
         for index, proc in enumerate(self._procs):
-            for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
-                assert pipe is not None
-                os.set_blocking(pipe.fileno(), False)
-                self._selector.register(pipe, selectors.EVENT_READ, (index, stream))
-            self._watch_end(index, proc)
+            self._register(index, proc)
+
+    def _register(self, index: int, proc: subprocess.Popen[bytes]) -> None:
+        for stream, pipe in (("stdout", proc.stdout), ("stderr", proc.stderr)):
+            assert pipe is not None
+            os.set_blocking(pipe.fileno(), False)
+            self._selector.register(pipe, selectors.EVENT_READ, (index, stream))
+        self._watch_end(index, proc)
 
     def _watch_end(self, index: int, proc: subprocess.Popen[bytes]) -> None:
         """Have the selector wake up when ``proc`` ends: its pidfd, or a thread that waits for it."""
@@ -185,16 +228,91 @@ class LocalLaunch:
 
     def _supervise(self) -> None:
         """Forward output and note each end until every instance has ended."""
-        while len(self._ends) < len(self._procs):
+        while self._live or self._held:
             kill_at = self._kill_at
-            timeout = None if kill_at is None else max(0.0, kill_at - time.monotonic())
+            due = [at for at in (kill_at, *self._due.values()) if at is not None]  # the kill, the restarts' delays
+            timeout = max(0.0, min(due) - time.monotonic()) if due else None
             registered = self._selector.get_map()
             for key, _ in self._selector.select(timeout):
                 if registered.get(key.fd) is key:  # not drained and closed by an end earlier in this batch
                     self._dispatch(key)
             self._router.flush()
+            if self._held:
+                self._restart_step()
             if kill_at is not None and time.monotonic() >= kill_at:
                 self.terminate(0)
+
+    def _restart_step(self) -> None:
+        """Start the preparation of restarts now due; take the new processes; give up every restart once stopping."""
+        with self._lock:
+            if self._stopping:
+                self._due.clear()
+                self._preparing.clear()  # a preparation still running is not waited for: its answer is ignored
+            outcomes, self._respawned = self._respawned, {}
+        for index, outcome in sorted(outcomes.items()):
+            if isinstance(outcome, subprocess.Popen):
+                self._take(index, outcome)
+            elif isinstance(outcome, LaunchError):
+                self._say(f"poprun: instance {index} could not start again: {outcome.message}\n")
+            elif isinstance(outcome, BaseException):
+                raise outcome  # a bug in prepare() or respawn: wait() raises it, nothing is left running
+        now = time.monotonic()
+        for index in sorted(i for i, at in self._due.items() if at <= now):
+            with self._lock:
+                del self._due[index]
+                self._preparing.add(index)
+            threading.Thread(target=self._prepare, args=(index,), name="poprun-restart", daemon=True).start()
+        with self._lock:
+            given_up = sorted(i for i in self._held if i not in self._due and i not in self._preparing
+                              and i not in self._respawned)
+        for index in given_up:
+            self._give_up(index)
+
+    def _prepare(self, index: int) -> None:
+        """Ask the restarter for the instance's variables (this may block), then start it again unless given up."""
+        assert self._restarter is not None
+        assert self._respawn is not None
+        variables: Mapping[str, str] | None = None
+        outcome: subprocess.Popen[bytes] | BaseException | None = None
+        try:
+            variables = self._restarter.prepare(index)
+        except BaseException as exc:  # noqa: BLE001 - handed to the supervisor thread, which raises it
+            outcome = exc
+        with self._lock:  # a stop comes either before (nothing starts) or after (it reaches the new process)
+            if index not in self._preparing or self._stopping or self._finished:
+                return  # given up meanwhile (the supervisor does so once it sees the stop)
+            if variables is not None:
+                try:
+                    outcome = self._respawn(index, variables)
+                except BaseException as exc:  # noqa: BLE001 - LaunchError gives the restart up, others are bugs
+                    outcome = exc
+            self._preparing.discard(index)
+            self._respawned[index] = outcome
+            self._wake()
+
+    def _take(self, index: int, proc: subprocess.Popen[bytes]) -> None:
+        """Supervise ``proc``, instance ``index`` started again: its pipes, its end; tell that it started."""
+        del self._held[index]
+        self._procs[index] = proc
+        self._pids.add(proc.pid)
+        self._started[index] = time.monotonic()
+        self._restarts[index] += 1
+        self._live.add(index)
+        self._register(index, proc)
+        self._event(InstanceStarted(index=index, pid=proc.pid, restart=self._restarts[index]))
+
+    def _give_up(self, index: int) -> None:
+        """Instance ``index`` stays ended with its last status; the launch is torn down as after a failure."""
+        self._ends.append(self._held.pop(index))
+        with self._lock:
+            stopping = self._stopping
+        if not stopping:
+            self.terminate(self._grace_s)
+
+    def _say(self, line: str) -> None:
+        """Write poprun's own ``line`` to the sink's stderr, after the output read so far."""
+        self._router.flush()
+        self._sink.write("stderr", line.encode(errors="replace"))
 
     def _dispatch(self, key: selectors.SelectorKey) -> None:
         data: _Key = key.data
@@ -211,9 +329,12 @@ class LocalLaunch:
     def _poll(self, index: int) -> None:
         """Note the end of instance ``index`` if it has ended: drain its pipes, then tell the sink."""
         proc = self._procs[index]
+        if index not in self._live:
+            return
         code = proc.poll()
         if code is None:
             return
+        self._live.discard(index)
         self._waited.discard(index)
         pidfd = self._pidfds.pop(index, None)
         if pidfd is not None:
@@ -227,10 +348,26 @@ class LocalLaunch:
         lost = code == _SSH_FAILED and self._lost is not None and self._lost(index)
         end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
                             signal=-code if code < 0 else None, stopped=stopped, lost=lost)
+        delay = self._restart_after(end)
+        if delay is not None:
+            end = InstanceEnded(index=end.index, pid=end.pid, exit_code=end.exit_code, signal=end.signal,
+                                restarting=True)
+            self._event(end)
+            with self._lock:
+                if not self._stopping:  # a stop that came while the restarter was asked: no restart
+                    self._due[index] = time.monotonic() + max(0.0, delay)
+                self._held[index] = end
+            return
         self._ends.append(end)
         self._event(end)
         if end.status != 0 and not stopped:
             self.terminate(self._grace_s)
+
+    def _restart_after(self, end: InstanceEnded) -> float | None:
+        """Return the restarter's delay before instance ``end.index`` starts again, or None (no restart here)."""
+        if self._restarter is None or self._respawn is None or end.status == 0 or end.stopped or end.lost:
+            return None
+        return self._restarter.restart_after(end, time.monotonic() - self._started[end.index])
 
     def _read(self, key: selectors.SelectorKey, index: int, stream: Stream) -> bool:
         """Read once from a pipe; return False when it is empty for now or has ended."""
@@ -263,7 +400,7 @@ class LocalLaunch:
             self._finished = True  # from now on terminate() does nothing: the group id may be reused
             self._selector.unregister(self._wake_r)
             self._watchdog.close()
-        kill_adopted(self._watchdog.group, {p.pid for p in self._procs}, self._watchdog.started)
+        kill_adopted(self._watchdog.group, self._pids, self._watchdog.started)
         self._drain_to_the_end()
         self._close()
         remove_directories(self._remove)  # again: a killed process may have written there meanwhile

@@ -201,6 +201,19 @@ def starting_in(group: int) -> None:
         _cgroups.pop(group)  # refused: the launch goes on without it
 
 
+def started_in(group: int) -> None:
+    """
+    Move this process out of the cgroup of the launch whose group is ``group`` again, after :func:`starting_in`.
+
+    For a process started once the launch runs (an instance started again): the watchdog is
+    ready already, so nothing else would move poprun out.
+    """
+    cgroup = _cgroups.get(group)
+    if cgroup is not None:
+        with contextlib.suppress(OSError):
+            cgroup.leave()
+
+
 def _start_time(pid: int) -> int:
     """Return when ``pid`` started, in clock ticks after boot (field 22 of ``/proc/PID/stat``); 0 if unknown."""
     return start_time(pid) or 0

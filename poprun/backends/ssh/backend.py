@@ -56,20 +56,23 @@ from poprun.backends._process.instance import (
     start_instance,
 )
 from poprun.backends._process.output import Router
-from poprun.backends._process.supervisor import LocalLaunch
+from poprun.backends._process.supervisor import LocalLaunch, Respawn
 from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
+    RESTARTS_INSTANCES,
     Event,
     LaunchError,
     OutputSink,
+    Restarter,
     TemporaryCache,
     environment,
 )
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.events import HostChecked
 from poprun.core.localhost import is_this_machine
+from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -306,7 +309,8 @@ def _kill_naming(directory: str) -> None:
 
 
 def remote_command(instance: Instance, *, cache: str | None = None, cache_instances: Sequence[int] = (),
-                   host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, stdin_directory: str | None = None) -> str:
+                   host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, stdin_directory: str | None = None,
+                   check: bool = True) -> str:
     """
     Return the shell text that checks, then (on poprun's "G") runs ``instance`` on its host.
 
@@ -325,6 +329,8 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
 
     ``stdin_directory``: the program reads its standard input from a FIFO that its wrapper makes
     in this new directory there, and :func:`stdin_command`'s session fills (None: /dev/null).
+    Without ``check`` (an instance started again: its host passed already), the session prints
+    nothing of its own and starts on "G".
     """
     lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
     if instance.env.unset:
@@ -335,7 +341,8 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
         where = '"$__poprun_k"'
     # the check prints in a subshell that survives a closed session (poprun killed meanwhile): the
     # wrapper must still run, to see the end of its input and remove what the first instance made
-    lines.append(f"(trap '' PIPE\n{_check_script(instance)}\n)")
+    if check:
+        lines.append(f"(trap '' PIPE\n{_check_script(instance)}\n)")
     lines.append(f"sh -c {shlex.quote(_WRAPPER)} poprun-instance {host_timeout_s:g} "
                  f"{shlex.quote(stdin_directory or '-')} {where} " + shlex.join(bound_argv(instance)))
     return "\n".join(lines)
@@ -621,7 +628,7 @@ class SshBackend:
     """Runs the instances of remote hosts through ssh, and those of this machine as child processes."""
 
     name: ClassVar[str] = "ssh"
-    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START})
+    capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START, RESTARTS_INSTANCES})
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
@@ -634,9 +641,11 @@ class SshBackend:
         return probe_topologies(hosts, environ=environ)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> LocalLaunch:
+               cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
         """
         Check every host, then start every instance; return without waiting.
+
+        With ``restarter``, a failed instance starts again alone when it says so (:func:`_respawner`).
 
         ``cache``, when to be removed at the end, is made on every remote host that lacks it
         (see :func:`remote_command`) and removed there by the last of its instances.
@@ -658,13 +667,14 @@ class SshBackend:
         client = SshClient(config=config, host_timeout_s=timeout_s,
                            connect_timeout_s=CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
         try:
-            return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache)
+            return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache, restarter=restarter)
         except BaseException:
             client.close()
             raise
 
     def _launch(self, plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
-                sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None) -> LocalLaunch:
+                sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None,
+                restarter: Restarter | None = None) -> LocalLaunch:
         budget = preflight_budget(source, timeout_s)
         deadline = time.monotonic() + budget
         slots = _slots(plan)
@@ -699,7 +709,7 @@ class SshBackend:
             raise
         ordered = [procs[i] for i in range(len(plan.instances))]
         sessions.go(router)
-        beat = _Heartbeat([procs[index] for index in sorted(remote)], interval_s=timeout_s / 3)
+        beat = _Heartbeat(procs, sorted(remote), interval_s=timeout_s / 3)
         feeder = _feed(client, plan.instances[0].host, stdin, stdin_directory, env=source, group=clients.group)
 
         def stop(sig: int) -> None:
@@ -724,8 +734,75 @@ class SshBackend:
                         procs[index].stdin.close()  # type: ignore[union-attr]
             client.close()
 
+        respawn = None if restarter is None else _respawner(
+            plan, envs, procs, client=client, slots=slots, remote=remote, cache=made, timeout_s=timeout_s, env=source,
+            groups=(clients.group, watchdog.group))
         return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           remove=remove, stop=stop, remote=remote, finish=finish, lost=lost)
+                           remove=remove, stop=stop, remote=remote, finish=finish, lost=lost, restarter=restarter,
+                           respawn=respawn)
+
+
+def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], procs: dict[int, subprocess.Popen[bytes]], *,
+               client: SshClient, slots: dict[int, int], remote: frozenset[int], cache: str | None, timeout_s: float,
+               env: dict[str, str], groups: tuple[int, int]) -> Respawn:
+    """
+    Return the :data:`~poprun.backends._process.supervisor.Respawn` of a launch: an instance of this machine as it first started, a remote one in a new session.
+
+    The new session goes through the host's shared connection, reads its variables (the
+    restarter's added) and "G" at once from its input, never from its command line, and runs
+    no check (its host passed). It reads ``/dev/null``. It may make the temporary cache again,
+    as a host's first instance does: should the failed run have been the last of its host to
+    end, its wrapper removed it (its content is then lost); the new run holds its lock while it
+    runs, so the cache is not removed under it, and the last instance of the host to end removes it.
+    ``procs`` (the launch's sessions, by index, which the heartbeat and the stops read) gets
+    the new session once its input is written. ``cache``: the temporary cache made here (None:
+    none); ``env``: the launching environment (ssh's); ``groups``: the process groups of the
+    ssh sessions and of the launch (this machine's instances).
+    """
+
+    def respawn(index: int, variables: Mapping[str, str]) -> subprocess.Popen[bytes]:
+        instance, environ = plan.instances[index], envs[index] | dict(variables)
+        if index not in remote:
+            return start_instance(instance, environ, executable(instance, environ), groups[1], restart=True)
+        again = evolve(instance, env=evolve(instance.env, set=tuple(sorted((dict(instance.env.set) | dict(variables)).items()))))
+        command = remote_command(again, cache=cache, cache_instances=(index,), host_timeout_s=timeout_s, check=False)
+        data = environment_input(again, environ) + b"G\n"
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
+                client.argv(instance.host, command, slot=slots[index]), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, process_group=groups[0])
+        except OSError as exc:
+            raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+        _write_input(proc, data, timeout_s=timeout_s)
+        old = procs.get(index)
+        if old is not None and old.stdin is not None:
+            with contextlib.suppress(OSError):
+                old.stdin.close()
+        procs[index] = proc
+        return proc
+
+    return respawn
+
+
+def _write_input(proc: subprocess.Popen[bytes], data: bytes, *, timeout_s: float) -> None:
+    """Write ``data`` to a new session's input, for ``timeout_s`` at most (then the session is killed: it ends failed)."""
+    assert proc.stdin is not None
+    fd = proc.stdin.fileno()
+    os.set_blocking(fd, False)
+    view, deadline = memoryview(data), time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_WRITE)
+        while view and time.monotonic() < deadline:
+            if not selector.select(max(0.0, deadline - time.monotonic())):
+                continue
+            try:
+                view = view[os.write(fd, view[:65536]):]
+            except BlockingIOError:
+                continue
+            except OSError:  # the session is gone: its end says why
+                return
+    if view:
+        proc.kill()
 
 
 def _feed(client: SshClient, host: str, stdin: int | None, directory: str | None, *, env: Mapping[str, str],
@@ -829,16 +906,18 @@ class _Heartbeat:
     kills its program: so no instance outlives a launch that cannot reach it any more.
     """
 
-    def __init__(self, procs: list[subprocess.Popen[bytes]], *, interval_s: float) -> None:
-        self._procs, self._interval_s = procs, interval_s
+    def __init__(self, procs: Mapping[int, subprocess.Popen[bytes]], indices: Sequence[int], *,
+                 interval_s: float) -> None:
+        self._procs, self._indices, self._interval_s = procs, tuple(indices), interval_s  # procs: read at each beat
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="poprun-heartbeat", daemon=True)
-        if procs:
+        if self._indices:
             self._thread.start()
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval_s):
-            for proc in self._procs:
+            for index in self._indices:
+                proc = self._procs[index]  # an instance started again: its new session
                 if proc.returncode is None:
                     _send(proc, b"H\n")
 
