@@ -139,6 +139,21 @@ class LauncherLaunch:
             with contextlib.suppress(BlockingIOError, OSError):
                 os.write(self._wake_w, b"!")
 
+    def forward(self, sig: int) -> None:
+        """
+        Send ``sig`` to the launcher (``mpirun``, ``srun``), which passes it on to every instance; nothing once ended.
+
+        OpenMPI's mpirun forwards SIGUSR1 and SIGUSR2 to its ranks, and srun most signals to the
+        tasks of its step: ``--signal SIG@SECONDS`` reaches the instances. Job control (SIGTSTP,
+        SIGCONT: Ctrl-Z) is left to the launchers' own terminal handling, as before.
+        """
+        if sig in (signal.SIGTSTP, signal.SIGCONT):
+            return
+        with self._lock:
+            if not self._finished:
+                with contextlib.suppress(ProcessLookupError):
+                    self._proc.send_signal(sig)
+
     def wait(self) -> ApplyResult:
         """Return once the launcher has ended and its output is forwarded."""
         self._done.wait()
