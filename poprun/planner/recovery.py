@@ -127,7 +127,8 @@ def _restart_settings_alone(s: Solver, restarts: int) -> None:
     given = [(flag, getattr(s.spec, field)) for field, flag in _RESTART_ONLY if getattr(s.spec, field) is not None]
     if restarts or not given:
         return
-    flags = ", ".join(flag for flag, _ in given)
+    names_ = [flag for flag, _ in given]
+    flags = names_[0] if len(names_) == 1 else f"{', '.join(names_[:-1])} and {names_[-1]}"
     s.warn("PR223", "restart settings without restarts",
            detail=f"{flags} {'has' if len(given) == 1 else 'have'} no effect: --max-restarts is 0, so a failure "
                   "ends the run", span=given[0][1].origin,
