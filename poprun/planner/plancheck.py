@@ -261,7 +261,9 @@ class _Checker:
         self.nonneg(f"{where}.signal", r.signal, MAX_SIGNAL + 1)
         if len(r.pre_restart) > MAX_COMMAND:
             self.fail(f"{where}.pre_restart", f"is a command of {len(r.pre_restart)} characters (at most {MAX_COMMAND})")
-        if r.signal and r.signal_before_ms >= (r.timeout_ms or 1):
+        if not r.signal and r.signal_before_ms:
+            self.fail(f"{where}.signal_before_ms", f"is {r.signal_before_ms}, but no signal is sent (signal 0)")
+        elif r.signal and r.signal_before_ms >= (r.timeout_ms or 1):
             self.fail(f"{where}.signal_before_ms", f"is {r.signal_before_ms}: a signal is sent before a time limit "
                                                    f"(timeout_ms {r.timeout_ms})")
 
