@@ -118,8 +118,14 @@ def _pre_restart(s: Solver) -> str:
         s.fail("PR216", "number too large", detail=f"the --pre-restart command has {len(given.value)} characters "
                f"(at most {MAX_COMMAND})", span=given.origin, hint="put the command in a script and name the script")
         return ""
-    return s.decide(PREFIX + "pre_restart", given.value, given.origin,
-                    "run on this machine before each restart; its failure ends the run")
+    s.decide(PREFIX + "pre_restart", printable(given.value), given.origin,
+             "run on this machine before each restart; its failure ends the run")
+    return given.value
+
+
+def printable(text: str) -> str:
+    """Return ``text`` as text output shows it: control characters (a newline) escaped, so that it is one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _restart_settings_alone(s: Solver, restarts: int) -> None:

@@ -66,7 +66,9 @@ def describe_recovery(r: Recovery) -> str:
         never = ",".join(map(str, r.never_retry)) or "none"
         parts.append(f"never retried: {never}")
         if r.pre_restart:
-            parts.append(f"before each: {_short(r.pre_restart)}")
+            from poprun.planner.recovery import printable
+
+            parts.append(f"before each: {_short(printable(r.pre_restart))}")
     else:
         parts = ["no restart"]
     if r.timeout_ms:

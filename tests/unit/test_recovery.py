@@ -238,3 +238,13 @@ def test_exit_statuses_are_sorted_once_each_and_none_is_empty() -> None:
         conv.to_statuses("2,256")
 
     assert "PR222" == caught.value.code
+
+
+def test_a_command_with_a_newline_is_shown_on_one_line() -> None:
+    """A --pre-restart command's control characters are escaped in explain (the plan keeps the command)."""
+    solution = plan_of("--max-restarts=1", "--pre-restart=check\nrm -rf /tmp/x")
+    text = render_plan(solution.plan, explain=True)
+
+    assert "check\nrm -rf /tmp/x" == solution.plan.recovery.pre_restart
+    assert "before each: check\\nrm -rf /tmp/x" in text
+    assert ("check\\nrm -rf /tmp/x", "--pre-restart") == decisions(solution)["recovery.pre_restart"]
