@@ -40,7 +40,8 @@ def recovery(s: Solver, hosts: tuple[str, ...]) -> p.Recovery:
     backoff, backoff_max = _backoff(s)
     uptime = _seconds(s, "min_uptime", s.spec.min_uptime, _DEFAULT.min_uptime_ms,
                       "default: a failure sooner than this after its start is a quick one")
-    crash_loop = s.pick(PREFIX + "crash_loop", s.spec.crash_loop, _DEFAULT.crash_loop,
+    loop_given = s.spec.crash_loop if _bounded(s, s.spec.crash_loop, "quick failures in a row") else None
+    crash_loop = s.pick(PREFIX + "crash_loop", loop_given, _DEFAULT.crash_loop,
                         "default: this many quick failures in a row end the run")
     never = _never_retry(s)
     command = _pre_restart(s)
@@ -58,12 +59,17 @@ def recovery(s: Solver, hosts: tuple[str, ...]) -> p.Recovery:
 
 def _restarts(s: Solver) -> int:
     given = s.spec.max_restarts
-    if given is not None and given.value > MAX_RESTARTS:
-        s.fail("PR216", "number too large", detail=f"{given.value} restarts is more than poprun plans for "
-               f"(at most {MAX_RESTARTS})", span=given.origin, hint=f"use at most {MAX_RESTARTS}")
-        return 0
-    return s.pick(PREFIX + "max_restarts", given, _DEFAULT.max_restarts,
+    return s.pick(PREFIX + "max_restarts", given if _bounded(s, given, "restarts") else None, _DEFAULT.max_restarts,
                   "default: a failure ends the run (no restart)")
+
+
+def _bounded(s: Solver, given: Sourced[int] | None, noun: str) -> bool:
+    """Return whether a count given is within :data:`MAX_RESTARTS` (PR216 when not)."""
+    if given is None or given.value <= MAX_RESTARTS:
+        return True
+    s.fail("PR216", "number too large", detail=f"{given.value} {noun} is more than poprun plans for "
+           f"(at most {MAX_RESTARTS})", span=given.origin, hint=f"use at most {MAX_RESTARTS}")
+    return False
 
 
 def _seconds(s: Solver, key: str, given: Sourced[int] | None, default: int, reason: str) -> int:
@@ -133,8 +139,8 @@ def _restart_settings_alone(s: Solver, restarts: int) -> None:
     given = [(flag, getattr(s.spec, field)) for field, flag in _RESTART_ONLY if getattr(s.spec, field) is not None]
     if restarts or not given:
         return
-    names_ = [flag for flag, _ in given]
-    flags = names_[0] if len(names_) == 1 else f"{', '.join(names_[:-1])} and {names_[-1]}"
+    named = [flag for flag, _ in given]
+    flags = named[0] if len(named) == 1 else f"{', '.join(named[:-1])} and {named[-1]}"
     s.warn("PR223", "restart settings without restarts",
            detail=f"{flags} {'has' if len(given) == 1 else 'have'} no effect: --max-restarts is 0, so a failure "
                   "ends the run", span=given[0][1].origin,

@@ -47,8 +47,8 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True) -> Solution
     Return the plan of ``spec`` in ``ctx``.
 
     Diagnostics:
-        PR202, PR203, PR205-PR209, PR215 (validation); PR300-PR305 (division rules);
-        PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
+        are warnings); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)

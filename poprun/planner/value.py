@@ -206,7 +206,12 @@ def from_seconds_number(value: float) -> int:
     if isinstance(value, int):
         return to_millis(str(value))
     text = format(value, "f") if value == value and abs(value) != float("inf") else str(value)  # noqa: PLR0124 - NaN
-    return to_millis(text)
+    try:
+        return to_millis(text)
+    except InvalidValueError as problem:  # say it as written (1e9), not as formatted (1000000000.000000)
+        shown = repr(value)
+        raise InvalidValueError(problem.detail.replace(text[:20], shown, 1).replace(text, shown), problem.hint,
+                                code=problem.code) from None
 
 
 def seconds_text(millis: int) -> str:

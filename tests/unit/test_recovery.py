@@ -117,6 +117,9 @@ def test_a_first_wait_longer_than_the_default_longest_raises_the_longest() -> No
     (["--signal=USR1@10"], "PR219"),
     (["--timeout=10", "--signal=USR1@10"], "PR220"),
     (["--max-restarts=1", "--restart-backoff=5", "--restart-backoff-max=4.999"], "PR221"),
+    (["--max-restarts=100001"], "PR216"),
+    (["--max-restarts=1", "--crash-loop=100001"], "PR216"),
+    (["--max-restarts=1", "--pre-restart=" + "x" * 4097], "PR216"),
 ])
 def test_conflicts_are_errors(argv: list[str], code: str) -> None:
     """Each conflict between recovery options is an error with its code."""
