@@ -51,6 +51,7 @@ __all__ = [
     "AUTOREPORT_DIRECTORY",
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
+    "DEFAULT_ROLE_NAME",
     "EXECUTABLE_CACHE_PATH",
     "INSTANCE_INDEX",
     "IPUOF_CONFIG_PATH",
@@ -67,12 +68,22 @@ __all__ = [
     "OMPI_SIZE",
     "POPLAR_ENGINE_OPTIONS",
     "POPLAR_TARGET_OPTIONS",
+    "PYTHON_FAULT_HANDLER",
     "REPLICA_INDEX_OFFSET",
+    "RESTART_COUNT",
+    "TORCHELASTIC_MAX_RESTARTS",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCH_GROUP_RANK",
+    "TORCH_GROUP_WORLD_SIZE",
     "TORCH_LOCAL_RANK",
     "TORCH_LOCAL_WORLD_SIZE",
     "TORCH_MASTER_ADDR",
     "TORCH_MASTER_PORT",
     "TORCH_RANK",
+    "TORCH_ROLE_NAME",
+    "TORCH_ROLE_RANK",
+    "TORCH_ROLE_WORLD_SIZE",
     "TORCH_WORLD_SIZE",
     "UNIFORM_REPLICAS_PER_INSTANCE",
     "VIPU_API_GCD_ID",
@@ -91,6 +102,7 @@ __all__ = [
     "num_local_replicas",
     "num_total_replicas",
     "replica_index_offset",
+    "restart_count",
     "uniform_replicas_per_instance",
 ]
 
@@ -128,6 +140,25 @@ TORCH_LOCAL_RANK = "LOCAL_RANK"
 TORCH_LOCAL_WORLD_SIZE = "LOCAL_WORLD_SIZE"
 TORCH_MASTER_ADDR = "MASTER_ADDR"
 TORCH_MASTER_PORT = "MASTER_PORT"
+# The rest of torchrun's contract (its elastic agent's names; one role, "default"): the host's
+# index among the hosts and their number, the rank and size within the role, and the role's name.
+TORCH_GROUP_RANK = "GROUP_RANK"
+TORCH_GROUP_WORLD_SIZE = "GROUP_WORLD_SIZE"
+TORCH_ROLE_RANK = "ROLE_RANK"
+TORCH_ROLE_WORLD_SIZE = "ROLE_WORLD_SIZE"
+TORCH_ROLE_NAME = "ROLE_NAME"
+DEFAULT_ROLE_NAME = "default"
+TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
+
+# Set by the launcher for each attempt (values decided at apply time, never in a saved plan):
+# how many restarts came before this attempt (0 for the first), as poprun and as torchrun name
+# it, and the run's id in torchrun's name.
+RESTART_COUNT = "POPRUN_RESTART_COUNT"
+TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
+TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+
+# Set to 1 under a time limit (unless the user set it), so that a hung Python instance can say where it was.
+PYTHON_FAULT_HANDLER = "PYTHONFAULTHANDLER"
 
 # Variables that real poprun always forwarded from the launching shell.
 ALWAYS_FORWARDED = ("PATH", "LD_LIBRARY_PATH", "PYTHONPATH")
@@ -206,6 +237,11 @@ def master_address(env: Mapping[str, str]) -> tuple[str, int]:
     """Return ``(MASTER_ADDR, MASTER_PORT)``: where instance 0 can be reached (torchrun's defaults)."""
     host = env.get(TORCH_MASTER_ADDR, "").strip() or DEFAULT_MASTER_ADDR
     return host, integer(env, TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
+
+
+def restart_count(env: Mapping[str, str]) -> int:
+    """Return how many restarts came before this attempt: POPRUN_RESTART_COUNT, then torchrun's (0 when unset)."""
+    return max(integer(env, RESTART_COUNT, integer(env, TORCHELASTIC_RESTART_COUNT, 0)), 0)
 
 
 def launched_by_mpi(env: Mapping[str, str]) -> bool:

@@ -55,6 +55,11 @@ def getInstanceIndex() -> int:
     return env.instance_index(os.environ)
 
 
+def getRestartCount() -> int:
+    """Return how many times poprun restarted the instances before this attempt (0 when unset)."""
+    return env.restart_count(os.environ)
+
+
 def getNumInstances() -> int:
     """Return the number of instances (1 when unset)."""
     return env.num_instances(os.environ)

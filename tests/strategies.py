@@ -68,6 +68,9 @@ def _field_values(kind: str, choices: tuple[str, ...]) -> st.SearchStrategy[Any]
         "args": st.lists(mpi_words, max_size=4).map(tuple),
         "names": st.lists(env_names, unique=True, min_size=1,
                           max_size=3).map(tuple),
+        "seconds": st.integers(0, 8_640_000_000),
+        "statuses": st.sets(st.integers(0, 255), max_size=4).map(lambda s: tuple(sorted(s))),
+        "signal": st.tuples(st.sampled_from([1, 2, 10, 12, 15, 34]), st.integers(1, 8_640_000_000)),
     }[kind]
 
 

@@ -310,9 +310,12 @@ def _decode_key(raw: str) -> str:
 TYPE_CHECKS: dict[str, Callable[[object], bool]] = {
     "int": lambda v: isinstance(v, int) and not isinstance(v, bool), "bool": lambda v: isinstance(v, bool),
     "str": lambda v: isinstance(v, str), "list": lambda v: isinstance(v, list), "dict": lambda v: isinstance(v, dict),
-    "table": lambda v: isinstance(v, dict), "strs": lambda v: isinstance(v, (str, list))}
+    "table": lambda v: isinstance(v, dict), "strs": lambda v: isinstance(v, (str, list)),
+    "number": lambda v: isinstance(v, int | float) and not isinstance(v, bool),
+    "ints": lambda v: isinstance(v, (str, list))}
 TYPE_NAMES = {"int": "an integer", "bool": "a boolean", "str": "a string", "list": "an array", "dict": "a table",
-              "table": "a table", "strs": "a string or an array of strings"}
+              "table": "a table", "strs": "a string or an array of strings", "number": "a number",
+              "ints": "an array of integers or a string"}
 
 
 def describe(value: object) -> str:

@@ -19,8 +19,13 @@ from poprun.planner.target import Target
 DEFAULT_MASTER_PORT = "29500"
 
 def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cache,
-              target: Target | None, *, backend: str) -> dict[str, str]:
-    """Return the variables every instance shares, as real poprun set them (``backend``: the one that will run them)."""
+             target: Target | None, *, backend: str, recovery: p.Recovery = p.NO_RECOVERY) -> dict[str, str]:
+    """
+    Return the variables every instance shares, as real poprun set them, and torchrun's.
+
+    ``backend``: the one that will run them. MASTER_PORT is left out when ``recovery.choose_port``
+    (the apply step picks it for each attempt).
+    """
     env = {
         names.NUM_TOTAL_REPLICAS: str(topo.num_replicas),
         names.NUM_IPUS_PER_REPLICA: str(topo.ipus_per_replica),
@@ -32,9 +37,15 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         names.TORCH_WORLD_SIZE: str(topo.num_instances),
         names.TORCH_LOCAL_WORLD_SIZE: str(topo.instances_per_host),
         names.TORCH_MASTER_ADDR: master_addr(s, topo, backend),
-        names.TORCH_MASTER_PORT: s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT),
+        names.TORCH_GROUP_WORLD_SIZE: str(len(topo.hosts)),
+        names.TORCH_ROLE_WORLD_SIZE: str(topo.num_instances),
+        names.TORCH_ROLE_NAME: names.DEFAULT_ROLE_NAME,
+        names.TORCHELASTIC_MAX_RESTARTS: str(recovery.max_restarts),
         names.IPUOF_LOG_LEVEL: "WARN",
     }
+    if not recovery.choose_port:
+        env[names.TORCH_MASTER_PORT] = s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
+    fault_handler(s, env, recovery)
     if cache.mode == "user" and cache.path:
         env[names.EXECUTABLE_CACHE_PATH] = cache.path
     autoreport(s, env)
@@ -122,6 +133,18 @@ def _check_resolves(s: Solver, first: str, address: str, backend: str) -> None:
            hint=f"give --host the address of {first}, {how}or set it with -x MASTER_ADDR=ADDRESS")
 
 
+def fault_handler(s: Solver, env: dict[str, str], recovery: p.Recovery) -> None:
+    """Set PYTHONFAULTHANDLER=1 under a time limit, unless the user set it (here or in the launching shell)."""
+    name = names.PYTHON_FAULT_HANDLER
+    if not (recovery.timeout_ms or recovery.stall_timeout_ms) or name in s.ctx.environ:
+        return
+    if any(var.name == name for var in [e.value for e in s.spec.env]
+           + [v for a in s.spec.instance_args for v in a.value.env]):
+        return
+    env[name] = s.decide(name, "1", SourceSpan.derived(name),
+                         "a time limit is set: so that poprun can print where a hung Python instance was")
+
+
 def autoreport(s: Solver, env: dict[str, str]) -> None:
     """Set POPDIST_AUTOREPORT_DIRECTORY, or PR203 when POPLAR_ENGINE_OPTIONS already names a directory."""
     given = s.spec.autoreport_dir
@@ -152,6 +175,7 @@ def instance(s: Solver, topo: p.Topology, i: int, *, argv: tuple[str, ...], cwd:
         names.REPLICA_INDEX_OFFSET: str(offset), names.LOCAL_INSTANCE_INDEX: str(local),
         names.INSTANCE_INDEX: str(i), names.OMPI_RANK: str(i), names.OMPI_LOCAL_RANK: str(local),
         names.TORCH_RANK: str(i), names.TORCH_LOCAL_RANK: str(local),
+        names.TORCH_GROUP_RANK: str(i // per_host), names.TORCH_ROLE_RANK: str(i),
     })
     if partition is not None:
         env[names.VIPU_API_GCD_ID] = str(gcd)

@@ -15,6 +15,7 @@ from poprun.planner import value as conv
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from typing import Any
 
 PLACEMENTS = ("spreadnuma", "scattersocket", "scatternuma", "close", "disabled")
 SSH_KEY_TYPES = ("dsa", "ecdsa", "ed25519", "rsa")
@@ -22,6 +23,7 @@ SYNC_TYPES = ("ST_POD_NATIVE_DEFAULT", "ST_C2_COMPATIBLE", "ST_POD_NATIVE")
 ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
 BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
 VERSION_FORMATS = ("text", "full-json", "full-text")
+SCOPES = ("all", "instance")
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 
@@ -33,7 +35,9 @@ class Option:
     ``kind`` says how its value is read: ``int`` (positive), ``nonneg``, ``port``, ``bool``,
     ``str``, ``path``, ``choice``, ``backend`` (a choice, or a plugin's name), ``hosts``, ``args`` (shell-split; repeats merge),
     ``names`` (comma-separated variable names; repeats merge),
-    ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``count`` (no value),
+    ``instance_args`` (``N:ARGS``; repeats add), ``subnet``, ``seconds`` (a number of seconds,
+    decimals to the millisecond; held in milliseconds), ``statuses`` (comma-separated exit
+    statuses, or ``none``), ``signal`` (``SIG@SECONDS``), ``count`` (no value),
     ``flag`` (no value), ``action`` (a command-line action with a value).
 
     The DSL statements of a row, each a string of keywords: ``dsl`` sets the field from the
@@ -79,8 +83,15 @@ class Option:
             "bool": conv.to_bool, "subnet": conv.to_subnet, "str": str, "path": str, "names": conv.to_names,
             "choice": lambda text: conv.to_choice(text, self.choices),
             "backend": lambda text: conv.to_backend(text, self.choices),
+            "seconds": conv.to_millis, "statuses": conv.to_statuses, "signal": conv.to_signal,
         }
         return converters[self.kind](text)
+
+    def text(self, value: object) -> str:
+        """Return ``value`` written as :meth:`convert` reads it back (``1500`` ms -> ``1.5``)."""
+        writers: dict[str, Callable[[Any], str]] = {
+            "seconds": conv.seconds_text, "statuses": conv.statuses_text, "signal": conv.signal_text}
+        return writers.get(self.kind, str)(value)
 
 
 def _nonneg(text: str) -> int:
@@ -195,6 +206,30 @@ OPTIONS: tuple[Option, ...] = (
     _o("--mask", "mask", "names", "Mask the values of these variables (comma-separated names; repeats add) in "
        "explain, diff, logs and every text output, beside those whose names look secret", "env.mask",
        group="Execution"),
+    _o("--max-restarts", "max_restarts", "nonneg", "Start the instances again after a failure, at most this many "
+       "times in the whole run (0: never)", "recovery.max_restarts", default="0", group="Recovery",
+       dsl="max restarts"),
+    _o("--restart-scope", "restart_scope", "choice", "What a restart starts again: all (every instance; for "
+       "collectives) or instance (only the failed one; for independent workers)", "recovery.scope", default="all",
+       choices=SCOPES, group="Recovery", dsl="restart scope"),
+    _o("--restart-backoff", "restart_backoff", "seconds", "Seconds to wait before the first restart; the wait "
+       "doubles with each restart", "recovery.backoff", default="1", group="Recovery", dsl="restart backoff"),
+    _o("--restart-backoff-max", "restart_backoff_max", "seconds", "The longest wait before a restart, in seconds",
+       "recovery.backoff_max", default="30", group="Recovery", dsl="restart backoff max"),
+    _o("--min-uptime", "min_uptime", "seconds", "A failure sooner than this many seconds after its start is a "
+       "quick one (see --crash-loop)", "recovery.min_uptime", default="5", group="Recovery", dsl="min uptime"),
+    _o("--crash-loop", "crash_loop", "int", "End the run after this many quick failures in a row",
+       "recovery.crash_loop", default="3", group="Recovery", dsl="crash loop"),
+    _o("--never-retry", "never_retry", "statuses", "Exit statuses that end the run at once, never restarted "
+       "(comma-separated, or none)", "recovery.never_retry", default="2,126,127", group="Recovery"),
+    _o("--pre-restart", "pre_restart", "str", "A shell command run on this machine before each restart; its "
+       "failure ends the run", "recovery.pre_restart", group="Recovery", dsl="pre restart"),
+    _o("--timeout", "timeout", "seconds", "End the run after this many seconds (status 124; 0: no limit)",
+       "recovery.timeout", default="0", group="Recovery", dsl="timeout"),
+    _o("--stall-timeout", "stall_timeout", "seconds", "End the run when no instance has written output for this "
+       "many seconds (0: no limit)", "recovery.stall_timeout", default="0", group="Recovery", dsl="stall timeout"),
+    _o("--signal", "signal", "signal", "SIG@SECONDS: send signal SIG (a name such as USR1, or a number) to every "
+       "instance SECONDS before --timeout ends the run", "recovery.signal", group="Recovery", dsl="signal"),
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
        "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution",
        dsl="backend"),

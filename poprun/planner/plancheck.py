@@ -24,7 +24,9 @@ from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.constraint import LIMITS
-from poprun.planner.option import PLACEMENTS, SSH_KEY_TYPES
+from poprun.planner.option import PLACEMENTS, SCOPES, SSH_KEY_TYPES
+from poprun.planner.recovery import MAX_COMMAND, MAX_RESTARTS
+from poprun.planner.value import MAX_SECONDS, MAX_SIGNAL, MAX_STATUS
 
 HINT = "make the plan again with 'poprun plan --format json -o FILE'"
 MAX_PROBLEMS = 20  # a plan with more problems than this is not worth listing them all
@@ -84,6 +86,7 @@ def validate_plan(plan: p.LaunchPlan, *, file: str) -> list[Diagnostic]:
     if plan.partition is not None:
         check.partition(plan.partition)
     check.rest(plan)
+    check.recovery(plan.recovery)
     return check.found[:MAX_PROBLEMS]
 
 
@@ -242,6 +245,27 @@ class _Checker:
             self.fail("$.ssh_keys.key_type", f"is {plan.ssh_keys.key_type!r}, not one of {', '.join(SSH_KEY_TYPES)}")
         for k, name in enumerate(plan.mask):
             self.env_name(f"$.mask[{k}]", name)
+
+
+    def recovery(self, r: p.Recovery) -> None:
+        where = "$.recovery"
+        if r.scope not in SCOPES:
+            self.fail(f"{where}.scope", f"is {r.scope!r}, not one of {', '.join(SCOPES)}")
+        self.nonneg(f"{where}.max_restarts", r.max_restarts, MAX_RESTARTS + 1)
+        self.positive(f"{where}.crash_loop", r.crash_loop, MAX_RESTARTS)
+        for name in ("backoff_ms", "backoff_max_ms", "min_uptime_ms", "timeout_ms", "stall_timeout_ms",
+                     "signal_before_ms"):
+            self.nonneg(f"{where}.{name}", getattr(r, name), MAX_SECONDS * 1000 + 1)
+        for k, status in enumerate(r.never_retry):
+            self.nonneg(f"{where}.never_retry[{k}]", status, MAX_STATUS + 1)
+        self.nonneg(f"{where}.signal", r.signal, MAX_SIGNAL + 1)
+        if len(r.pre_restart) > MAX_COMMAND:
+            self.fail(f"{where}.pre_restart", f"is a command of {len(r.pre_restart)} characters (at most {MAX_COMMAND})")
+        if not r.signal and r.signal_before_ms:
+            self.fail(f"{where}.signal_before_ms", f"is {r.signal_before_ms}, but no signal is sent (signal 0)")
+        elif r.signal and r.signal_before_ms >= (r.timeout_ms or 1):
+            self.fail(f"{where}.signal_before_ms", f"is {r.signal_before_ms}: a signal is sent before a time limit "
+                                                   f"(timeout_ms {r.timeout_ms})")
 
 
 def strict_scalars(conv: Any) -> None:

@@ -24,6 +24,7 @@ from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
 from poprun.planner.binding import bind
 from poprun.planner.context import Context
+from poprun.planner.recovery import recovery
 from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
 from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
@@ -46,8 +47,8 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True) -> Solution
     Return the plan of ``spec`` in ``ctx``.
 
     Diagnostics:
-        PR202, PR203, PR205-PR209, PR215 (validation); PR300-PR305 (division rules);
-        PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
+        are warnings); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)
@@ -70,8 +71,9 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     argv = policy.program(s, require_program=require_program)
     cwd = s.pick("cwd", s.spec.working_dir, s.ctx.cwd, "the directory poprun runs in (section 2.2.4: the same on every host)")
     uses_mpi = policy.mpi_use(s, topology, argv, cwd)  # reads the program once: both steps below need it
+    restarts = recovery(s, topology.hosts)
     base_env = environment.base_env(s, topology, partition, cache, target,
-                                    backend=policy.backend_name(s, topology, uses_mpi=uses_mpi)[0])
+                                    backend=policy.backend_name(s, topology, uses_mpi=uses_mpi)[0], recovery=restarts)
     instances = tuple(
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
@@ -92,7 +94,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         poprun_version=__version__, topology=topology, instances=instances, partition=partition,
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
-        explanation=tuple(s.decisions), warnings=notes, mask=mask,
+        explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts,
     )
 
 

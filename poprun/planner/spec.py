@@ -104,6 +104,18 @@ class Spec:
     program: STuple | None = None
     working_dir: SS | None = None
     mask: STuple | None = None  # variables whose values text output masks (--mask)
+    # Recovery (docs/recovery.md): times are whole milliseconds, as written in seconds.
+    max_restarts: SI | None = None
+    restart_scope: SS | None = None
+    restart_backoff: SI | None = None
+    restart_backoff_max: SI | None = None
+    min_uptime: SI | None = None
+    crash_loop: SI | None = None
+    never_retry: Sourced[tuple[int, ...]] | None = None  # exit statuses, sorted, once each
+    pre_restart: SS | None = None
+    timeout: SI | None = None
+    stall_timeout: SI | None = None
+    signal: Sourced[tuple[int, int]] | None = None  # (signal number, milliseconds before the timeout)
 
 
 def overlay(base: Spec, top: Spec) -> Spec:

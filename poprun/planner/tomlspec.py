@@ -33,7 +33,7 @@ from poprun.planner.spec import EnvVarSpec, InstanceArgsSpec, Sourced, Spec
 __all__ = ["SECTIONS", "load_toml", "parse_toml", "section_keys", "to_toml"]
 
 _ORDER = ("topology", "partition", "cache", "mpi", "env", "instances", "placement", "output", "offline",
-          "profile", "network", "ssh", "run", "program")
+          "profile", "network", "ssh", "run", "recovery", "program")
 # Sections in the order to_toml writes them; a section added to the option table comes last.
 SECTIONS: tuple[str, ...] = (*_ORDER, *(s for s in TOML_KEYS if s not in _ORDER))
 _ENV_KEYS = ("forward", "set", "export")
@@ -45,7 +45,8 @@ _INDEX = re.compile(r"(?:0|[1-9][0-9]{0,8})\Z")
 _EXAMPLES = {"int": "4", "nonneg": "0", "count": "0", "port": "8090", "bool": "true", "subnet": '"10.5.0.0/16"',
              "hosts": '"pod[1-4]"', "args": '["--tag-output"]', "argv": '["python3", "train.py"]',
              "forward": '["PYTHONPATH"]', "export": '["PYTHONPATH", "OMP_NUM_THREADS=8"]',
-             "set": '{ NAME = "value" }', "mpi_args": '["--tag-output"]'}
+             "set": '{ NAME = "value" }', "mpi_args": '["--tag-output"]', "seconds": "30",
+             "statuses": "[2, 126, 127]", "signal": '"USR1@60"'}
 
 
 def section_keys(section: str) -> tuple[str, ...]:
@@ -166,6 +167,12 @@ class _Reader:
             result = self._mpi_args(path, value, self.env[field])
         elif kind == "names":
             result = self._names(path, value)
+        elif kind == "seconds":
+            result = self._seconds(path, value, example)
+        elif kind == "statuses":
+            result = self._statuses(path, value, example)
+        elif kind == "signal":
+            result = self._converted(path, value, example, conv.to_signal)
         elif self.check(path, value, "str", f'"{option.choices[0]}"' if option.choices else example):
             result = self._text(path, str(value), option)
         if result is not None:
@@ -177,6 +184,43 @@ class _Reader:
             "backend": lambda t: conv.to_backend(t, option.choices)}.get(option.kind, str)
         try:
             return convert(text)
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
+
+    def _seconds(self, path: Path, value: object, example: str) -> int | None:
+        """Return a number of seconds (``backoff = 0.5``) in whole milliseconds."""
+        if not self.check(path, value, "number", example) or not isinstance(value, int | float):
+            return None
+        try:
+            return conv.from_seconds_number(value)
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
+
+    def _statuses(self, path: Path, value: object, example: str) -> tuple[int, ...] | None:
+        """Return exit statuses: an array of integers (``[]``: none), or the flag's text (``"2,126"``, ``"none"``)."""
+        if isinstance(value, str):
+            statuses: tuple[int, ...] | None = self._converted(path, value, example, conv.to_statuses)
+            return statuses
+        if not self.check(path, value, "ints", example) or not isinstance(value, list):
+            return None
+        if not all([self.check((*path, i), item, "int", "2") for i, item in enumerate(value)]):  # noqa: C419 - each
+            return None
+        if not value:
+            return ()
+        try:
+            return conv.to_statuses(",".join(map(str, value)))
+        except conv.InvalidValueError as problem:
+            self.invalid(path, problem)
+            return None
+
+    def _converted(self, path: Path, value: object, example: str, convert: Callable[[str], Any]) -> Any:
+        """Return a string value through ``convert``; report its problem at the value."""
+        if not self.check(path, value, "str", example) or not isinstance(value, str):
+            return None
+        try:
+            return convert(value)
         except conv.InvalidValueError as problem:
             self.invalid(path, problem)
             return None
@@ -439,8 +483,7 @@ def _section_doc(spec: Spec, section: str) -> dict[str, Any]:
     for key, field in TOML_KEYS.get(section, {}).items():
         sourced = getattr(spec, field)
         if sourced is not None:
-            kind, value = BY_FIELD[field].kind, sourced.value
-            table[key] = _hosts_doc(value) if kind == "hosts" else list(value) if kind in ("args", "names") else value
+            table[key] = _value_doc(BY_FIELD[field], sourced.value)
     if section == "env":
         table.update(_env_doc([entry.value for entry in spec.env]))
     elif section == "instances":
@@ -450,6 +493,18 @@ def _section_doc(spec: Spec, section: str) -> dict[str, Any]:
     if section == "program" and spec.working_dir is not None:
         table["cwd"] = spec.working_dir.value
     return table
+
+
+def _value_doc(option: Option, value: Any) -> Any:
+    """Return a spec value as its TOML value: seconds as a number, statuses as an array, a signal as text."""
+    kind = option.kind
+    if kind == "hosts":
+        return _hosts_doc(value)
+    if kind in ("args", "names", "statuses"):
+        return list(value)
+    if kind == "seconds":
+        return conv.seconds_number(value)
+    return option.text(value) if kind == "signal" else value
 
 
 def _hosts_doc(hosts: tuple[str, ...]) -> str | list[str]:

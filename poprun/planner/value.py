@@ -167,3 +167,150 @@ def to_env_assignment(text: str) -> tuple[str, str | None]:
         raise InvalidValueError(f"'{name}' is not an environment variable name",
                            "use letters, digits and underscores, not starting with a digit")
     return name, (value if eq else None)
+
+
+MAX_SECONDS = 8_640_000  # 100 days: no run, wait or limit of poprun's is longer
+_SECONDS = re.compile(r"\+?(?:([0-9]+)(?:\.([0-9]*))?|\.([0-9]+))\Z")
+_SECONDS_HINT = "write seconds as a number, such as 30 or 0.5 (to the millisecond)"
+
+
+def to_millis(text: str) -> int:
+    """
+    Return a number of seconds (``30``, ``0.5``: decimals to the millisecond) in whole milliseconds.
+
+    Refused: a negative number, more than 3 decimals that are not zeros, more than :data:`MAX_SECONDS`.
+    """
+    word = text.strip()
+    found = _SECONDS.match(word)
+    if found is None:
+        if re.fullmatch(r"-[0-9.]+", word) and word != "-.":
+            raise InvalidValueError(f"{word} is negative", "use a number of seconds, 0 or more")
+        shown = word if len(word) <= 40 else word[:20] + "..."  # noqa: PLR2004
+        raise InvalidValueError(f"'{shown}' is not a number of seconds", _SECONDS_HINT)
+    whole, decimals = found.group(1) or "0", (found.group(2) or found.group(3) or "")
+    if decimals.rstrip("0")[3:]:
+        raise InvalidValueError(f"{word} is more precise than a millisecond",
+                                "round it to at most 3 decimals, such as 0.125")
+    millis = int(whole[-12:]) * 1000 + int((decimals + "000")[:3])
+    if len(whole.lstrip("0")) > 12 or millis > MAX_SECONDS * 1000:  # noqa: PLR2004 - more than 100 days anyway
+        shown = word if len(word) <= 40 else word[:20] + "..."  # noqa: PLR2004
+        raise InvalidValueError(f"{shown} seconds is more than poprun waits (at most {MAX_SECONDS}, 100 days)",
+                                f"use at most {MAX_SECONDS} seconds", code="PR216")
+    return millis
+
+
+def from_seconds_number(value: float) -> int:
+    """Return a TOML number of seconds (an integer or a float) in whole milliseconds, as :func:`to_millis`."""
+    if value < 0:
+        raise InvalidValueError(f"{value!r} is negative", "use a number of seconds, 0 or more")
+    if isinstance(value, int):
+        return to_millis(str(value))
+    text = format(value, "f") if value == value and abs(value) != float("inf") else str(value)  # noqa: PLR0124 - NaN
+    try:
+        return to_millis(text)
+    except InvalidValueError as problem:  # say it as written (1e9), not as formatted (1000000000.000000)
+        shown = repr(value)
+        raise InvalidValueError(problem.detail.replace(text[:20], shown, 1).replace(text, shown), problem.hint,
+                                code=problem.code) from None
+
+
+def seconds_text(millis: int) -> str:
+    """Return whole milliseconds as seconds, as :func:`to_millis` reads them back (``1500`` -> ``1.5``)."""
+    whole, part = divmod(millis, 1000)
+    return str(whole) if not part else f"{whole}.{part:03d}".rstrip("0")
+
+
+def seconds_number(millis: int) -> int | float:
+    """Return whole milliseconds as a TOML number of seconds: an integer when whole."""
+    return millis // 1000 if millis % 1000 == 0 else millis / 1000
+
+
+MAX_STATUS = 255
+_STATUS_HINT = "write exit statuses from 0 to 255, comma-separated (such as 2,126,127), or none"
+
+
+def to_statuses(text: str) -> tuple[int, ...]:
+    """Return the exit statuses of a comma-separated list (``2,126,127``), sorted, once each; ``none`` is none."""
+    words = [word.strip() for word in text.split(",")]
+    if [w.lower() for w in words] == ["none"]:
+        return ()
+    if not any(words):
+        raise InvalidValueError("no exit status given", _STATUS_HINT)
+    found: set[int] = set()
+    for word in words:
+        if not _INTEGER.match(word):
+            shown = word if len(word) <= 40 else word[:20] + "..."  # noqa: PLR2004
+            raise InvalidValueError(f"'{shown}' is not an exit status" if word else f"'{text}' has an empty item",
+                                    _STATUS_HINT)
+        status = int(word)
+        if not 0 <= status <= MAX_STATUS:
+            raise InvalidValueError(f"{status} is not an exit status (they are 0 to 255)", _STATUS_HINT, code="PR222")
+        found.add(status)
+    return tuple(sorted(found))
+
+
+def statuses_text(statuses: tuple[int, ...]) -> str:
+    """Return exit statuses as :func:`to_statuses` reads them back (``none`` for none)."""
+    return ",".join(map(str, statuses)) if statuses else "none"
+
+
+MAX_SIGNAL = 64
+_SIGNAL_HINT = "write SIGNAL@SECONDS, such as USR1@60 (send SIGUSR1 60 seconds before --timeout ends the run)"
+_UNCATCHABLE = ("SIGKILL", "SIGSTOP")
+
+
+def to_signal(text: str) -> tuple[int, int]:
+    """
+    Return ``(signal number, milliseconds)`` of ``SIG@SECONDS`` (``USR1@60``, ``SIGUSR1@60``, ``10@0.5``).
+
+    The signal is a name (with or without ``SIG``, any case) or a number from 1 to 64; SIGKILL and
+    SIGSTOP are refused (a program cannot catch them to checkpoint). The seconds are more than 0.
+    """
+    name, at, seconds = text.strip().rpartition("@")
+    if not at or not name.strip():
+        raise InvalidValueError(f"'{text}' is not SIGNAL@SECONDS", _SIGNAL_HINT)
+    number = _signal_number(name.strip())
+    millis = to_millis(seconds)
+    if millis == 0:
+        raise InvalidValueError(f"'{text}' sends the signal 0 seconds before the end: no time to act on it",
+                                "give the program time, such as USR1@60")
+    return number, millis
+
+
+def _signal_number(name: str) -> int:
+    import signal
+
+    if _INTEGER.match(name):
+        number = int(name)
+        if not 1 <= number <= MAX_SIGNAL:
+            raise InvalidValueError(f"{number} is not a signal number (1 to {MAX_SIGNAL})", _SIGNAL_HINT)
+    else:
+        word = name.upper() if name.upper().startswith("SIG") else "SIG" + name.upper()
+        known = {n: int(s) for n, s in signal.Signals.__members__.items()}
+        if word not in known:
+            from poprun.core.hint import did_you_mean
+
+            guess = did_you_mean(word.removeprefix("SIG"), tuple(n.removeprefix("SIG") for n in known))
+            raise InvalidValueError(f"'{name}' is not a signal name",
+                                    f"did you mean '{guess}'?" if guess else
+                                    "use a name such as USR1, USR2, TERM or INT, or a number from 1 to 64")
+        number = known[word]
+    if number in (signal.SIGKILL, signal.SIGSTOP):
+        raise InvalidValueError(f"{signal_name(number)} cannot be caught, so no program can act on it",
+                                "use a signal a program can handle, such as USR1 or TERM")
+    return number
+
+
+def signal_name(number: int) -> str:
+    """Return a signal's name without ``SIG`` (``USR1``), or its number when this system names none."""
+    import signal
+
+    try:
+        return signal.Signals(number).name.removeprefix("SIG")
+    except ValueError:
+        return str(number)
+
+
+def signal_text(value: tuple[int, int]) -> str:
+    """Return ``(signal, milliseconds)`` as :func:`to_signal` reads it back (``USR1@60``)."""
+    return f"{signal_name(value[0])}@{seconds_text(value[1])}"

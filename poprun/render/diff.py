@@ -4,7 +4,7 @@ What changed between two plans: ``poprun plan --diff OLD.json``, as text or JSON
 Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
-partition, launch) and returns a :class:`Diff`. A change that is the same on several
+partition, launch, recovery) and returns a :class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -21,7 +21,7 @@ from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
-SECTIONS = ("topology", "placement", "environment", "partition", "launch")
+SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -61,7 +61,8 @@ class Diff:
 
 def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     """Return what changed from plan ``old`` to plan ``new``."""
-    raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new)]
+    raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new),
+           *_record_changes("recovery", "", old.recovery, new.recovery)]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 

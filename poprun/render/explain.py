@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from poprun.planner.environment import is_secret
-from poprun.planner.plan import Decision, Instance, LaunchPlan
+from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
 
@@ -38,7 +38,59 @@ def render_summary(plan: LaunchPlan) -> str:
     else:
         lines.append("partition: none (offline mode)")
     lines.append(f"executable cache: {plan.cache.mode}{' at ' + plan.cache.path if plan.cache.path else ''}")
+    if _policy_set(plan.recovery):
+        lines.append(f"recovery: {describe_recovery(plan.recovery)}")
     return "\n".join(lines) + "\n"
+
+
+def _policy_set(recovery: Recovery) -> bool:
+    """Whether the plan restarts or limits the run (the port plan is not a policy of the user's)."""
+    return (recovery.max_restarts, recovery.timeout_ms, recovery.stall_timeout_ms) != (
+        NO_RECOVERY.max_restarts, NO_RECOVERY.timeout_ms, NO_RECOVERY.stall_timeout_ms)
+
+
+def _seconds(millis: int) -> str:
+    whole, part = divmod(millis, 1000)
+    return (str(whole) if not part else f"{whole}.{part:03d}".rstrip("0")) + " s"
+
+
+def describe_recovery(r: Recovery) -> str:
+    """Return the recovery policy in one line: restarts, then the time limits."""
+    if r.max_restarts:
+        scope = "every instance" if r.scope == "all" else "the failed instance only"
+        parts = [(f"up to {_plural(r.max_restarts, 'restart')} of {scope} in the whole run, waiting "
+                  f"{_seconds(r.backoff_ms)} (doubling, at most {_seconds(r.backoff_max_ms)})")]
+        if r.min_uptime_ms:
+            parts.append(f"{_plural(r.crash_loop, 'failure')} within {_seconds(r.min_uptime_ms)} of start in a row "
+                         "end the run")
+        never = ",".join(map(str, r.never_retry)) or "none"
+        parts.append(f"never retried: {never}")
+        if r.pre_restart:
+            from poprun.planner.recovery import printable
+
+            parts.append(f"before each: {_short(printable(r.pre_restart))}")
+    else:
+        parts = ["no restart"]
+    if r.timeout_ms:
+        from poprun.planner.value import signal_name
+
+        signal = f", SIG{signal_name(r.signal)} {_seconds(r.signal_before_ms)} before it" if r.signal else ""
+        parts.append(f"time limit {_seconds(r.timeout_ms)}{signal}")
+    if r.stall_timeout_ms:
+        parts.append(f"stall limit {_seconds(r.stall_timeout_ms)}")
+    return "; ".join(parts)
+
+
+def render_recovery(plan: LaunchPlan) -> str:
+    """Return the recovery section of ``--explain``: the policy, then each part with where it came from."""
+    rows = [["part", "value", "source", "reason"]]
+    rows += [[d.key.removeprefix(RECOVERY_KEY), _short(d.value), d.source, d.reason]
+             for d in plan.explanation if d.key.startswith(RECOVERY_KEY)]
+    table = "\n".join(_table(rows)) + "\n" if len(rows) > 1 else ""
+    return f"recovery: {describe_recovery(plan.recovery)}\n{table}"
+
+
+RECOVERY_KEY = "recovery."
 
 
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
@@ -79,7 +131,7 @@ def render_placement(instances: Sequence[Instance]) -> str:
 def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
-    rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions]
+    rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions if not d.key.startswith(RECOVERY_KEY)]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -88,12 +140,19 @@ def _short(value: str | int | bool, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_environment(instance: Instance, mask: tuple[str, ...] = ()) -> str:
-    """Return one instance's environment, secrets (and the variables of ``mask``) masked."""
+def render_environment(instance: Instance, mask: tuple[str, ...] = (), *, port_host: str | None = None) -> str:
+    """
+    Return one instance's environment, secrets (and the variables of ``mask``) masked.
+
+    ``port_host``: the host whose free port the apply step picks for MASTER_PORT (None: the plan sets it).
+    """
     lines = [f"environment of instance {instance.index} ({instance.host}):"]
     for name, value in instance.env.set:
         shown = "********" if is_secret(name, mask) else value
         lines.append(f"  {name}={shown}")
+    if port_host is not None:
+        lines.append(f"  MASTER_PORT: chosen at apply time (a free port on {port_host}, and the next one for "
+                     "popdist's hub)")
     if instance.env.forward:
         lines.append(f"  forwarded from the launching shell: {' '.join(instance.env.forward)}")
     if instance.env.unset:
@@ -148,11 +207,14 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     parts = [render_summary(plan), render_instances(plan.instances)]
     if explain:
         parts.append(render_decisions(plan.explanation))
+        parts.append(render_recovery(plan))
         if plan.partition is not None:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
         if any(i.placement.numa_aware for i in plan.instances):
             parts.append(render_placement(plan.instances))
-        parts.append(render_environment(plan.instances[0], plan.mask) + _differences(plan.instances))
+        port_host = plan.instances[0].host if plan.recovery.choose_port else None
+        parts.append(render_environment(plan.instances[0], plan.mask, port_host=port_host)
+                     + _differences(plan.instances))
     parts.append(render_program(plan.instances))
     if backend_text:
         parts.append(backend_text)

@@ -33,7 +33,9 @@ def command_lines(draw: st.DrawFn) -> list[str]:
         "--mpi-global-args=--tag-output --allow-run-as-root", "--mpi-local-args=-x PYTHONPATH -x A=1 --bind-to none",
         "--numa-aware=yes", "--process-placement=close", "--print-topology=yes", "--only-output-from-instance=0",
         "--offline-mode=yes", "--autoreport-dir=/tmp/profiles", "--host-subnet=10.5.0.0/16", "-vv",
-        "--instance-mpi-local-args=0:-x B=2", "--allow-run-as-root=1",
+        "--instance-mpi-local-args=0:-x B=2", "--allow-run-as-root=1", "--max-restarts=2",
+        "--restart-scope=instance", "--restart-backoff=0.25", "--never-retry=none", "--pre-restart=./check 'x' $(id)",
+        "--timeout=600.5", "--stall-timeout=30", "--crash-loop=1", "--min-uptime=0",
     ]
     argv += draw(st.lists(st.sampled_from(optional), unique=True, max_size=8))
     return [*argv, "python3", "train.py", *draw(st.lists(words, max_size=3))]

@@ -71,6 +71,20 @@ CASES = [
     (("backend", "name"), "a b", "$.backend.name"),
     (("instances",), [], "$.instances"),
     (("topology",), _DELETE, "$.topology"),
+    (("recovery", "scope"), "some", "$.recovery.scope"),
+    (("recovery", "max_restarts"), -1, "$.recovery.max_restarts"),
+    (("recovery", "max_restarts"), 10**9, "$.recovery.max_restarts"),
+    (("recovery", "crash_loop"), 0, "$.recovery.crash_loop"),
+    (("recovery", "backoff_ms"), -5, "$.recovery.backoff_ms"),
+    (("recovery", "timeout_ms"), 10**15, "$.recovery.timeout_ms"),
+    (("recovery", "backoff_ms"), 0.5, "$.recovery.backoff_ms"),
+    (("recovery", "never_retry"), [2, 256], "$.recovery.never_retry[1]"),
+    (("recovery", "never_retry"), "2", "$.recovery.never_retry"),
+    (("recovery", "signal"), 65, "$.recovery.signal"),
+    (("recovery", "signal_before_ms"), 5, "$.recovery.signal_before_ms"),
+    (("recovery", "pre_restart"), "check\0", "$.recovery.pre_restart"),
+    (("recovery", "pre_restart"), "x" * 5000, "$.recovery.pre_restart"),
+    (("recovery", "choose_port"), 1, "$.recovery.choose_port"),
 ]
 
 
@@ -108,6 +122,15 @@ def test_plan_without_mask_written_before_it_existed_loads(plan_data):
     del data["mask"]
 
     assert () == from_json(json.dumps(data), file="old.json").mask
+
+
+def test_plan_without_recovery_written_before_it_existed_loads(plan_data):
+    """Older plans lack the recovery key; they load with no restart, no limit and MASTER_PORT in the plan."""
+    data = copy.deepcopy(plan_data)
+    del data["recovery"]
+    plan = from_json(json.dumps(data), file="old.json")
+
+    assert (0, 0, False) == (plan.recovery.max_restarts, plan.recovery.timeout_ms, plan.recovery.choose_port)
 
 
 def test_solver_plans_round_trip(plan_data):

@@ -201,3 +201,18 @@ def test_env_reexports_every_name_and_reader_of_the_contract() -> None:
 
     assert sorted(declared) == sorted(_contract.__all__)
     assert all(getattr(env, name) is getattr(_contract, name) for name in _contract.__all__)
+
+
+@pytest.mark.parametrize(("variables", "expected"), [
+    ({}, 0), ({"POPRUN_RESTART_COUNT": "2"}, 2), ({"TORCHELASTIC_RESTART_COUNT": "3"}, 3),
+    ({"POPRUN_RESTART_COUNT": "1", "TORCHELASTIC_RESTART_COUNT": "5"}, 1), ({"POPRUN_RESTART_COUNT": "x"}, 0),
+    ({"POPRUN_RESTART_COUNT": "-4"}, 0),
+])
+def test_restart_count_is_poprun_s_then_torchrun_s_then_0(monkeypatch, variables, expected):
+    """getRestartCount reads POPRUN_RESTART_COUNT, then TORCHELASTIC_RESTART_COUNT; 0 when unset or garbage."""
+    for name in ("POPRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    assert expected == popdist.getRestartCount()

@@ -115,11 +115,13 @@ def test_environment_matches_real_poprun():
 
 
 def test_torchrun_variables_are_set():
-    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR... let torchrun-style programs run unchanged."""
+    """RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, GROUP_RANK... let torchrun-style programs run unchanged."""
     fields = env(plan_of("--num-replicas=4", "--num-instances=4", "--host=a,b"), 3)
 
     assert {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_ADDR": "a",
-            "MASTER_PORT": "29500"}.items() <= fields.items()
+            "GROUP_RANK": "1", "GROUP_WORLD_SIZE": "2", "ROLE_RANK": "3", "ROLE_WORLD_SIZE": "4",
+            "ROLE_NAME": "default", "TORCHELASTIC_MAX_RESTARTS": "0"}.items() <= fields.items()
+    assert "MASTER_PORT" not in fields
 
 
 def test_user_variables_override_in_order():

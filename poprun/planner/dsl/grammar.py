@@ -34,8 +34,8 @@ PATH = re.compile(r"[^\s'\"#]\S*")
 # The order in which messages list the words a statement may start with (as in the docs);
 # a statement the table adds later is listed after these.
 _START = ("hosts", "partition", "forward", "set", "mask", "mpi", "instance", "placement", "numa", "cache", "offline",
-          "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "cd",
-          "run", "no")
+          "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "never",
+          "cd", "run", "no")
 
 _PARSER: Lark | None = None
 

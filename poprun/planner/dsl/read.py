@@ -240,6 +240,11 @@ class _Statement:
         names = tuple(self._convert(conv.to_names, t, "mask")[0] for t in tokens)
         return [self._set("mask", names, self._span("mask", tokens[0]))]
 
+    def _never_retry(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``never_retry``: exit statuses never restarted (``none``: no token)."""
+        statuses = {s for t in _tokens(tree) for s in self._convert(conv.to_statuses, t, "never_retry")}
+        return [self._set("never_retry", tuple(sorted(statuses)), self._meta_span("never_retry", tree))]
+
     def _forward(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``forward``: variables forwarded from the launching shell."""
         return [self._set("env", self._env(t, None), self._span("env.forward", t)) for t in _tokens(tree)]

@@ -34,7 +34,7 @@ _APART = ("offline_mode", "offline_target", "distribute_ssh_key", "vipu_server_p
 def to_dsl(spec: Spec) -> str:
     """Return ``spec`` written in the DSL, one statement per line, in a fixed order."""
     lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env),
-             *_mask_lines(spec), *_mpi_lines(spec), *_instance_lines(spec), *_table_lines(spec, ""),
+             *_mask_lines(spec), *_mpi_lines(spec), *_instance_lines(spec), *_table_lines(spec, ""), *_never_retry_lines(spec),
              *_offline_lines(spec), *_ssh_lines(spec), *_cd_lines(spec), *_run_lines(spec)]
     return "".join(f"{line}\n" for line in lines)
 
@@ -127,7 +127,7 @@ def _statement(option: Option, value: object) -> str:
         return option.dsl_off
     if option.kind in _NUMBER_KINDS:
         return f"{option.dsl} {value}"
-    text, keywords = str(value), _following(option.dsl)
+    text, keywords = option.text(value), _following(option.dsl)
     if option.kind == "path" and not option.dsl_in:
         return f"{option.dsl} {_path(text, keywords=keywords)}"
     return f"{option.dsl} {_word(text, keywords=keywords)}"
@@ -152,6 +152,11 @@ def _env_lines(env: tuple[Sourced[EnvVarSpec], ...]) -> Iterator[str]:
         yield f"set {item.value.name} = {value if _BARE.fullmatch(value) else _string(value)}"
     if forwards:
         yield f"forward {', '.join(forwards)}"
+
+
+def _never_retry_lines(spec: Spec) -> Iterator[str]:
+    if spec.never_retry is not None:
+        yield f"never retry {', '.join(map(str, spec.never_retry.value)) or 'none'}"
 
 
 def _mask_lines(spec: Spec) -> Iterator[str]:
