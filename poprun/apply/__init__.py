@@ -241,10 +241,6 @@ class _Relay:
             self.event(InstanceOutputTruncated(index=cut, kept=kept))
 
 
-# Set at apply time in every instance (their names join popdist's contract)
-_RESTART_COUNT = "POPRUN_RESTART_COUNT"
-_TE_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
-_TE_RUN_ID = "TORCHELASTIC_RUN_ID"
 _CAPTURE = 256 << 10  # bytes of an instance's stderr kept once a limit is reached (faulthandler's stacks)
 
 
@@ -285,7 +281,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             clock.lap("partition")
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
             run_id = record.id if record is not None else new_id(time.time())
-            added |= {_TE_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None else {})
+            added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None else {})
             try:
                 result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
                                    cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
@@ -359,7 +355,7 @@ class _Attempts:
                 hint="use --restart-scope all (every instance starts again), or the local, offline or ssh backend"),))
         while True:
             port, chosen = self._master_port()
-            variables = self.added | {_RESTART_COUNT: str(number), _TE_RESTART_COUNT: str(number)}
+            variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
             if chosen:
                 variables[names.TORCH_MASTER_PORT] = str(port)
             applied = self.plan.with_variables(variables)
@@ -438,7 +434,7 @@ class _Attempts:
                 return self._stopped(ApplyResult(statuses=())) or "stopped"
             if self.recovery.pre_restart:
                 failed = run_pre_restart(self.recovery.pre_restart, self.environ,
-                                         {RUN_ID: self.run_id, _RESTART_COUNT: str(number)}, cancelled=woken)
+                                         {RUN_ID: self.run_id, names.RESTART_COUNT: str(number)}, cancelled=woken)
                 if failed is not None:
                     return self._stopped(ApplyResult(statuses=())) or failed
         except Stopped as exc:  # a signal in the main thread while waiting
@@ -579,12 +575,12 @@ class _InstanceRestarts:
             return None
         if a.recovery.pre_restart:
             failed = run_pre_restart(a.recovery.pre_restart, a.environ,
-                                     {RUN_ID: a.run_id, _RESTART_COUNT: str(count)},
+                                     {RUN_ID: a.run_id, names.RESTART_COUNT: str(count)},
                                      cancelled=a.control._woken)  # noqa: SLF001
             if failed is not None:
                 self.gave_up = f"not restarted: {failed}"
                 return None
-        return {_RESTART_COUNT: str(count), _TE_RESTART_COUNT: str(count)}
+        return {names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
 
 
 class _Clock:

@@ -225,7 +225,7 @@ def test_a_busy_master_port_the_user_set_stops_the_launch_before_it_starts(tmp_p
         server.bind(("0.0.0.0", 0))  # noqa: S104 - any address: as a rendezvous would
         server.listen()
         port = server.getsockname()[1]
-        done = poprun("--num-instances", "1", "--num-replicas", "1", "-x", f"MASTER_PORT={port}", "sh", "-c",
+        done = poprun("--num-instances", "1", "--num-replicas", "1", f"--mpi-local-args=-x MASTER_PORT={port}", "sh", "-c",
                       "echo ran", cwd=tmp_path)
 
     assert (125, "") == (done.returncode, done.stdout)
