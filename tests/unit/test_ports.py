@@ -34,7 +34,7 @@ class Host:
     def __init__(self, text: str, *, status: int = 0, fail: str | None = None) -> None:
         self.text, self.status, self.fail, self.scripts = text, status, fail, []
 
-    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],  # noqa: ARG002
                     timeout_s: float) -> tuple[int, bytes]:  # noqa: ARG002 - the protocol's
         self.scripts.append(script)
         if self.fail is not None:
