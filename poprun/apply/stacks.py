@@ -44,6 +44,7 @@ _NOTES = {
     "core": "no stack: PYTHONFAULTHANDLER is set, but its core size limit could not be set to 0 (prlimit missing), "
             "so it was not sent SIGABRT (a core file could be left behind)",
     "signal": "no stack: SIGABRT could not be sent to it",
+    "isolated": "no stack: no py-spy, and it runs with python -I or -E, which ignores PYTHONFAULTHANDLER",
     "none": "no stack: py-spy is not installed on the host and PYTHONFAULTHANDLER is not set in the instance's "
             "environment (install py-spy there, or set PYTHONFAULTHANDLER=1)",
 }
@@ -82,7 +83,10 @@ for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/envi
     fi
     printf 'spyfail %s %s\\n' "$__poprun_p" "$(printf '%s\\n' "$__poprun_o" | head -c 2048 | __poprun_hex)"
   fi
-  if printf '%s\\n' "$__poprun_env" | grep -q '^PYTHONFAULTHANDLER=.'; then
+  __poprun_iso=$(tr '\\0' '\\n' < "$__poprun_d/cmdline" 2>/dev/null | sed 1d | while IFS= read -r __poprun_w; do
+    case $__poprun_w in -c|-m|--*) break;; -*[IE]*) echo 1; break;; -*) ;; *) break;; esac; done)
+  if [ -n "$__poprun_iso" ]; then echo "note $__poprun_p isolated"
+  elif printf '%s\\n' "$__poprun_env" | grep -q '^PYTHONFAULTHANDLER=.'; then
     command -v prlimit >/dev/null 2>&1 && prlimit --core=0 --pid "$__poprun_p" >/dev/null 2>&1
     if grep -q '^Max core file size  *0 ' "$__poprun_d/limits" 2>/dev/null; then
       if kill -ABRT "$__poprun_p" 2>/dev/null; then echo "note $__poprun_p faulthandler"

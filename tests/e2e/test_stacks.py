@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import resource
+import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
@@ -108,3 +109,47 @@ def test_a_backend_that_cannot_reach_the_host_gives_a_line_not_an_exception():
 
     assert {0: "pod9 did not answer: host 'pod9' is not this machine: the local backend runs commands here only",
             1: "pod9 did not answer: host 'pod9' is not this machine: the local backend runs commands here only"} == found
+
+
+def test_a_python_that_ignores_pythonfaulthandler_is_never_signalled(tmp_path, run_id):
+    """python -I (mpirun's output relay runs so) ignores PYTHONFAULTHANDLER: SIGABRT would kill it, so none is sent."""
+    # GIVEN the instance (a plain python) and a second process of instance 0 that runs with -I
+    launch, _ = launched(tmp_path, run_id, python=BASE_PYTHON, instances=1, extra=(("PYTHONFAULTHANDLER", "1"),))
+    env = os.environ | {"POPRUN_RUN_ID": run_id, "POPDIST_INSTANCE_INDEX": "0", "PYTHONFAULTHANDLER": "1"}
+    with subprocess.Popen([BASE_PYTHON, "-I", "-S", "-c", "import time; print(1, flush=True); time.sleep(60)"],
+                          env=env, stdout=subprocess.PIPE) as isolated:
+        try:
+            assert isolated.stdout is not None
+            isolated.stdout.readline()
+            found = collect_stacks(LocalBackend(), {0: "localhost"}, run_id, environ=os.environ | {"PATH": NO_PY_SPY},
+                                   timeout_s=30, skip_pid=os.getpid())
+            alive = isolated.poll() is None
+        finally:
+            isolated.kill()
+            launch.terminate(0)
+            launch.wait()
+
+    assert "it runs with python -I or -E, which ignores PYTHONFAULTHANDLER" in found[0]
+    assert FAULTHANDLER in found[0]  # the instance itself
+    assert alive
+
+
+def test_mpirun_instances_show_their_stacks(tmp_path, run_id):
+    """Under the mpirun backend (this machine): each instance's stack, found by the run id mpirun passed on."""
+    from poprun.backends.registry import default_registry
+
+    backend = default_registry(environ={"POPRUN_NO_PLUGINS": "1"}).get("mpirun")
+    plan = hang_plan(tmp_path, backend="mpirun", hosts=("localhost",), run_id=run_id)
+    sink = MemorySink()
+    launch = backend.launch(plan, env_source=dict(os.environ) | {"OMPI_ALLOW_RUN_AS_ROOT": "1",
+                                                                 "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}, sink=sink)
+    try:
+        wait_ready(sink, 2)
+        found = collect_stacks(backend, {0: "localhost", 1: "localhost"}, run_id, environ=os.environ, timeout_s=30,
+                               skip_pid=os.getpid())
+    finally:
+        launch.terminate(0)
+        launch.wait()
+
+    for text in found.values():
+        assert "hang_here (<string>:6)" in text, text
