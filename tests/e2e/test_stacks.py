@@ -111,10 +111,8 @@ def test_a_backend_that_cannot_reach_the_host_gives_a_line_not_an_exception():
             1: "pod9 did not answer: host 'pod9' is not this machine: the local backend runs commands here only"} == found
 
 
-def test_a_python_that_ignores_pythonfaulthandler_is_never_signalled(tmp_path, run_id):
+def test_a_python_that_ignores_pythonfaulthandler_is_never_signalled(run_id):
     """python -I (mpirun's output relay runs so) ignores PYTHONFAULTHANDLER: SIGABRT would kill it, so none is sent."""
-    # GIVEN the instance (a plain python) and a second process of instance 0 that runs with -I
-    launch, _ = launched(tmp_path, run_id, python=BASE_PYTHON, instances=1, extra=(("PYTHONFAULTHANDLER", "1"),))
     env = os.environ | {"POPRUN_RUN_ID": run_id, "POPDIST_INSTANCE_INDEX": "0", "PYTHONFAULTHANDLER": "1"}
     with subprocess.Popen([BASE_PYTHON, "-I", "-S", "-c", "import time; print(1, flush=True); time.sleep(60)"],
                           env=env, stdout=subprocess.PIPE) as isolated:
@@ -126,11 +124,8 @@ def test_a_python_that_ignores_pythonfaulthandler_is_never_signalled(tmp_path, r
             alive = isolated.poll() is None
         finally:
             isolated.kill()
-            launch.terminate(0)
-            launch.wait()
 
-    assert "it runs with python -I or -E, which ignores PYTHONFAULTHANDLER" in found[0]
-    assert FAULTHANDLER in found[0]  # the instance itself
+    assert "it runs with python -I or -E, which ignores PYTHONFAULTHANDLER" in found[0], found
     assert alive
 
 
