@@ -281,7 +281,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             clock.lap("partition")
             added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
             run_id = record.id if record is not None else new_id(time.time())
-            added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None else {})
+            limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
+            added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None or limited else {})
             try:
                 result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
                                    cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
@@ -449,9 +450,9 @@ class _Attempts:
         from poprun.apply import ports
 
         if self.recovery.choose_port:
-            port = ports.choose_port(self.backend, first.host, environ=self.environ, avoid=tuple(self.ports))
-            self.ports.append(port)
-            return port, True
+            choice = ports.choose_port(self.backend, first.host, environ=self.environ, avoid=tuple(self.ports))
+            self.ports.append(choice.port)
+            return choice.port, True
         given = first.env.get(names.TORCH_MASTER_PORT)
         if given is None and names.TORCH_MASTER_PORT in first.env.forward:
             given = self.environ.get(names.TORCH_MASTER_PORT)
@@ -491,9 +492,9 @@ class _Attempts:
         try:
             from poprun.apply.stacks import collect_stacks
 
-            hosts = tuple(dict.fromkeys(i.host for i in self.plan.instances))
+            hosts = {i.index: i.host for i in self.plan.instances}
             self.stacks = dict(collect_stacks(self.backend, hosts, self.run_id, environ=self.environ,
-                                              timeout_s=_STACKS_TIMEOUT_S))
+                                              timeout_s=_STACKS_TIMEOUT_S, skip_pid=os.getpid()))
         except Exception as exc:  # noqa: BLE001 - a report without stacks, never a run that does not stop
             self.stacks = {-1: f"the stacks could not be read: {exc}"}
         if self.stacks:
@@ -504,7 +505,7 @@ class _Attempts:
         stacks = dict(self.stacks)
         captured = self.relay.captured or {}
         for index, text in stacks.items():
-            if "faulthandler" in text and index in captured:
+            if FAULTHANDLER in text and index in captured:
                 dump = _faulthandler_dump(bytes(captured[index]).decode(errors="replace"))
                 if dump:
                     stacks[index] = dump
@@ -512,6 +513,9 @@ class _Attempts:
 
 
 _STACKS_TIMEOUT_S = 10.0
+
+
+FAULTHANDLER = "faulthandler"  # what a stack read through faulthandler says (poprun.apply.stacks.FAULTHANDLER)
 
 
 def _faulthandler_dump(text: str) -> str:

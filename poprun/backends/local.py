@@ -162,6 +162,20 @@ class LocalBackend:
             masks.append(cpus)
         return masks
 
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, bytes]:
+        """
+        Run ``script`` with ``/bin/sh -s`` here (:class:`~poprun.backends.base.HostCommands`); ``host`` must be this machine.
+
+        Raises:
+            LaunchError: for another host, or when /bin/sh cannot start.
+        """
+        from poprun.backends._process.hostscript import run_here
+
+        if not is_this_machine(host):
+            raise LaunchError(f"host '{host}' is not this machine: the local backend runs commands here only")
+        return run_here(script, environ=environ, timeout_s=timeout_s)
+
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
                cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
         """

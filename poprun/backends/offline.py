@@ -8,6 +8,8 @@ the instances get exactly the plan's argv, cwd and environment, as with ``local`
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from poprun.backends.local import LocalBackend
 from poprun.planner.plan import LaunchPlan
 
@@ -24,3 +26,10 @@ class OfflineBackend(LocalBackend):
 
     def check_hosts(self, plan: LaunchPlan) -> None:
         """Accept every host: offline, all instances run on this machine."""
+
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],  # noqa: ARG002 - every host is here
+                    timeout_s: float) -> tuple[int, bytes]:
+        """Run ``script`` with ``/bin/sh -s`` here, whatever ``host`` is: offline, every host's commands run here."""
+        from poprun.backends._process.hostscript import run_here
+
+        return run_here(script, environ=environ, timeout_s=timeout_s)

@@ -56,7 +56,7 @@ def _local() -> Backend:
 def _mpirun() -> Backend:
     from poprun.backends.mpirun.backend import MpirunBackend
 
-    return MpirunBackend()
+    return MpirunBackend(remote=_ssh)  # type: ignore[arg-type] # run_on_host: other hosts as the ssh backend reaches them
 
 
 def _ssh() -> Backend:

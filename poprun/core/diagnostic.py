@@ -91,6 +91,8 @@ CODES: dict[str, str] = {
     "PR422": "mpirun could not start on a host",
     "PR423": "not enough slots for mpirun",
     "PR430": "output files cannot be written safely",
+    "PR440": "port already in use",
+    "PR441": "popdist's hub port already in use",
     "PR450": "this backend cannot restart one instance",
     "PR500": "partition not found",
     "PR501": "V-IPU server unreachable",

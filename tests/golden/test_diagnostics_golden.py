@@ -17,7 +17,8 @@ CASE_DIRS = case_dirs(Path(__file__).parent / "diagnostics")
 # Codes that need real ssh hosts (or a live run) have their golden cases beside the tests that bring them up.
 HOST_CASE_DIRS = [*case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden"),
                   *case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden_mpirun"),
-                  *case_dirs(Path(__file__).parents[1] / "e2e" / "runs_golden")]
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "runs_golden"),
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "ports_golden")]
 
 
 def stderr_of(case: Path, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -41,7 +41,7 @@ import selectors
 import signal
 import subprocess
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from poprun.backends._process import watchdog as watchdog_module
@@ -50,7 +50,15 @@ from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_re
 from poprun.backends._process.launcher import LauncherLaunch, start_launcher
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog
-from poprun.backends.base import PROCESSES, ApplyResult, InstanceEnded, LaunchError, OutputSink, TemporaryCache
+from poprun.backends.base import (
+    PROCESSES,
+    ApplyResult,
+    HostCommands,
+    InstanceEnded,
+    LaunchError,
+    OutputSink,
+    TemporaryCache,
+)
 from poprun.backends.mpirun.command import mpirun_command, render_explained
 from poprun.backends.mpirun.mpiout import TagSplitter, parse_failure
 from poprun.backends.mpirun.mpirelay import RELAY_VARIABLE, Relay, relay_words
@@ -64,7 +72,7 @@ from poprun.backends.mpirun.mpistart import (
     startup_failure,
 )
 from poprun.core.diagnostic import DiagnosticError
-from poprun.core.localhost import local_names
+from poprun.core.localhost import is_this_machine, local_names
 from poprun.core.process import start_time
 from poprun.core.record import evolve
 from poprun.planner.plan import Instance, LaunchPlan
@@ -334,8 +342,29 @@ class MpirunBackend:
     name: ClassVar[str] = "mpirun"
     capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES})  # mpirun itself finds a missing directory
 
-    def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
+    def __init__(self, *, grace_s: float = DEFAULT_GRACE_S, remote: Callable[[], HostCommands] | None = None) -> None:
         self.grace_s = grace_s
+        self._remote = remote  # how other hosts are reached for run_on_host (the registry's: the ssh backend's way)
+        self._reach: HostCommands | None = None
+
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, bytes]:
+        """
+        Run ``script`` on ``host``: here when it is this machine, else as the ssh backend does (mpirun's daemons use ssh too).
+
+        Raises:
+            LaunchError: when the host cannot be reached, or no way to reach other hosts was given.
+        """
+        if is_this_machine(host):
+            from poprun.backends._process.hostscript import run_here
+
+            return run_here(script, environ=environ, timeout_s=timeout_s)
+        if self._remote is None:
+            raise LaunchError(f"cannot run a command on {host}: this mpirun backend was made without a way to reach "
+                              "other hosts")
+        if self._reach is None:
+            self._reach = self._remote()
+        return self._reach.run_on_host(host, script, environ=environ, timeout_s=timeout_s)
 
     def describe(self, plan: LaunchPlan) -> str:
         """Return the ``mpirun command: ...`` line of ``poprun plan``: the command as it runs, secrets masked."""

@@ -370,6 +370,13 @@ class SlurmBackend:
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
 
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, bytes]:
+        """Run ``script`` on node ``host`` in a step of its own (:mod:`.hostcommand`), or here when it is this machine."""
+        from poprun.backends.slurm.hostcommand import run_on_host
+
+        return run_on_host(host, script, environ=environ, timeout_s=timeout_s)
+
     def formats(self) -> Mapping[str, PlanFormat]:
         """Return ``sbatch``: the batch script of ``poprun submit`` (:func:`.batch.render_batch_script`)."""
         return {"sbatch": _sbatch}

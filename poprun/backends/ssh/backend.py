@@ -214,6 +214,8 @@ class SshClient:
         self._base = ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
                                  connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
+        self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
+        self.closed = False  # closed: its connections are gone, its directory too
 
     def _options(self, slot: int) -> list[str]:
         """Return the options common to every use of connection ``slot`` of a host."""
@@ -225,8 +227,10 @@ class SshClient:
 
         A connection only authenticates (``-N``: no remote command, so no login shell runs);
         it stays in the background for the sessions of the launch. A host that has not
-        answered within ``timeout_s`` fails with status -1.
+        answered within ``timeout_s`` fails with status -1. One already open (by a command run
+        on the host before the launch) is kept as it is.
         """
+        connections = [c for c in connections if c not in self._used or not self.connected(c[0], slot=c[1])]
         procs = {(host, slot): subprocess.Popen(  # noqa: S603 - ssh, options of our own
             [*self._options(slot), "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N",
              "--", host],
@@ -279,6 +283,7 @@ class SshClient:
                                   stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                  for host, slot in sorted(self._used)]
         self._used.clear()
+        self.closed = True
         deadline = time.monotonic() + timeout_s
         for proc in procs:
             try:
@@ -632,6 +637,43 @@ class SshBackend:
 
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
+        self._client: SshClient | None = None  # the last client made: a launch's, or run_on_host's for the next launch
+        self._client_lock = threading.Lock()
+
+    def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
+                    timeout_s: float) -> tuple[int, bytes]:
+        """
+        Run ``script`` on ``host`` (:class:`~poprun.backends.base.HostCommands`): here, or over its shared connection.
+
+        See :mod:`.hostcommand`: the connection is the running launch's, or one that the next
+        launch of this backend reuses.
+
+        Raises:
+            LaunchError: when the host cannot be reached (PR405-PR408, in one line).
+        """
+        from poprun.backends.ssh.hostcommand import run_on_host
+
+        return run_on_host(lambda source: self._shared_client(source, at_exit=True), host, script, environ=environ, timeout_s=timeout_s)
+
+    def _shared_client(self, source: Mapping[str, str], *, at_exit: bool = False) -> SshClient:
+        """
+        Return the client a launch with ``source`` uses: the open one made with the same settings, else a new one.
+
+        ``at_exit``: a new client is closed when poprun exits, should no launch take it over and close it.
+        """
+        config = source.get(SSH_CONFIG) or None
+        timeout_s = host_timeout(source)
+        budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
+        settings = (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
+        with self._client_lock:
+            if self._client is None or self._client.closed or self._client.settings != settings:
+                self._client = SshClient(config=settings[0], host_timeout_s=settings[2],
+                                         connect_timeout_s=settings[3])
+                if at_exit:
+                    import atexit
+
+                    atexit.register(self._client.close)
+            return self._client
 
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
@@ -663,9 +705,7 @@ class SshBackend:
             hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
         timeout_s = host_timeout(source)
-        budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
-        client = SshClient(config=config, host_timeout_s=timeout_s,
-                           connect_timeout_s=CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
+        client = self._shared_client(source)  # a connection run_on_host opened is this launch's
         try:
             return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache, restarter=restarter)
         except BaseException:

@@ -1,0 +1,164 @@
+"""Host commands, the port plan and stacks on real ssh hosts: one shared connection, the script on its input."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from poprun.apply.ports import LOWEST, check_port, choose_port
+from poprun.apply.stacks import FAULTHANDLER, collect_stacks
+from poprun.backends.base import LaunchError
+from poprun.backends.conformance import MemorySink, probe_plan
+from poprun.backends.registry import default_registry
+from poprun.backends.ssh.backend import SshBackend
+from tests.e2e.stacks_helpers import hang_plan, wait_ready
+from tests.testhosts import TestHosts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
+BASE_PYTHON = os.path.realpath(sys.executable)  # no py-spy beside it
+
+
+def environ(hosts: TestHosts) -> dict[str, str]:
+    return dict(os.environ) | hosts.env()
+
+
+def accepted(hosts: TestHosts, name: str) -> int:
+    """Return how many ssh connections host ``name``'s sshd has accepted so far."""
+    return (hosts.state / f"sshd_{name}.log").read_text(errors="replace").count("Accepted publickey")
+
+
+def test_a_script_runs_on_the_host_from_its_input(test_hosts: TestHosts):
+    """On h1: its hostname, the script's quotes and $() as written, and sh's argv without the script."""
+    script = """hostname; printf '%s\\n' "it's $(echo ok)"; tr '\\0' ' ' < /proc/$$/cmdline; echo; exit 3"""
+
+    status, out = SshBackend().run_on_host("h1", script, environ=environ(test_hosts), timeout_s=15)
+
+    assert (3, b"h1\nit's ok\nsh -s \n") == (status, out)
+
+
+def test_the_connection_opened_for_a_command_is_the_one_the_launch_uses(test_hosts: TestHosts, tmp_path: Path):
+    """A command before the launch, the launch of two instances on h2, and a command during it: one connection."""
+    # GIVEN
+    backend, env = SshBackend(grace_s=1), environ(test_hosts)
+    before = accepted(test_hosts, "h2")
+    plan = probe_plan("import time; print('up', flush=True); time.sleep(60)", tmp_path, backend="ssh", instances=2,
+                      hosts=("h2",))
+
+    # WHEN
+    first = backend.run_on_host("h2", "echo before", environ=env, timeout_s=15)
+    sink = MemorySink()
+    launch = backend.launch(plan, env_source=env, sink=sink)
+    try:
+        wait_ready(sink, 2, word="up")
+        during = backend.run_on_host("h2", "echo during", environ=env, timeout_s=15)
+    finally:
+        launch.terminate(0)
+        launch.wait()
+
+    # THEN
+    assert ((0, b"before\n"), (0, b"during\n")) == (first, during)
+    assert 1 == accepted(test_hosts, "h2") - before
+
+
+def test_a_host_nobody_knows_is_a_one_line_launch_error(test_hosts: TestHosts):
+    """ssh's own diagnosis, as the preflight gives it (PR405), in one line."""
+    with pytest.raises(LaunchError) as caught:
+        SshBackend().run_on_host("ghost.invalid", "true", environ=environ(test_hosts), timeout_s=10)
+
+    assert caught.value.message.startswith("PR405: host name 'ghost.invalid' is unknown")
+    assert "\n" not in caught.value.message
+
+
+def test_mpirun_reaches_its_hosts_as_the_ssh_backend_does(test_hosts: TestHosts):
+    """The registry's mpirun backend runs a command on h3 through ssh."""
+    backend = default_registry(environ={"POPRUN_NO_PLUGINS": "1"}).get("mpirun")
+
+    assert (0, b"h3\n") == backend.run_on_host("h3", "hostname", environ=environ(test_hosts), timeout_s=15)
+
+
+def test_a_port_held_on_the_host_is_named_and_never_chosen(test_hosts: TestHosts):
+    """A listener in h4's network (not here): check_port names it (PR440, its process); choose_port skips it."""
+    # GIVEN a listener on h4 on a port free there
+    env = environ(test_hosts)
+    port = choose_port(SshBackend(), "h4", environ=env).port
+    code = ("import socket, sys; s = socket.socket(); s.bind(('0.0.0.0', int(sys.argv[1]))); s.listen(); "
+            "print('ok', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen(["ip", "netns", "exec", test_hosts.namespaces["h4"], BASE_PYTHON, "-c", code, str(port)],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        assert holder.stdout is not None
+        assert b"ok\n" == holder.stdout.readline()
+
+        class Offered:
+            def choice(self, seq):
+                self.offered = set(seq)
+                return seq[0]
+
+        rng = Offered()
+
+        # WHEN
+        found = check_port(SshBackend(), "h4", port, environ=env)
+        choose_port(SshBackend(), "h4", environ=env, rng=rng)
+        here = check_port(SshBackend(), "localhost", port, environ=env)
+    finally:
+        holder.kill()
+        holder.communicate()
+
+    # THEN
+    assert found is not None
+    assert f"MASTER_PORT {port}: held by pid {holder.pid} (" in found.detail
+    assert found.detail.endswith("), socket LISTEN")
+    assert {port, port - 1} & rng.offered == set()
+    assert LOWEST <= min(rng.offered)
+    assert here is None  # only h4's network has it
+
+
+def launch_hanging(hosts: TestHosts, workdir: Path, run_id: str, **kwargs: object):
+    backend = SshBackend(grace_s=1)
+    plan = hang_plan(workdir, backend="ssh", hosts=("h1",), run_id=run_id, instances=1, **kwargs)  # type: ignore[arg-type]
+    sink = MemorySink()
+    launch = backend.launch(plan, env_source=environ(hosts), sink=sink)
+    wait_ready(sink, 1)
+    return backend, launch, sink
+
+
+def test_py_spy_reads_a_remote_instance_hung_in_its_function(test_hosts: TestHosts, tmp_path: Path):
+    """On h1, through the launch's connection: py-spy (beside the instance's Python) shows hang_here."""
+    run_id = f"test-{uuid.uuid4().hex[:12]}"
+    backend, launch, _ = launch_hanging(test_hosts, tmp_path, run_id)
+    try:
+        found = collect_stacks(backend, {0: "h1"}, run_id, environ=environ(test_hosts), timeout_s=30)
+    finally:
+        launch.terminate(0)
+        launch.wait()
+
+    assert "hang_here (<string>:6)" in found[0], found
+
+
+def test_faulthandler_writes_a_remote_instances_stack_to_its_stderr(test_hosts: TestHosts, tmp_path: Path):
+    """No py-spy on h1 for this Python, PYTHONFAULTHANDLER set: its stderr (here) holds hang_here; no core file."""
+    run_id = f"test-{uuid.uuid4().hex[:12]}"
+    backend, launch, sink = launch_hanging(test_hosts, tmp_path, run_id, python=BASE_PYTHON,
+                                           extra=(("PYTHONFAULTHANDLER", "1"),))
+    try:
+        found = collect_stacks(backend, {0: "h1"}, run_id, environ=environ(test_hosts), timeout_s=30)
+        launch.wait()
+    finally:
+        launch.terminate(0)
+        launch.wait()
+
+    assert FAULTHANDLER in found[0], found
+    assert "in hang_here" in sink.data("stderr").decode(), sink.written
+    assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
+
+
+def test_a_host_that_does_not_answer_gives_a_line(test_hosts: TestHosts):
+    """collect_stacks never raises for a host: an unknown one gets a line."""
+    found = collect_stacks(SshBackend(), {0: "ghost.invalid"}, "r1", environ=environ(test_hosts), timeout_s=10)
+
+    assert found[0].startswith("ghost.invalid did not answer: PR405: host name 'ghost.invalid' is unknown")
