@@ -411,6 +411,8 @@ class _Attempts:
         if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
             gave_up = self.attempts[-1].next
         stacks = self._stacks_with_faulthandler()
+        if self.limit:  # poprun stopped every instance (faulthandler's SIGABRT included): none is the root cause
+            result = evolve(result, root_cause=None, failures=tuple(evolve(f, stopped=True) for f in result.failures))
         return evolve(result, attempts=tuple(self.attempts) if self.budget.enabled else (), limit=self.limit,
                       limit_text=self.limit_text, stacks=tuple(sorted(stacks.items())), gave_up=gave_up,
                       warnings=result.warnings + tuple(self.warnings))

@@ -56,7 +56,7 @@ __all__ = ["FAULTHANDLER", "STACKS_SCRIPT", "STACKS_TIMEOUT_S", "collect_stacks"
 # Records, one a line: "proc PID INDEX HEX(stat) HEX(wchan)", "stack PID HEX(py-spy's dump)",
 # "spyfail PID HEX(py-spy's words)", "note PID WORD" (see _NOTES), and "@done" at the end.
 STACKS_SCRIPT = """\
-__poprun_id=@RUN_ID@; __poprun_want=" @WANTED@ "; __poprun_me=$$; __poprun_skip=@SKIP@
+__poprun_id=@RUN_ID@; __poprun_want=" @WANTED@ "; __poprun_me=$$; __poprun_skip=@SKIP@; __poprun_abrt=
 __poprun_hex() { od -An -v -tx1 2>/dev/null | tr -d ' \\n'; }
 __poprun_tmo=; command -v timeout >/dev/null 2>&1 && __poprun_tmo="timeout -s KILL @PY_SPY_S@"
 for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/environ 2>/dev/null); do
@@ -89,11 +89,15 @@ for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/envi
   elif printf '%s\\n' "$__poprun_env" | grep -q '^PYTHONFAULTHANDLER=.'; then
     command -v prlimit >/dev/null 2>&1 && prlimit --core=0 --pid "$__poprun_p" >/dev/null 2>&1
     if grep -q '^Max core file size  *0 ' "$__poprun_d/limits" 2>/dev/null; then
-      if kill -ABRT "$__poprun_p" 2>/dev/null; then echo "note $__poprun_p faulthandler"
-      else echo "note $__poprun_p signal"; fi
+      __poprun_abrt="$__poprun_abrt $__poprun_p"; echo "note $__poprun_p faulthandler"
     else echo "note $__poprun_p core"; fi
   else echo "note $__poprun_p none"; fi
 done
+# every SIGABRT at once, each before any other signal: stopped, signalled, continued (the lowest pending
+# signal is delivered first), so that a teardown's SIGTERM, which one dump's end may cause, comes after it
+if [ -n "$__poprun_abrt" ]; then
+  kill -STOP $__poprun_abrt 2>/dev/null; kill -ABRT $__poprun_abrt 2>/dev/null; kill -CONT $__poprun_abrt 2>/dev/null
+fi
 echo @done"""
 
 

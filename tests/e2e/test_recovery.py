@@ -290,3 +290,18 @@ def test_a_stop_during_the_back_off_starts_nothing_more(tmp_path: Path) -> None:
     assert time.monotonic() - began < 10
     assert 143 == proc.returncode, err
     assert "started\n" == (tmp_path / "starts.txt").read_text()
+
+
+def test_without_py_spy_the_stall_report_holds_faulthandlers_stack_and_no_instance_is_blamed(tmp_path: Path) -> None:
+    """py-spy out of reach: poprun sets PYTHONFAULTHANDLER, the dump is the stack, and the SIGABRTs blame no instance."""
+    base_python = os.path.realpath(sys.executable)  # no py-spy beside it (py-spy is in the virtual environment)
+    no_py_spy = ":".join(d for d in os.environ.get("PATH", "").split(":") if not Path(d, "py-spy").exists())
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "--stall-timeout", "1.5", base_python,
+                  program(tmp_path, HANG), cwd=tmp_path, env={"PATH": no_py_spy})
+
+    assert 124 == done.returncode, done.stderr
+    data = report(tmp_path)
+    assert "Fatal Python error" in data["stacks"]["1"] and "in hang_here" in data["stacks"]["1"], data["stacks"]
+    assert (None, [True, True]) == (data["root_cause"], [f["stopped"] for f in data["failures"]])
+    assert "Root cause" not in done.stderr
+    assert [] == [p.name for p in tmp_path.iterdir() if p.name.startswith("core")]
