@@ -276,6 +276,9 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     control._tell = relay  # noqa: SLF001 - the control and the step are one piece
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:
+        # attempt 0's MASTER_PORT first: reading another host's ports takes a connection, and nothing of the
+        # launch (its temporary cache) exists yet should poprun be killed meanwhile
+        first_port = _master_port(backend, plan, environ, avoid=())
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             clock.lap("partition")
@@ -286,7 +289,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             try:
                 result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
                                    cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
-                                   if cache is not None else None, added=added, run_id=run_id).run()
+                                   if cache is not None else None, added=added, run_id=run_id,
+                                   first_port=first_port).run()
             finally:
                 relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
@@ -317,7 +321,7 @@ class _Attempts:
 
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay,
                  control: Control, clock: _Clock, record: RunRecord | None, cache: TemporaryCache | None,
-                 added: dict[str, str], run_id: str) -> None:
+                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, Diagnostic | None]) -> None:
         self.backend, self.plan, self.environ = backend, plan, environ
         self.relay, self.control, self.clock, self.record, self.cache = relay, control, clock, record, cache
         self.added, self.run_id = added, run_id
@@ -332,6 +336,7 @@ class _Attempts:
         self.stacks: dict[int, str] = {}
         self._limit_lock = threading.Lock()
         self.watch: LimitWatch | None = None
+        self._first_port: tuple[int, bool, Diagnostic | None] | None = first_port
 
     def run(self) -> ApplyResult:
         r = self.recovery
@@ -445,28 +450,14 @@ class _Attempts:
         return None
 
     def _master_port(self) -> tuple[int, bool]:
-        """Return the MASTER_PORT of the next attempt and whether it was chosen here (see :mod:`poprun.apply.ports`)."""
-        if not self.plan.instances:
-            return 0, False
-        first = self.plan.instances[0]
-        from poprun.apply import ports
-
-        if self.recovery.choose_port:
-            choice = ports.choose_port(self.backend, first.host, environ=self.environ, avoid=tuple(self.ports))
-            self.ports.append(choice.port)
-            return choice.port, True
-        given = first.env.get(names.TORCH_MASTER_PORT)
-        if given is None and names.TORCH_MASTER_PORT in first.env.forward:
-            given = self.environ.get(names.TORCH_MASTER_PORT)
-        if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
-            return 0, False
-        problem = ports.check_port(self.backend, first.host, int(given), environ=self.environ)
-        if problem is not None:
-            if problem.is_error:
-                raise DiagnosticError((problem,))
-            if not self.attempts:
-                self.warnings.append(problem)
-        return int(given), False
+        """Return the MASTER_PORT of the next attempt and whether it was chosen here (attempt 0's: chosen before)."""
+        decided, self._first_port = self._first_port, None
+        port, chosen, problem = decided or _master_port(self.backend, self.plan, self.environ, avoid=tuple(self.ports))
+        if chosen:
+            self.ports.append(port)
+        if problem is not None and not self.attempts:
+            self.warnings.append(problem)
+        return port, chosen
 
     def _signal(self, sig: int) -> None:
         """``--signal``'s moment: send ``sig`` to every instance, where the backend can."""
@@ -515,6 +506,33 @@ class _Attempts:
 
 
 _STACKS_TIMEOUT_S = 10.0
+
+
+def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
+                 *, avoid: tuple[int, ...]) -> tuple[int, bool, Diagnostic | None]:
+    """
+    Return an attempt's MASTER_PORT, whether it was chosen here, and a warning about it (:mod:`poprun.apply.ports`).
+
+    Chosen free on instance 0's host when the plan leaves it to the apply step, never one of
+    ``avoid`` (the earlier attempts'); else the user's, checked: PR440 (raised) when it is taken.
+    """
+    if not plan.instances:
+        return 0, False, None
+    first = plan.instances[0]
+    from poprun.apply import ports
+
+    if plan.recovery.choose_port:
+        choice = ports.choose_port(backend, first.host, environ=environ, avoid=avoid)
+        return choice.port, True, None
+    given = first.env.get(names.TORCH_MASTER_PORT)
+    if given is None and names.TORCH_MASTER_PORT in first.env.forward:
+        given = environ.get(names.TORCH_MASTER_PORT)
+    if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
+        return 0, False, None
+    problem = ports.check_port(backend, first.host, int(given), environ=environ)
+    if problem is not None and problem.is_error:
+        raise DiagnosticError((problem,))
+    return int(given), False, problem
 
 
 FAULTHANDLER = "faulthandler"  # what a stack read through faulthandler says (poprun.apply.stacks.FAULTHANDLER)

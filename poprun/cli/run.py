@@ -94,7 +94,7 @@ class _Reporter:
         elif isinstance(event, AttemptStarted):
             self._stopping, self._started, self._waited = None, False, False
             if event.chosen:
-                self.verbose.info(f"MASTER_PORT {event.master_port} (chosen for attempt {event.attempt})")
+                self.verbose.debug(f"MASTER_PORT {event.master_port} (chosen for attempt {event.attempt})")
         elif isinstance(event, AttemptEnded) and event.restart:
             self._console.log(f"poprun: attempt {event.attempt} failed: {event.reason}\n")
         elif isinstance(event, LimitReached):

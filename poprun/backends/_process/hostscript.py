@@ -62,7 +62,13 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603 - the caller's command
                             stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL, env=dict(env),
                             start_new_session=True)
-    out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s)
+    try:
+        out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s)
+    except BaseException:  # an interrupt (poprun stopped while it waits): nothing of the command is left
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
     if late:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)

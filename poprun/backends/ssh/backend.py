@@ -651,9 +651,23 @@ class SshBackend:
         Raises:
             LaunchError: when the host cannot be reached (PR405-PR408, in one line).
         """
-        from poprun.backends.ssh.hostcommand import run_on_host
+        from poprun.backends.ssh.hostcommand import run_on_host, run_once
 
-        return run_on_host(lambda source: self._shared_client(source, at_exit=True), host, script, environ=environ, timeout_s=timeout_s)
+        with self._client_lock:
+            client = self._client if self._client is not None and not self._client.closed else None
+        if client is not None:  # a launch runs: through its connection
+            return run_on_host(lambda _source: client, host, script, environ=environ, timeout_s=timeout_s)
+        # before a launch (the port plan): a connection of its own, that leaves nothing behind (no control
+        # directory, no master that a poprun killed meanwhile would leave running)
+        return run_once(host, script, environ=environ, timeout_s=timeout_s, settings=self._settings(environ))
+
+    @staticmethod
+    def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
+        """Return the client settings (config, ssh, host timeout, connect timeout) a launch with ``source`` uses."""
+        config = source.get(SSH_CONFIG) or None
+        timeout_s = host_timeout(source)
+        budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
+        return (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
 
     def _shared_client(self, source: Mapping[str, str], *, at_exit: bool = False) -> SshClient:
         """
@@ -661,10 +675,7 @@ class SshBackend:
 
         ``at_exit``: a new client is closed when poprun exits, should no launch take it over and close it.
         """
-        config = source.get(SSH_CONFIG) or None
-        timeout_s = host_timeout(source)
-        budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
-        settings = (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
+        settings = self._settings(source)
         with self._client_lock:
             if self._client is None or self._client.closed or self._client.settings != settings:
                 self._client = SshClient(config=settings[0], host_timeout_s=settings[2],

@@ -21,13 +21,13 @@ from collections.abc import Callable, Mapping
 
 from poprun.backends._process.hostscript import bounded_shell, run_here, run_script
 from poprun.backends.base import LaunchError
-from poprun.backends.ssh.backend import SshClient, _diagnose, _unreachable
+from poprun.backends.ssh.backend import SshClient, _diagnose, _unreachable, ssh_options
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.localhost import is_this_machine
 
 SSH_FAILED = 255  # ssh's own status when it could not run the command
 
-__all__ = ["run_on_host"]
+__all__ = ["run_on_host", "run_once"]
 
 
 def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str, script: str, *,
@@ -53,6 +53,32 @@ def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str,
     try:
         status, out, err = run_script(client.argv(host, bounded_shell(left)), script, env=environ, timeout_s=left,
                                       keep_stderr=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+    if status == SSH_FAILED and err.strip():  # the script's own stderr is dropped on the host: these are ssh's words
+        _raise(_diagnose(host, status, "", err.decode(errors="replace"), "/")
+               or _unreachable(host, err.decode(errors="replace").strip()))
+    return status, out
+
+
+def run_once(host: str, script: str, *, environ: Mapping[str, str], timeout_s: float,
+             settings: tuple[str | None, str, float, float]) -> tuple[int, bytes]:
+    """
+    Run ``script`` on ``host`` through an ssh connection of its own, closed when it ends (nothing shared, nothing left).
+
+    ``settings``: (ssh_config, ssh, host timeout, connect timeout), as the backend's launches use them.
+
+    Raises:
+        LaunchError: when the host cannot be reached; its message is the diagnostic's, in one line.
+    """
+    if is_this_machine(host):
+        return run_here(script, environ=environ, timeout_s=timeout_s)
+    config, ssh, host_timeout_s, connect_timeout_s = settings
+    argv = [*ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
+                         connect_timeout_s=min(connect_timeout_s, timeout_s)),
+            "-o", "ControlMaster=no", "-o", "ControlPath=none", "-T", "--", host, bounded_shell(timeout_s)]
+    try:
+        status, out, err = run_script(argv, script, env=environ, timeout_s=timeout_s, keep_stderr=True)
     except OSError as exc:
         raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
     if status == SSH_FAILED and err.strip():  # the script's own stderr is dropped on the host: these are ssh's words

@@ -16,6 +16,7 @@ from poprun.backends.base import LaunchError
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.registry import default_registry
 from poprun.backends.ssh.backend import SshBackend
+from tests.e2e.hosts.test_host_faults import command_lines
 from tests.e2e.stacks_helpers import hang_plan, wait_ready
 from tests.testhosts import TestHosts
 
@@ -41,8 +42,9 @@ def test_a_script_runs_on_the_host_from_its_input(test_hosts: TestHosts):
     assert (3, b"h1\nit's ok\nsh -s \n") == (status, out)
 
 
-def test_the_connection_opened_for_a_command_is_the_one_the_launch_uses(test_hosts: TestHosts, tmp_path: Path):
-    """A command before the launch, the launch of two instances on h2, and a command during it: one connection."""
+def test_a_command_before_the_launch_leaves_nothing_and_one_during_it_uses_its_connection(test_hosts: TestHosts,
+                                                                                         tmp_path: Path):
+    """A command before the launch (a connection of its own, gone at once), the launch on h2, a command during it: two."""
     # GIVEN
     backend, env = SshBackend(grace_s=1), environ(test_hosts)
     before = accepted(test_hosts, "h2")
@@ -51,6 +53,7 @@ def test_the_connection_opened_for_a_command_is_the_one_the_launch_uses(test_hos
 
     # WHEN
     first = backend.run_on_host("h2", "echo before", environ=env, timeout_s=15)
+    left = [line for line in command_lines().values() if b"ControlMaster" in line and b"h2" in line]
     sink = MemorySink()
     launch = backend.launch(plan, env_source=env, sink=sink)
     try:
@@ -60,9 +63,9 @@ def test_the_connection_opened_for_a_command_is_the_one_the_launch_uses(test_hos
         launch.terminate(0)
         launch.wait()
 
-    # THEN
-    assert ((0, b"before\n"), (0, b"during\n")) == (first, during)
-    assert 1 == accepted(test_hosts, "h2") - before
+    # THEN: no shared connection was left by the first; the second went through the launch's
+    assert ((0, b"before\n"), (0, b"during\n"), []) == (first, during, left)
+    assert 2 == accepted(test_hosts, "h2") - before
 
 
 def test_a_host_nobody_knows_is_a_one_line_launch_error(test_hosts: TestHosts):
