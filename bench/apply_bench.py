@@ -24,6 +24,13 @@ figures are for people and the issue's closing note.
    ``poprun --backend mpirun --mpi-global-args=--tag-output``, against ``mpirun --tag-output``;
    the wall times' ratio (target: at least 1.0x), and the lines each delivers (poprun must
    deliver all 800,000; OpenMPI 4.1.4's ``--tag-output`` loses some).
+6. The run record's cost (with and without ``POPRUN_RECORD=0``).
+7. A restart: 4 instances of a program whose instance 1 fails at once on the first attempt and
+   that all succeed on the second (``--max-restarts 1 --restart-backoff 0``), against torchrun's
+   ``--nproc-per-node 4 --max-restarts 1`` (``--monitor-interval 0.1``) running the same program
+   (it reads ``TORCHELASTIC_RESTART_COUNT``, which both set); the whole run's wall time, net of
+   each launcher's run of the same program that does not fail (target: poprun's restart at
+   most 0.5x torchrun's). Skipped without torchrun.
 """
 
 from __future__ import annotations
@@ -171,6 +178,7 @@ def main() -> int:
         _failure(runs)
         _mpirun_backend(runs)
         _record(runs)
+    _restart(runs)
     if HANGS:
         print(f"\nruns that hung for {HANG_S:.0f} s and were left out: "
               + ", ".join(f"{name} {count}" for name, count in sorted(HANGS.items())))
@@ -212,6 +220,30 @@ def _record(runs: int) -> None:
     net_on, net_theirs = max(on - ours_true, 1e-3), max(theirs - theirs_true, 1e-3)
     line("tagged throughput with the record, net of start-up: vs mpirun", f"{net_theirs / net_on:.2f}x", ">= 2.0x",
          net_theirs >= 2 * net_on)
+
+
+RESTARTING = ("import os, sys; sys.exit(3 if os.environ.get('TORCHELASTIC_RESTART_COUNT') == '0' "
+              "and os.environ.get('LOCAL_RANK') == '1' and os.environ.get('FAIL') else 0)")
+
+
+def _restart(runs: int) -> None:
+    """A failure and a restart of every instance: poprun against torchrun, each net of a run that does not fail."""
+    torchrun = shutil.which("torchrun", path=str(Path(PY).parent)) or shutil.which("torchrun")
+    if torchrun is None:
+        print("\n7. restarts: torchrun is not installed: comparison skipped")
+        return
+    ours = [*POPRUN, "--offline-mode=1", "--num-instances=4", "--num-replicas=4", "--max-restarts=1",
+            "--restart-backoff=0", "--min-uptime=0", PY, "-c", RESTARTING]
+    theirs = [torchrun, "--standalone", "--nproc-per-node=4", "--max-restarts=1", "--monitor-interval=0.1",
+              "--no-python", PY, "-c", RESTARTING]
+    fail = {"FAIL": "1"}
+    o_fail, o_ok, t_fail, t_ok = walls_s([ours, ours, theirs, theirs], runs, envs=[fail, {}, fail, {}])
+    net_ours, net_theirs = max(o_fail - o_ok, 1e-3), max(t_fail - t_ok, 1e-3)
+    print(f"\n7. 4 instances, instance 1 fails once, every instance restarted: poprun {o_fail * 1e3:.0f} ms "
+          f"(without the failure {o_ok * 1e3:.0f} ms), torchrun {t_fail * 1e3:.0f} ms ({t_ok * 1e3:.0f} ms)")
+    line("a restart, net of a run without it: poprun / torchrun",
+         f"{net_ours * 1e3:.0f} / {net_theirs * 1e3:.0f} ms = {net_ours / net_theirs:.2f}x", "<= 0.5x",
+         net_ours <= 0.5 * net_theirs)
 
 
 def _failure(runs: int) -> None:
