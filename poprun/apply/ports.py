@@ -14,6 +14,7 @@ the user set that is taken into PR440 (or PR441 when only the hub's port is).
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection, Mapping
 
 from poprun.apply.hostrun import run_script
@@ -146,6 +147,14 @@ def read_ports(backend: object, host: str, *, environ: Mapping[str, str],
         return f"{host} did not list its TCP ports (status {status}): not Linux, or /proc is not readable there"
 
 
+_DRAWS = 64
+
+
+def _urandom_below(n: int) -> int:
+    """Return a random whole number from 0 to ``n`` - 1 (the system's randomness, without the random module)."""
+    return int.from_bytes(os.urandom(4), "big") % n
+
+
 def choose_port(backend: object, host: str, *, environ: Mapping[str, str], avoid: Collection[int] = (),
                 rng: random.Random | None = None) -> PortChoice:
     """
@@ -165,17 +174,22 @@ def choose_port(backend: object, host: str, *, environ: Mapping[str, str], avoid
     blocked = {p for a in avoid for p in (a, a + 1)}
     low, high = ports.ephemeral
     taken = {port for port, _ in ports.bound}
-    free = [p for p in range(LOWEST, HIGHEST + 1)
-            if not (p in taken or p + 1 in taken or p in blocked or p + 1 in blocked or (low <= p + 1 and p <= high))]
-    if not free:
-        return PortChoice(port=DEFAULT_PORT, host=host, chosen=False,
-                          reason=f"the default {DEFAULT_PORT}: no two free ports in a row on {host} from {LOWEST} to "
-                                 f"{HIGHEST + 1} outside its ephemeral range {low}-{high}")
-    if rng is None:
-        import random
 
-        rng = random.SystemRandom()
-    port = rng.choice(free)
+    def free(p: int) -> bool:
+        return not (p in taken or p + 1 in taken or p in blocked or p + 1 in blocked or (low <= p + 1 and p <= high))
+
+    # without a given source, a few draws of the system's randomness find one at once on any usual host (a
+    # launch's start-up: no list of 45,000 ports, no random module); a host nearly full of sockets, or a
+    # given source (tests), gets the whole list
+    port = None if rng is not None else next(
+        (p for p in (LOWEST + _urandom_below(HIGHEST + 1 - LOWEST) for _ in range(_DRAWS)) if free(p)), None)
+    if port is None:
+        every = [p for p in range(LOWEST, HIGHEST + 1) if free(p)]
+        if not every:
+            return PortChoice(port=DEFAULT_PORT, host=host, chosen=False,
+                              reason=f"the default {DEFAULT_PORT}: no two free ports in a row on {host} from {LOWEST} "
+                                     f"to {HIGHEST + 1} outside its ephemeral range {low}-{high}")
+        port = rng.choice(every) if rng is not None else every[_urandom_below(len(every))]
     return PortChoice(port=port, host=host, chosen=True,
                       reason=f"chosen at apply time: free on {host} with popdist's hub port {port + 1}")
 
