@@ -491,7 +491,10 @@ class _Attempts:
         except Exception as exc:  # noqa: BLE001 - a report without stacks, never a run that does not stop
             self.stacks = {-1: f"the stacks could not be read: {exc}"}
         if self.stacks:
-            self.relay.event(StacksCollected(instances=tuple(i for i in sorted(self.stacks) if i >= 0)))
+            texts = [text for i, text in self.stacks.items() if i >= 0]
+            ways = (("py-spy", "Python v"), ("faulthandler", FAULTHANDLER))  # py-spy's dump names the interpreter
+            how = ",".join(name for name, mark in ways if any(mark in text for text in texts))
+            self.relay.event(StacksCollected(instances=tuple(i for i in sorted(self.stacks) if i >= 0), how=how))
 
     def _stacks_with_faulthandler(self) -> dict[int, str]:
         """Return the stacks, those that faulthandler wrote to an instance's stderr taken from there."""
