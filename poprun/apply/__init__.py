@@ -179,6 +179,8 @@ class _Relay:
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
             self.instance_lines = self._instance_lines
+        if plan.recovery.stall_timeout_ms:
+            self.instance_output = self._instance_output
 
     def observe(self) -> None:
         """Read back what each instance started as, into the record (once every instance has started)."""
@@ -226,6 +228,11 @@ class _Relay:
                 return
             self._stopping = True
         self.event(Stopping(reason=why))
+
+    def _instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
+        """Tell the limit watch that an instance wrote output, whole lines or not (a progress bar's carriage returns)."""
+        if self.watch is not None:
+            self.watch.output()
 
     def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
         if self.watch is not None:
@@ -332,6 +339,9 @@ class _Attempts:
         self.stacks: dict[int, str] = {}
         self._limit_lock = threading.Lock()
         self.watch: LimitWatch | None = None
+        self.waiting = False  # between attempts: the back-off and the pre-restart command
+        self.limit_waiting = False  # the limit came then: no instance ran, none was stopped by it
+        self.signalled = 0  # --signal's signal, once sent: no restart after it (the time limit is near)
 
     def run(self) -> ApplyResult:
         r = self.recovery
@@ -381,7 +391,8 @@ class _Attempts:
             if restarts is not None:
                 self.attempts.extend(restarts.attempts)
                 number = len(self.attempts)
-            status = exit_status(result)
+            # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
+            status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limit))
             delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self._stopped(result))
             if result.error is not None or restarts is not None:
                 delay, why = None, why if restarts is None or status == 0 else (restarts.gave_up or why)
@@ -411,7 +422,9 @@ class _Attempts:
         if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
             gave_up = self.attempts[-1].next
         stacks = self._stacks_with_faulthandler()
-        if self.limit:  # poprun stopped every instance (faulthandler's SIGABRT included): none is the root cause
+        if self.limit and not self.limit_waiting:  # poprun stopped every instance (faulthandler's SIGABRT
+            # included): none is the root cause. A limit reached while waiting to restart stopped none of them:
+            # the failure that came before it stays the root cause (which tells the report so)
             result = evolve(result, root_cause=None, failures=tuple(evolve(f, stopped=True) for f in result.failures))
         return evolve(result, attempts=tuple(self.attempts) if self.budget.enabled else (), limit=self.limit,
                       limit_text=self.limit_text, stacks=tuple(sorted(stacks.items())), gave_up=gave_up,
@@ -425,6 +438,9 @@ class _Attempts:
             return f"poprun was stopped ({signal_name(self.control.signals[-1])})"
         if result.error is not None:
             return "poprun could not launch it"
+        if self.signalled:
+            return (f"{signal_name(self.signalled)} was sent {seconds(self.recovery.signal_before_ms)} before the "
+                    "time limit (--signal)")
         return ""
 
     def _between(self, delay: float, number: int) -> str | None:
@@ -432,6 +448,8 @@ class _Attempts:
         woken = self.control._woken  # noqa: SLF001
         if self.watch is not None:
             self.watch.pause()
+        with self._limit_lock:
+            self.waiting = True
         try:
             if woken.wait(delay) or self.control.signals or self.limit:
                 return self._stopped(ApplyResult(statuses=())) or "stopped"
@@ -442,6 +460,9 @@ class _Attempts:
                     return self._stopped(ApplyResult(statuses=())) or failed
         except Stopped as exc:  # a signal in the main thread while waiting
             return f"poprun was stopped ({signal_name(exc.signum)})"
+        finally:
+            with self._limit_lock:
+                self.waiting = False
         return None
 
     def _master_port(self) -> tuple[int, bool]:
@@ -470,6 +491,7 @@ class _Attempts:
 
     def _signal(self, sig: int) -> None:
         """``--signal``'s moment: send ``sig`` to every instance, where the backend can."""
+        self.signalled = sig
         self.relay.event(LimitReached(limit="signal", after_ms=self.recovery.timeout_ms - self.recovery.signal_before_ms,
                                       signal=sig))
         self.control.forward(sig)
@@ -478,8 +500,11 @@ class _Attempts:
         """End the run at a time limit: tell it, collect where each instance was, then stop every instance."""
         with self._limit_lock:
             self.limit = kind
+            self.limit_waiting = self.waiting
             self.limit_text = (f"the run timed out after {seconds(after_ms)} (--timeout)" if kind == "timeout" else
                                f"no instance wrote output for {seconds(after_ms)} (--stall-timeout)")
+            if self.waiting:
+                self.limit_text += ", while waiting to restart"
         self.relay.event(LimitReached(limit=kind, after_ms=after_ms))
         self.relay.stopping(self.limit_text)
         self.relay.captured = {}

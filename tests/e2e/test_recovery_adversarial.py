@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -60,15 +61,15 @@ def events(cwd: Path) -> list[dict[str, object]]:
 def pids_with(needle: str) -> list[int]:
     """Return the pids of this machine's processes whose command line holds ``needle``."""
     found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
             continue
         try:
-            line = Path(f"/proc/{entry}/cmdline").read_bytes()
+            line = (entry / "cmdline").read_bytes()
         except OSError:
             continue
         if needle.encode() in line:
-            found.append(int(entry))
+            found.append(int(entry.name))
     return found
 
 
@@ -167,13 +168,15 @@ def test_an_instance_killed_by_the_signal_before_the_limit_is_not_restarted(tmp_
 def test_a_time_limit_while_waiting_to_restart_does_not_say_it_stopped_the_instances(tmp_path: Path) -> None:
     """--timeout during the back-off: 124, but the failure that came first is still the root cause, not 'stopped'."""
     done = poprun(*TWO, "--max-restarts", "2", "--restart-backoff", "30", "--min-uptime", "0", "--timeout", "1",
-                  "sh", "-c", 'exit "$((3 + POPDIST_INSTANCE_INDEX))"', cwd=tmp_path, timeout=20)
+                  "sh", "-c", "exit 3", cwd=tmp_path, timeout=20)
 
     assert 124 == done.returncode, done.stderr
-    assert "(stopped by poprun)" not in done.stderr
+    assert "every instance was stopped" not in done.stderr
     assert "install py-spy" not in done.stderr
-    assert "while waiting to restart" in done.stderr
-    assert "Root cause: instance" in done.stderr
+    assert re.search(r"poprun: the run timed out after 1(\.\d+)? s \(--timeout\), while waiting to restart; "
+                     r"nothing was started again", done.stderr), done.stderr
+    assert "Root cause: instance 0 on localhost exited with status 3" in done.stderr
+    assert 124 == report(tmp_path)["status"]
 
 
 @pytest.mark.parametrize("value", ["abc", "0", "70000", "-1", "29500x"])
@@ -204,3 +207,27 @@ def test_a_master_port_with_spaces_around_is_kept_and_checked(tmp_path: Path) ->
 
     assert 0 == done.returncode, done.stderr
     assert "port=[ 29517 ]" in done.stdout
+
+
+@pytest.mark.parametrize("shell", [None, ""])
+def test_a_forwarded_master_port_that_the_shell_leaves_unset_is_chosen(tmp_path: Path, shell: str | None) -> None:
+    """-x MASTER_PORT with nothing (or nothing but '') to forward: poprun picks one; instances never lack it."""
+    env = environment(tmp_path)
+    env.pop("MASTER_PORT", None)
+    if shell is not None:
+        env["MASTER_PORT"] = shell
+    done = subprocess.run([sys.executable, "-m", "poprun.cli.main", *TWO, "--mpi-global-args=-x MASTER_PORT", "sh",
+                           "-c", 'echo "port=${MASTER_PORT-unset}"'], cwd=tmp_path, capture_output=True, text=True,
+                          env=env, timeout=60, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    ports = {line.split("=")[1] for line in done.stdout.split()}
+    assert 1 == len(ports) and ports.pop().isdigit(), done.stdout
+
+
+def test_a_junk_master_port_of_one_instance_is_refused(tmp_path: Path) -> None:
+    """--instance-mpi-local-args=1:-x MASTER_PORT=x1: PR212 names that flag."""
+    done = poprun(*TWO, "--instance-mpi-local-args=1:-x MASTER_PORT=x1", "true", cwd=tmp_path)
+
+    assert 2 == done.returncode
+    assert "PR212" in done.stderr and "--instance-mpi-local-args" in done.stderr
