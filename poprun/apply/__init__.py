@@ -175,6 +175,8 @@ class _Relay:
         self._stopping = False
         self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
+        self._running: set[int] = set()  # instances running now (none: the stall clock stops)
+        self._waiting: set[int] = set()  # instances waiting to start again alone (--restart-scope instance)
         self.watch: LimitWatch | None = None
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
@@ -205,6 +207,8 @@ class _Relay:
             instance = self.plan.instances[event.index]
             event = event if event.host else evolve(event, host=instance.host)
             self._pids[event.index] = event.pid
+        if self.watch is not None and isinstance(event, InstanceStarted | InstanceEnded):
+            self._alive(event)
         with self._calls:
             if self._record is not None:
                 self._record.event(event)
@@ -220,6 +224,21 @@ class _Relay:
                 self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
+
+    def _alive(self, event: InstanceStarted | InstanceEnded) -> None:
+        """Stop the stall clock while no instance runs (one waits to start again alone), start it when one does."""
+        assert self.watch is not None
+        with self._lock:
+            if isinstance(event, InstanceStarted):
+                self._running.add(event.index)
+                self._waiting.discard(event.index)
+                self.watch.resume()
+            else:
+                self._running.discard(event.index)
+                if event.restarting:
+                    self._waiting.add(event.index)
+                if self._waiting and not self._running:
+                    self.watch.pause()
 
     def stopping(self, why: str) -> None:
         """Tell that every instance is being stopped, and why: once, for the first reason."""

@@ -173,6 +173,11 @@ class LimitWatch:
         """Stop the stall clock until the next attempt starts (a back-off between attempts is no stall)."""
         self._last_output = float("inf")
 
+    def resume(self) -> None:
+        """Start the stall clock again after :meth:`pause` (an instance started again alone); else nothing."""
+        if self._last_output == float("inf"):
+            self._last_output = time.monotonic()
+
     def close(self) -> None:
         """End the thread (idempotent)."""
         self._closed = True

@@ -231,3 +231,13 @@ def test_a_junk_master_port_of_one_instance_is_refused(tmp_path: Path) -> None:
 
     assert 2 == done.returncode
     assert "PR212" in done.stderr and "--instance-mpi-local-args" in done.stderr
+
+
+def test_waiting_to_restart_one_instance_alone_is_no_stall(tmp_path: Path) -> None:
+    """--restart-scope instance: instance 1 is done, instance 0 waits 2 s to start again: no instance runs, no stall."""
+    text = '[ "$POPDIST_INSTANCE_INDEX" = 0 ] && [ "$POPRUN_RESTART_COUNT" = 0 ] && exit 3; echo "ok $POPDIST_INSTANCE_INDEX"'
+    done = poprun(*TWO, "--max-restarts", "2", "--restart-scope", "instance", "--restart-backoff", "2",
+                  "--min-uptime", "0", "--stall-timeout", "1", "sh", "-c", text, cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert ["ok 0", "ok 1"] == sorted(done.stdout.splitlines())
