@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -241,3 +242,28 @@ def test_waiting_to_restart_one_instance_alone_is_no_stall(tmp_path: Path) -> No
 
     assert 0 == done.returncode, done.stderr
     assert ["ok 0", "ok 1"] == sorted(done.stdout.splitlines())
+
+
+@pytest.mark.parametrize("link", ["logs", "attempts/1"])
+def test_poprun_logs_does_not_follow_a_link_out_of_the_run(tmp_path: Path, link: str) -> None:
+    """The record's `logs` (or an attempt) swapped for a link elsewhere: PR602, nothing of the outside is shown."""
+    done = poprun(*TWO, "--max-restarts", "1", *FAST, "sh", "-c", 'echo "mine $POPRUN_RESTART_COUNT"; exit 3',
+                  cwd=tmp_path)
+    assert 3 == done.returncode, done.stderr
+    outside = tmp_path / "outside"
+    (outside / "logs").mkdir(parents=True)
+    for where in (outside, outside / "logs"):
+        (where / "0.stdout").write_text("SECRET\n")
+        (where / "order").write_text("0 stdout 7\n")
+    planted = the_run(tmp_path) / link
+    if planted.is_dir() and not planted.is_symlink():
+        shutil.rmtree(planted)
+    else:
+        planted.unlink()
+    planted.symlink_to(outside)
+
+    shown = poprun("logs", "last", *(("--attempt", "1") if link != "logs" else ()), cwd=tmp_path)
+
+    assert "SECRET" not in shown.stdout
+    assert "PR602" in shown.stderr and "out of the run" in shown.stderr
+    assert 0 != shown.returncode
