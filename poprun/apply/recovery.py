@@ -109,6 +109,9 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     except (OSError, WatchdogError) as exc:
         watchdog.close()
         return f"the pre-restart command could not start ({exc.strerror})"
+    except BaseException:  # a stop (Ctrl-C) as it starts: nothing of it is left
+        watchdog.close()
+        raise
     try:
         return _wait_pre_restart(proc, cancelled)
     finally:

@@ -267,3 +267,17 @@ def test_poprun_logs_does_not_follow_a_link_out_of_the_run(tmp_path: Path, link:
     assert "SECRET" not in shown.stdout
     assert "PR602" in shown.stderr and "out of the run" in shown.stderr
     assert 0 != shown.returncode
+
+
+def test_what_the_pre_restart_command_leaves_in_the_background_ends_with_it(tmp_path: Path) -> None:
+    """A health check that starts `sleep &` (or a daemon of its own session) and exits 0: nothing of it outlives it."""
+    seconds = f"61.{os.getpid()}{time.monotonic_ns() % 100000}"
+    check = f"sleep {seconds} >/dev/null 2>&1 & setsid sleep {seconds} >/dev/null 2>&1 &"
+    try:
+        done = poprun(*TWO, "--max-restarts", "1", *FAST, "--pre-restart", check, "sh", "-c", "exit 3",
+                      cwd=tmp_path)
+        assert 3 == done.returncode, done.stderr
+        assert gone(f"sleep\0{seconds}\0"), "the pre-restart command's background processes outlived the run"
+    finally:
+        for pid in pids_with(f"sleep\0{seconds}\0"):
+            os.kill(pid, signal.SIGKILL)
