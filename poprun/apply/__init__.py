@@ -361,6 +361,7 @@ class _Attempts:
         self.waiting = False  # between attempts: the back-off and the pre-restart command
         self.limit_waiting = False  # the limit came then: no instance ran, none was stopped by it
         self.signalled = 0  # --signal's signal, once sent: no restart after it (the time limit is near)
+        self.port_checked = True  # the last chosen MASTER_PORT was read free on its host (not the default)
 
     def run(self) -> ApplyResult:
         r = self.recovery
@@ -397,7 +398,7 @@ class _Attempts:
                     self.record.begin_attempt(number)
             self.relay.next_attempt()
             if self.budget.enabled or chosen:
-                self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen))
+                self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen and self.port_checked))
             if self.watch is not None:
                 self.watch.attempt()
             restarts = _InstanceRestarts(self, number) if instance_scope else None
@@ -494,6 +495,7 @@ class _Attempts:
         if self.recovery.choose_port:
             choice = ports.choose_port(self.backend, first.host, environ=self.environ, avoid=tuple(self.ports))
             self.ports.append(choice.port)
+            self.port_checked = choice.chosen  # False: the default, unchecked (the host's ports could not be read)
             return choice.port, True
         given = first.env.get(names.TORCH_MASTER_PORT)
         if given is None and names.TORCH_MASTER_PORT in first.env.forward:
