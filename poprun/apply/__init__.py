@@ -409,8 +409,11 @@ class _Attempts:
                                                     variables=tuple(sorted(variables.items())),
                                                     cache=self.cache.path if self.cache is not None else None))
             if restarts is not None:
+                first = len(self.attempts)
                 self.attempts.extend(restarts.attempts)
                 number = len(self.attempts)
+                if restarts.pending and self.control.signals and not self.limit:  # stopped while one waited
+                    return self._stopped_waiting(result, [first + k for k in restarts.pending.values()])
             # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
             status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limit))
             delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self._stopped(result))
@@ -435,6 +438,15 @@ class _Attempts:
                     result = evolve(result, error=ApplyError(
                         status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {number + 1}"))
             return self._result(result)
+
+    def _stopped_waiting(self, result: ApplyResult, waiting: list[int]) -> ApplyResult:
+        """Return ``result`` of a launch stopped while instances (``self.attempts[k]`` for k in ``waiting``) waited to restart."""
+        sig = self.control.signals[-1]
+        for k in waiting:
+            self.attempts[k] = evolve(self.attempts[k], next=f"not restarted: poprun was stopped ({signal_name(sig)})")
+        restart = min(self.attempts[k].number + 1 for k in waiting)
+        return self._result(evolve(result, error=ApplyError(
+            status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {restart}")))
 
     def _result(self, result: ApplyResult) -> ApplyResult:
         """Return the last attempt's result with what the attempts, limits and stacks add."""
@@ -595,6 +607,7 @@ class _InstanceRestarts:
         self._attempts, self._next = attempts, first
         self.attempts: list[Attempt] = []
         self.gave_up = ""
+        self.pending: dict[int, int] = {}  # instance -> its position in attempts: waiting to start again
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -615,6 +628,7 @@ class _InstanceRestarts:
                 self.attempts.pop()  # the run's last attempt is the launch's own result
             else:
                 self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
+                self.pending[ended.index] = len(self.attempts) - 1
         if delay is not None:
             a.relay.event(AttemptEnded(attempt=self.attempts[-1].number, status=ended.status, root_cause=ended.index,
                                        restart=True, delay_ms=int(delay * 1000), reason=f"{self.attempts[-1].cause}; {why}"))
@@ -632,6 +646,8 @@ class _InstanceRestarts:
             if failed is not None:
                 self.gave_up = f"not restarted: {failed}"
                 return None
+        with self._lock:
+            self.pending.pop(index, None)
         return {names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
 
 

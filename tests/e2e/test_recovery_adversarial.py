@@ -281,3 +281,24 @@ def test_what_the_pre_restart_command_leaves_in_the_background_ends_with_it(tmp_
     finally:
         for pid in pids_with(f"sleep\0{seconds}\0"):
             os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stop_while_one_instance_waits_to_restart_alone_ends_as_a_stop(tmp_path: Path) -> None:
+    """--restart-scope instance: SIGTERM during instance 0's back-off is 143 and 'stopped before restart 1', as for scope all."""
+    proc = started(*TWO, "--max-restarts", "2", "--restart-scope", "instance", "--restart-backoff", "30",
+                   "--min-uptime", "0", "sh", "-c", '[ "$POPDIST_INSTANCE_INDEX" = 0 ] && exit 3; echo up; sleep 30',
+                   cwd=tmp_path)
+    try:
+        assert proc.stdout is not None
+        assert "up" in proc.stdout.readline()
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and "restart" not in (the_run(tmp_path) / "events.jsonl").read_text():
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=20)
+    finally:
+        proc.kill()
+    assert 143 == proc.returncode, err
+    assert "poprun: stopped by SIGTERM before restart 1" in err
+    attempts = report(tmp_path)["attempts"]
+    assert "not restarted: poprun was stopped (SIGTERM)" == attempts[-1]["next"], attempts
