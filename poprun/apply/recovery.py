@@ -102,7 +102,9 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     except WatchdogError as exc:
         return f"the pre-restart command could not start ({exc.strerror})"
     try:
-        starting_in(watchdog.group)
+        if threading.current_thread() is threading.main_thread():  # between attempts, nothing else starts: the
+            starting_in(watchdog.group)  # command begins in the watchdog's cgroup (a daemon of it goes too). Not
+            # from a restart's thread (--restart-scope instance): poprun, moving meanwhile, could start an instance there
         proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,  # noqa: S603
                                 process_group=watchdog.group)
         watchdog.await_ready()
