@@ -483,7 +483,7 @@ class _Attempts:
         with self._limit_lock:
             self.waiting = True
         try:
-            if woken.wait(delay) or self.control.signals or self.limit:
+            if woken.wait(delay) or self.control.signals or self.limit or self.signalled:
                 return self._stopped(ApplyResult(statuses=())) or "stopped"
             if self.recovery.pre_restart:
                 failed = run_pre_restart(self.recovery.pre_restart, self.environ,
@@ -528,6 +528,7 @@ class _Attempts:
         self.relay.event(LimitReached(limit="signal", after_ms=self.recovery.timeout_ms - self.recovery.signal_before_ms,
                                       signal=sig))
         self.control.forward(sig)
+        self.control._woken.set()  # noqa: SLF001 - a wait to restart ends: an attempt now would only meet the limit
 
     def _limit_reached(self, kind: str, after_ms: int) -> None:
         """End the run at a time limit: tell it, collect where each instance was, then stop every instance."""

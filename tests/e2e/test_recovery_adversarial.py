@@ -302,3 +302,14 @@ def test_a_stop_while_one_instance_waits_to_restart_alone_ends_as_a_stop(tmp_pat
     assert "poprun: stopped by SIGTERM before restart 1" in err
     attempts = report(tmp_path)["attempts"]
     assert "not restarted: poprun was stopped (SIGTERM)" == attempts[-1]["next"], attempts
+
+
+def test_no_attempt_starts_after_the_signal_before_the_limit(tmp_path: Path) -> None:
+    """--signal USR1@2 with --timeout 3 comes during a 30 s back-off: the run ends then, no attempt starts to be cut."""
+    done = poprun(*TWO, "--max-restarts", "2", "--restart-backoff", "30", "--min-uptime", "0", "--timeout", "3",
+                  "--signal", "USR1@2", "sh", "-c", "exit 3", cwd=tmp_path, timeout=20)
+
+    assert 3 == done.returncode, done.stderr
+    attempts = report(tmp_path)["attempts"]
+    assert 1 == len(attempts)
+    assert "not restarted: SIGUSR1 was sent 2 s before the time limit (--signal)" == attempts[0]["next"], attempts
