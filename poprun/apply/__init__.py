@@ -112,6 +112,8 @@ class Control:
         self.signals.append(signum)
         self._stops += 1
         self._woken.set()
+        if self._tell is not None:
+            self._tell.released.set()  # a stop is not held off by the reading of stacks
         if self._finished:
             return
         if self._launch is None:
@@ -177,6 +179,8 @@ class _Relay:
         self._pids: dict[int, int] = {}  # instance -> pid, as started
         self._running: set[int] = set()  # instances running now (none: the stall clock stops)
         self._waiting: set[int] = set()  # instances waiting to start again alone (--restart-scope instance)
+        self.hold_until = 0.0  # (monotonic) until then a failure is not handed back to the backend (see hold)
+        self.released = threading.Event()  # set by a stop: no hold any more
         self.watch: LimitWatch | None = None
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
@@ -219,11 +223,18 @@ class _Relay:
                     self.failed = self.failed or exc
             else:
                 self._sink.event(event)
+        if isinstance(event, InstanceEnded) and event.status != 0 and self.hold_until:
+            self.hold()  # the backend tears down after a failure's event: not while stacks are read (a time limit)
         if isinstance(event, InstanceEnded) and not event.restarting:
             if event.lost:
                 self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
+
+    def hold(self) -> None:
+        """Return at :attr:`hold_until`, or at once on a stop (:attr:`released`)."""
+        while not self.released.is_set() and (left := self.hold_until - time.monotonic()) > 0:
+            self.released.wait(min(left, 0.05))
 
     def _alive(self, event: InstanceStarted | InstanceEnded) -> None:
         """Stop the stall clock while no instance runs (one waits to start again alone), start it when one does."""
@@ -544,7 +555,17 @@ class _Attempts:
         self.relay.captured = {}
         launch = self.launch
         if launch is not None:
-            self._collect_stacks()
+            # No teardown (the backend's at a failure, this step's) until the stacks are read and each process
+            # sent SIGABRT for faulthandler has had time to write its dump: a SIGTERM that arrives before such
+            # a process runs its handler ends it first (the kernel delivers the pending SIGABRT, then the fatal
+            # SIGTERM before the handler's first instruction), and its stack is lost.
+            self.relay.hold_until = time.monotonic() + _STACKS_TIMEOUT_S + 5
+            try:
+                self._collect_stacks()
+            finally:
+                dumped = any(FAULTHANDLER in text for text in self.stacks.values())
+                self.relay.hold_until = time.monotonic() + (_DUMP_WAIT_S if dumped else 0)
+            self.relay.hold()
             launch.terminate(self.control.grace_s)
         self.control._woken.set()  # noqa: SLF001 - a wait between attempts ends
 
@@ -574,6 +595,7 @@ class _Attempts:
 
 
 _STACKS_TIMEOUT_S = 10.0
+_DUMP_WAIT_S = 1.0  # the time faulthandler's dumps are given before the teardown
 
 
 FAULTHANDLER = "faulthandler"  # what a stack read through faulthandler says (poprun.apply.stacks.FAULTHANDLER)

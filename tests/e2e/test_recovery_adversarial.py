@@ -313,3 +313,20 @@ def test_no_attempt_starts_after_the_signal_before_the_limit(tmp_path: Path) -> 
     attempts = report(tmp_path)["attempts"]
     assert 1 == len(attempts)
     assert "not restarted: SIGUSR1 was sent 2 s before the time limit (--signal)" == attempts[0]["next"], attempts
+
+
+HANG = "import time\nprint('up', flush=True)\ndef hang_here():\n    time.sleep(60)\nhang_here()\n"
+
+
+def test_every_faulthandler_dump_comes_before_the_teardown(tmp_path: Path) -> None:
+    """No py-spy, 6 hung instances: each dies of its SIGABRT with its dump, none of the teardown's SIGTERM first."""
+    base_python = os.path.realpath(sys.executable)  # no py-spy beside it (py-spy is in the virtual environment)
+    no_py_spy = ":".join(d for d in os.environ.get("PATH", "").split(":") if not Path(d, "py-spy").exists())
+    (tmp_path / "hang.py").write_text(HANG)
+    done = poprun("--num-instances", "6", "--num-replicas", "6", "--stall-timeout", "1", base_python, "hang.py",
+                  cwd=tmp_path, env={"PATH": no_py_spy})
+
+    assert 124 == done.returncode, done.stderr
+    stacks = report(tmp_path)["stacks"]
+    assert all("in hang_here" in stacks[str(i)] for i in range(6)), stacks
+    assert "killed by SIGTERM" not in done.stderr
