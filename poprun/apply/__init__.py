@@ -112,6 +112,8 @@ class Control:
         self.signals.append(signum)
         self._stops += 1
         self._woken.set()
+        if self._tell is not None:
+            self._tell.released.set()  # a stop is not held off by the reading of stacks
         if self._finished:
             return
         if self._launch is None:
@@ -175,10 +177,16 @@ class _Relay:
         self._stopping = False
         self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
+        self._running: set[int] = set()  # instances running now (none: the stall clock stops)
+        self._waiting: set[int] = set()  # instances waiting to start again alone (--restart-scope instance)
+        self.hold_until = 0.0  # (monotonic) until then a failure is not handed back to the backend (see hold)
+        self.released = threading.Event()  # set by a stop: no hold any more
         self.watch: LimitWatch | None = None
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
             self.instance_lines = self._instance_lines
+        if plan.recovery.stall_timeout_ms:
+            self.instance_output = self._instance_output
 
     def observe(self) -> None:
         """Read back what each instance started as, into the record (once every instance has started)."""
@@ -203,6 +211,8 @@ class _Relay:
             instance = self.plan.instances[event.index]
             event = event if event.host else evolve(event, host=instance.host)
             self._pids[event.index] = event.pid
+        if self.watch is not None and isinstance(event, InstanceStarted | InstanceEnded):
+            self._alive(event)
         with self._calls:
             if self._record is not None:
                 self._record.event(event)
@@ -213,11 +223,33 @@ class _Relay:
                     self.failed = self.failed or exc
             else:
                 self._sink.event(event)
+        if isinstance(event, InstanceEnded) and event.status != 0 and self.hold_until:
+            self.hold()  # the backend tears down after a failure's event: not while stacks are read (a time limit)
         if isinstance(event, InstanceEnded) and not event.restarting:
             if event.lost:
                 self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
+
+    def hold(self) -> None:
+        """Return at :attr:`hold_until`, or at once on a stop (:attr:`released`)."""
+        while not self.released.is_set() and (left := self.hold_until - time.monotonic()) > 0:
+            self.released.wait(min(left, 0.05))
+
+    def _alive(self, event: InstanceStarted | InstanceEnded) -> None:
+        """Stop the stall clock while no instance runs (one waits to start again alone), start it when one does."""
+        assert self.watch is not None
+        with self._lock:
+            if isinstance(event, InstanceStarted):
+                self._running.add(event.index)
+                self._waiting.discard(event.index)
+                self.watch.resume()
+            else:
+                self._running.discard(event.index)
+                if event.restarting:
+                    self._waiting.add(event.index)
+                if self._waiting and not self._running:
+                    self.watch.pause()
 
     def stopping(self, why: str) -> None:
         """Tell that every instance is being stopped, and why: once, for the first reason."""
@@ -226,6 +258,11 @@ class _Relay:
                 return
             self._stopping = True
         self.event(Stopping(reason=why))
+
+    def _instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
+        """Tell the limit watch that an instance wrote output, whole lines or not (a progress bar's carriage returns)."""
+        if self.watch is not None:
+            self.watch.output()
 
     def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
         if self.watch is not None:
@@ -321,7 +358,7 @@ class _Attempts:
 
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay,
                  control: Control, clock: _Clock, record: RunRecord | None, cache: TemporaryCache | None,
-                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, Diagnostic | None]) -> None:
+                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None]) -> None:
         self.backend, self.plan, self.environ = backend, plan, environ
         self.relay, self.control, self.clock, self.record, self.cache = relay, control, clock, record, cache
         self.added, self.run_id = added, run_id
@@ -336,7 +373,11 @@ class _Attempts:
         self.stacks: dict[int, str] = {}
         self._limit_lock = threading.Lock()
         self.watch: LimitWatch | None = None
-        self._first_port: tuple[int, bool, Diagnostic | None] | None = first_port
+        self._first_port: tuple[int, bool, bool, Diagnostic | None] | None = first_port
+        self.waiting = False  # between attempts: the back-off and the pre-restart command
+        self.limit_waiting = False  # the limit came then: no instance ran, none was stopped by it
+        self.signalled = 0  # --signal's signal, once sent: no restart after it (the time limit is near)
+        self.port_checked = True  # the last chosen MASTER_PORT was read free on its host (not the default)
 
     def run(self) -> ApplyResult:
         r = self.recovery
@@ -373,7 +414,7 @@ class _Attempts:
                     self.record.begin_attempt(number)
             self.relay.next_attempt()
             if self.budget.enabled or chosen:
-                self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen))
+                self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen and self.port_checked))
             if self.watch is not None:
                 self.watch.attempt()
             restarts = _InstanceRestarts(self, number) if instance_scope else None
@@ -384,9 +425,13 @@ class _Attempts:
                                                     variables=tuple(sorted(variables.items())),
                                                     cache=self.cache.path if self.cache is not None else None))
             if restarts is not None:
+                first = len(self.attempts)
                 self.attempts.extend(restarts.attempts)
                 number = len(self.attempts)
-            status = exit_status(result)
+                if restarts.pending and self.control.signals and not self.limit:  # stopped while one waited
+                    return self._stopped_waiting(result, [first + k for k in restarts.pending.values()])
+            # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
+            status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limit))
             delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self._stopped(result))
             if result.error is not None or restarts is not None:
                 delay, why = None, why if restarts is None or status == 0 else (restarts.gave_up or why)
@@ -410,13 +455,24 @@ class _Attempts:
                         status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {number + 1}"))
             return self._result(result)
 
+    def _stopped_waiting(self, result: ApplyResult, waiting: list[int]) -> ApplyResult:
+        """Return ``result`` of a launch stopped while instances (``self.attempts[k]`` for k in ``waiting``) waited to restart."""
+        sig = self.control.signals[-1]
+        for k in waiting:
+            self.attempts[k] = evolve(self.attempts[k], next=f"not restarted: poprun was stopped ({signal_name(sig)})")
+        restart = min(self.attempts[k].number + 1 for k in waiting)
+        return self._result(evolve(result, error=ApplyError(
+            status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {restart}")))
+
     def _result(self, result: ApplyResult) -> ApplyResult:
         """Return the last attempt's result with what the attempts, limits and stacks add."""
         gave_up = ""
         if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
             gave_up = self.attempts[-1].next
         stacks = self._stacks_with_faulthandler()
-        if self.limit:  # poprun stopped every instance (faulthandler's SIGABRT included): none is the root cause
+        if self.limit and not self.limit_waiting:  # poprun stopped every instance (faulthandler's SIGABRT
+            # included): none is the root cause. A limit reached while waiting to restart stopped none of them:
+            # the failure that came before it stays the root cause (which tells the report so)
             result = evolve(result, root_cause=None, failures=tuple(evolve(f, stopped=True) for f in result.failures))
         return evolve(result, attempts=tuple(self.attempts) if self.budget.enabled else (), limit=self.limit,
                       limit_text=self.limit_text, stacks=tuple(sorted(stacks.items())), gave_up=gave_up,
@@ -430,6 +486,9 @@ class _Attempts:
             return f"poprun was stopped ({signal_name(self.control.signals[-1])})"
         if result.error is not None:
             return "poprun could not launch it"
+        if self.signalled:
+            return (f"{signal_name(self.signalled)} was sent {seconds(self.recovery.signal_before_ms)} before the "
+                    "time limit (--signal)")
         return ""
 
     def _between(self, delay: float, number: int) -> str | None:
@@ -437,8 +496,10 @@ class _Attempts:
         woken = self.control._woken  # noqa: SLF001
         if self.watch is not None:
             self.watch.pause()
+        with self._limit_lock:
+            self.waiting = True
         try:
-            if woken.wait(delay) or self.control.signals or self.limit:
+            if woken.wait(delay) or self.control.signals or self.limit or self.signalled:
                 return self._stopped(ApplyResult(statuses=())) or "stopped"
             if self.recovery.pre_restart:
                 failed = run_pre_restart(self.recovery.pre_restart, self.environ,
@@ -447,36 +508,56 @@ class _Attempts:
                     return self._stopped(ApplyResult(statuses=())) or failed
         except Stopped as exc:  # a signal in the main thread while waiting
             return f"poprun was stopped ({signal_name(exc.signum)})"
+        finally:
+            with self._limit_lock:
+                self.waiting = False
         return None
 
     def _master_port(self) -> tuple[int, bool]:
         """Return the MASTER_PORT of the next attempt and whether it was chosen here (attempt 0's: chosen before)."""
         decided, self._first_port = self._first_port, None
-        port, chosen, problem = decided or _master_port(self.backend, self.plan, self.environ, avoid=tuple(self.ports))
+        port, chosen, checked, problem = decided or _master_port(self.backend, self.plan, self.environ,
+                                                                 avoid=tuple(self.ports))
         if chosen:
             self.ports.append(port)
+            self.port_checked = checked  # False: the default, unchecked (the host's ports could not be read)
         if problem is not None and not self.attempts:
             self.warnings.append(problem)
         return port, chosen
 
     def _signal(self, sig: int) -> None:
         """``--signal``'s moment: send ``sig`` to every instance, where the backend can."""
+        self.signalled = sig
         self.relay.event(LimitReached(limit="signal", after_ms=self.recovery.timeout_ms - self.recovery.signal_before_ms,
                                       signal=sig))
         self.control.forward(sig)
+        self.control._woken.set()  # noqa: SLF001 - a wait to restart ends: an attempt now would only meet the limit
 
     def _limit_reached(self, kind: str, after_ms: int) -> None:
         """End the run at a time limit: tell it, collect where each instance was, then stop every instance."""
         with self._limit_lock:
             self.limit = kind
+            self.limit_waiting = self.waiting
             self.limit_text = (f"the run timed out after {seconds(after_ms)} (--timeout)" if kind == "timeout" else
                                f"no instance wrote output for {seconds(after_ms)} (--stall-timeout)")
+            if self.waiting:
+                self.limit_text += ", while waiting to restart"
         self.relay.event(LimitReached(limit=kind, after_ms=after_ms))
         self.relay.stopping(self.limit_text)
         self.relay.captured = {}
         launch = self.launch
         if launch is not None:
-            self._collect_stacks()
+            # No teardown (the backend's at a failure, this step's) until the stacks are read and each process
+            # sent SIGABRT for faulthandler has had time to write its dump: a SIGTERM that arrives before such
+            # a process runs its handler ends it first (the kernel delivers the pending SIGABRT, then the fatal
+            # SIGTERM before the handler's first instruction), and its stack is lost.
+            self.relay.hold_until = time.monotonic() + _STACKS_TIMEOUT_S + 5
+            try:
+                self._collect_stacks()
+            finally:
+                dumped = any(FAULTHANDLER in text for text in self.stacks.values())
+                self.relay.hold_until = time.monotonic() + (_DUMP_WAIT_S if dumped else 0)
+            self.relay.hold()
             launch.terminate(self.control.grace_s)
         self.control._woken.set()  # noqa: SLF001 - a wait between attempts ends
 
@@ -509,33 +590,34 @@ class _Attempts:
 
 
 _STACKS_TIMEOUT_S = 10.0
+_DUMP_WAIT_S = 1.0  # the time faulthandler's dumps are given before the teardown
 
 
 def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
-                 *, avoid: tuple[int, ...]) -> tuple[int, bool, Diagnostic | None]:
+                 *, avoid: tuple[int, ...]) -> tuple[int, bool, bool, Diagnostic | None]:
     """
-    Return an attempt's MASTER_PORT, whether it was chosen here, and a warning about it (:mod:`poprun.apply.ports`).
+    Return an attempt's MASTER_PORT, whether it was chosen here, whether it was read free, and a warning about it.
 
     Chosen free on instance 0's host when the plan leaves it to the apply step, never one of
     ``avoid`` (the earlier attempts'); else the user's, checked: PR440 (raised) when it is taken.
     """
     if not plan.instances:
-        return 0, False, None
+        return 0, False, False, None
     first = plan.instances[0]
     from poprun.apply import ports
 
     if plan.recovery.choose_port:
         choice = ports.choose_port(backend, first.host, environ=environ, avoid=avoid)
-        return choice.port, True, None
+        return choice.port, True, choice.chosen, None
     given = first.env.get(names.TORCH_MASTER_PORT)
     if given is None and names.TORCH_MASTER_PORT in first.env.forward:
         given = environ.get(names.TORCH_MASTER_PORT)
     if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
-        return 0, False, None
+        return 0, False, False, None
     problem = ports.check_port(backend, first.host, int(given), environ=environ)
     if problem is not None and problem.is_error:
         raise DiagnosticError((problem,))
-    return int(given), False, problem
+    return int(given), False, problem is None, problem
 
 
 FAULTHANDLER = "faulthandler"  # what a stack read through faulthandler says (poprun.apply.stacks.FAULTHANDLER)
@@ -570,6 +652,7 @@ class _InstanceRestarts:
         self._attempts, self._next = attempts, first
         self.attempts: list[Attempt] = []
         self.gave_up = ""
+        self.pending: dict[int, int] = {}  # instance -> its position in attempts: waiting to start again
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -590,6 +673,7 @@ class _InstanceRestarts:
                 self.attempts.pop()  # the run's last attempt is the launch's own result
             else:
                 self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
+                self.pending[ended.index] = len(self.attempts) - 1
         if delay is not None:
             a.relay.event(AttemptEnded(attempt=self.attempts[-1].number, status=ended.status, root_cause=ended.index,
                                        restart=True, delay_ms=int(delay * 1000), reason=f"{self.attempts[-1].cause}; {why}"))
@@ -607,6 +691,8 @@ class _InstanceRestarts:
             if failed is not None:
                 self.gave_up = f"not restarted: {failed}"
                 return None
+        with self._lock:
+            self.pending.pop(index, None)
         return {names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
 
 

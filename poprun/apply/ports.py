@@ -32,9 +32,15 @@ PORT_TIMEOUT_S = 5.0  # how long reading a host's sockets may take
 LOWEST = 20000  # chosen ports are at least this (below: services that may start later, well known or not)
 HIGHEST = 65534  # ... and at most this, so that the hub's (P+1) is a port
 _SECTIONS = ("@tcp", "@tcp6", "@range", "@end")
+# Each socket's line cut to what parse_ports reads (the port, the state, the inode: about 30 bytes, not
+# 150), so that a host with tens of thousands of sockets still fits in what a host command returns
+# (MAX_OUTPUT); without awk, the lines as they are.
 PORT_SCRIPT = """\
-echo @tcp; cat /proc/net/tcp 2>/dev/null
-echo @tcp6; cat /proc/net/tcp6 2>/dev/null
+__poprun_cut() { if command -v awk >/dev/null 2>&1; then
+  awk 'NR > 1 { n = split($2, a, ":"); print ":", "0:" a[n], "-", $4, "-", "-", "-", "-", "-", $10 }' "$1"
+else cat "$1"; fi 2>/dev/null; }
+echo @tcp; __poprun_cut /proc/net/tcp
+echo @tcp6; __poprun_cut /proc/net/tcp6
 echo @range; cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null
 echo @end"""
 _STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",

@@ -22,8 +22,6 @@ long (each attempt starts its clock afresh); ``--signal SIG@S`` S seconds before
 from __future__ import annotations
 
 import contextlib
-import os
-import signal
 import subprocess
 import threading
 import time
@@ -90,15 +88,40 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     Run the pre-restart ``command`` here (``/bin/sh -c``) with ``variables`` added; return why it failed, or None.
 
     Its output goes where poprun's own does (the terminal's stderr and stdout are inherited, as
-    for a hook). It runs in a process group of its own, killed when ``cancelled`` is set (poprun
-    stopped meanwhile) or after :data:`PRE_RESTART_TIMEOUT_S`.
+    for a hook). It runs in a process group of its own, led by a watchdog as a launch's is
+    (:mod:`poprun.backends._process.watchdog`: should poprun die meanwhile, even by SIGKILL,
+    nothing of the command is left), killed when ``cancelled`` is set (poprun stopped
+    meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and once it ends (what it left in the
+    background goes with it).
     """
+    from poprun.backends._process.watchdog import Watchdog, WatchdogError, starting_in
+
     env = dict(environ) | dict(variables)
     try:
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,  # noqa: S603
-                                process_group=0)
-    except OSError as exc:
+        watchdog = Watchdog(env=environ)
+    except WatchdogError as exc:
         return f"the pre-restart command could not start ({exc.strerror})"
+    try:
+        if threading.current_thread() is threading.main_thread():  # between attempts, nothing else starts: the
+            starting_in(watchdog.group)  # command begins in the watchdog's cgroup (a daemon of it goes too). Not
+            # from a restart's thread (--restart-scope instance): poprun, moving meanwhile, could start an instance there
+        proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,  # noqa: S603
+                                process_group=watchdog.group)
+        watchdog.await_ready()
+    except (OSError, WatchdogError) as exc:
+        watchdog.close()
+        return f"the pre-restart command could not start ({exc.strerror})"
+    except BaseException:  # a stop (Ctrl-C) as it starts: nothing of it is left
+        watchdog.close()
+        raise
+    try:
+        return _wait_pre_restart(proc, cancelled)
+    finally:
+        watchdog.close()  # the group and the cgroup: what the command left behind too
+
+
+def _wait_pre_restart(proc: subprocess.Popen[bytes], cancelled: threading.Event) -> str | None:
+    """Wait for the pre-restart command ``proc``; return why it failed, or None."""
     deadline = time.monotonic() + PRE_RESTART_TIMEOUT_S
     try:
         while True:
@@ -112,16 +135,12 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
                     return f"the pre-restart command did not end within {PRE_RESTART_TIMEOUT_S:.0f} s"
     finally:
         if proc.returncode is None:
-            _kill_group(proc)
+            with contextlib.suppress(OSError):
+                proc.kill()
+            proc.wait()
     if status < 0:
         return f"the pre-restart command was killed by {signal_name(-status)}"
     return None if status == 0 else f"the pre-restart command failed with status {status}"
-
-
-def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    proc.wait()
 
 
 class LimitWatch:
@@ -158,6 +177,11 @@ class LimitWatch:
     def pause(self) -> None:
         """Stop the stall clock until the next attempt starts (a back-off between attempts is no stall)."""
         self._last_output = float("inf")
+
+    def resume(self) -> None:
+        """Start the stall clock again after :meth:`pause` (an instance started again alone); else nothing."""
+        if self._last_output == float("inf"):
+            self._last_output = time.monotonic()
 
     def close(self) -> None:
         """End the thread (idempotent)."""

@@ -105,7 +105,9 @@ class InstanceSink(OutputSink, Protocol):
 
     A backend whose output goes through the shared router (``poprun.backends._process.output``)
     calls it for every piece of whole lines it reads, shown or not (``--only-output-from-instance``),
-    from the thread that calls ``write``. A plugin may call it too; it is optional.
+    from the thread that calls ``write``. A plugin may call it too; it is optional. So is
+    ``instance_output(index)``, which the router calls for every read, whole lines or not (a
+    progress bar that ends its lines with carriage returns writes output too: ``--stall-timeout``).
     """
 
     def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:

@@ -259,6 +259,9 @@ class _Checker:
         for k, status in enumerate(r.never_retry):
             self.nonneg(f"{where}.never_retry[{k}]", status, MAX_STATUS + 1)
         self.nonneg(f"{where}.signal", r.signal, MAX_SIGNAL + 1)
+        if r.signal in (9, 19):  # SIGKILL, SIGSTOP (Linux's numbers, as the plan's): no program catches them
+            self.fail(f"{where}.signal", f"is {r.signal} ({'SIGKILL' if r.signal == 9 else 'SIGSTOP'}), which no "  # noqa: PLR2004
+                                         "program can catch to checkpoint")
         if len(r.pre_restart) > MAX_COMMAND:
             self.fail(f"{where}.pre_restart", f"is a command of {len(r.pre_restart)} characters (at most {MAX_COMMAND})")
         if not r.signal and r.signal_before_ms:

@@ -191,11 +191,20 @@ def user_setting(s: Solver, name: str) -> SourceSpan | None:
 def _choose_port(s: Solver, first_host: str) -> bool:
     """Return whether the apply step picks MASTER_PORT: unless the user set it (``-x``, or the launching shell's)."""
     name = names.TORCH_MASTER_PORT
-    if (origin := user_setting(s, name)) is not None:
+    given = [(e.value, e.origin) for e in s.spec.env]
+    given += [(v, a.origin) for a in s.spec.instance_args for v in a.value.env]
+    # a forwarded MASTER_PORT (`-x MASTER_PORT`) that the launching shell leaves unset or empty sets nothing
+    given = [(var, where) for var, where in given
+             if var.name == name and (var.value is not None or s.ctx.environ.get(name, "").strip())]
+    for var, where in given:  # each instance's own, not only the first's: a junk one fails them all the same
+        _port_value(s, var.value if var.value is not None else s.ctx.environ[name], where)
+    if given:
+        origin = given[0][1]
         s.decide(PREFIX + "port", "yours", origin, f"{name} set by you: kept, and checked free before any instance "
                  "starts")
         return False
-    if name in s.ctx.environ:
+    if s.ctx.environ.get(name, "").strip():  # `export MASTER_PORT=` leaves it empty: as unset
+        _port_value(s, s.ctx.environ[name], SourceSpan.env(name))
         s.decide(PREFIX + "port", s.ctx.environ[name], SourceSpan.env(name), f"{name} of the launching shell: kept, "
                  "and checked free before any instance starts")
         return False
@@ -203,3 +212,12 @@ def _choose_port(s: Solver, first_host: str) -> bool:
              f"{name} not set: a free port on {first_host} (and the next one for popdist's hub), picked for each "
              "attempt")
     return True
+
+
+def _port_value(s: Solver, value: str, where: SourceSpan) -> None:
+    """PR212 when ``value``, a MASTER_PORT the user set, is not a TCP port (spaces around it are fine: torch strips them)."""
+    text = value.strip()
+    if text.isascii() and text.isdigit() and 1 <= int(text) <= 65535:  # noqa: PLR2004 - the TCP port range
+        return
+    s.fail("PR212", "invalid port", detail=f"MASTER_PORT {value!r} is not a port number", span=where,
+           hint="set MASTER_PORT to a port from 1 to 65535, or leave it unset and poprun picks a free one")

@@ -59,6 +59,9 @@ def render_attempts(result: ApplyResult) -> str:
 
 def render_limit(result: ApplyResult) -> str:
     """Return the time limit that ended the run, and where each instance was then (their stacks)."""
+    if result.root_cause is not None:  # the limit came while no instance ran (waiting to restart): none was stopped
+        return f"poprun: {result.limit_text}; nothing was started again" + (f" (run {result.run})" if result.run
+                                                                             else "") + "\n"
     lines = [f"poprun: {result.limit_text}; every instance was stopped" + (f" (run {result.run})" if result.run else "")]
     if result.stacks:
         lines.append("Where each instance was when the run was stopped:")

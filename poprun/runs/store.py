@@ -441,6 +441,7 @@ class LogReader:
     def __init__(self, path: str, *, instance: int | None = None, attempt: int | None = None) -> None:
         # attempt K of a run that could restart: attempts/K/logs; else logs (the last attempt's, a link then)
         self._path, self._instance = path if attempt is None else os.path.join(path, "attempts", str(attempt)), instance
+        self._run = path
         self.instance = instance
         self._order: int | None = None
         self._pending = b""
@@ -479,6 +480,7 @@ class LogReader:
     def _listed(self) -> Iterator[tuple[int, str, int]]:
         name = os.path.join(self._path, "logs", "order")
         if self._order is None:
+            self._inside()
             try:
                 self._order = open_record_file(name)
             except FileNotFoundError:
@@ -491,6 +493,13 @@ class LogReader:
             for line in lines:
                 self._line += 1
                 yield self._entry(name, line)
+
+    def _inside(self) -> None:
+        """PR602 when the logs read (``logs``, a link to the last attempt's, or ``attempts/K``) lead out of the run."""
+        logs = os.path.join(self._path, "logs")
+        run = os.path.realpath(self._run)
+        if not os.path.realpath(logs).startswith(run + os.sep):
+            raise damaged(logs, "a link out of the run's directory (poprun reads a run's logs only within it)")
 
     def _entry(self, name: str, line: bytes) -> tuple[int, str, int]:
         words = line.decode("ascii", "replace").split()

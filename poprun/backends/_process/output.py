@@ -55,6 +55,7 @@ class Router:
     def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
         self._sink = sink
         self._keep = getattr(sink, "instance_lines", None)  # a sink that keeps each instance's lines (a run record)
+        self._alive = getattr(sink, "instance_output", None)  # a sink told of every read, whole lines or not (stalls)
         indices = [i.index for i in plan.instances]
         only = plan.output.only_from_instance
         self._shown = {i: only is None or only == i for i in indices}
@@ -74,6 +75,8 @@ class Router:
 
     def feed(self, index: int, stream: Stream, chunk: bytes) -> None:
         """Take ``chunk``, just read from ``stream`` of instance ``index``."""
+        if self._alive is not None:  # a progress bar ('\r40%') is output, though no line ends
+            self._alive(index)
         fd = self._files.get((index, stream))
         if fd is not None:
             try:
