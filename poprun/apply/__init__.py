@@ -538,8 +538,10 @@ class _Attempts:
         with self._limit_lock:
             self.limit = kind
             self.limit_waiting = self.waiting
-            self.limit_text = (f"the run timed out after {seconds(after_ms)} (--timeout)" if kind == "timeout" else
-                               f"no instance wrote output for {seconds(after_ms)} (--stall-timeout)")
+            # the limit as declared (the event has the time measured, a few ms past it)
+            self.limit_text = (f"the run timed out after {seconds(self.recovery.timeout_ms)} (--timeout)"
+                               if kind == "timeout" else
+                               f"no instance wrote output for {seconds(self.recovery.stall_timeout_ms)} (--stall-timeout)")
             if self.waiting:
                 self.limit_text += ", while waiting to restart"
         self.relay.event(LimitReached(limit=kind, after_ms=after_ms))
