@@ -32,17 +32,22 @@ import popdist
 import popdist.torch as pdt
 
 
-def parse_args() -> argparse.Namespace:
-    """Return the command line's settings."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--steps", type=int, default=60, help="optimizer steps (default 60)")
+def training_options(description: str, *, steps: int = 60) -> argparse.ArgumentParser:
+    """Return a parser of the training's settings (``train_resume.py`` adds its own to it)."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--steps", type=int, default=steps, help=f"optimizer steps (default {steps})")
     parser.add_argument("--global-batch-size", type=int, default=64, help="items per step, all replicas together")
     parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
     parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
     parser.add_argument("--hidden", type=int, default=64, help="hidden units")
     parser.add_argument("--seed", type=int, default=0, help="data order and initial weights")
     parser.add_argument("--save", help="write the final weights here (instance 0)")
-    return parser.parse_args()
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    """Return the command line's settings."""
+    return training_options(__doc__.splitlines()[1]).parse_args()
 
 
 def load_split(seed: int = 0) -> tuple[TensorDataset, TensorDataset]:

@@ -34,22 +34,15 @@ import popdist
 import popdist.torch as pdt
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - train_digits beside this file
-from train_digits import build_model, evaluate, load_split
+from train_digits import build_model, evaluate, load_split, training_options
 
 
 def parse_args() -> argparse.Namespace:
-    """Return the command line's settings."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[1])
-    parser.add_argument("--steps", type=int, default=40, help="optimizer steps (default 40)")
-    parser.add_argument("--global-batch-size", type=int, default=64, help="items per step, all replicas together")
-    parser.add_argument("--lr", type=float, default=0.1, help="SGD learning rate")
-    parser.add_argument("--momentum", type=float, default=0.9, help="SGD momentum")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden units")
-    parser.add_argument("--seed", type=int, default=0, help="data order and initial weights")
+    """Return the command line's settings: train_digits.py's, and the checkpoint's."""
+    parser = training_options(__doc__.splitlines()[1], steps=40)
     parser.add_argument("--checkpoint", required=True, help="the checkpoint file: read at start when it exists")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
     parser.add_argument("--crash-at-step", type=int, default=0, help="fail at this step on the first attempt")
-    parser.add_argument("--save", help="write the final weights here (instance 0)")
     return parser.parse_args()
 
 

@@ -557,6 +557,8 @@ class _Attempts:
             try:
                 self._collect_stacks()
             finally:
+                from poprun.apply.stacks import FAULTHANDLER
+
                 dumped = any(FAULTHANDLER in text for text in self.stacks.values())
                 self.relay.hold_until = time.monotonic() + (_DUMP_WAIT_S if dumped else 0)
             self.relay.hold()
@@ -565,8 +567,9 @@ class _Attempts:
 
     def _collect_stacks(self) -> None:
         """Read where each instance is (:mod:`poprun.apply.stacks`), bounded in time; nothing when it fails."""
+        from poprun.apply.stacks import FAULTHANDLER, collect_stacks
+
         try:
-            from poprun.apply.stacks import collect_stacks
 
             hosts = {i.index: i.host for i in self.plan.instances}
             self.stacks = dict(collect_stacks(self.backend, hosts, self.run_id, environ=self.environ,
@@ -582,6 +585,10 @@ class _Attempts:
     def _stacks_with_faulthandler(self) -> dict[int, str]:
         """Return the stacks, those that faulthandler wrote to an instance's stderr taken from there."""
         stacks = dict(self.stacks)
+        if not stacks:
+            return stacks
+        from poprun.apply.stacks import FAULTHANDLER
+
         captured = self.relay.captured or {}
         for index, text in stacks.items():
             if FAULTHANDLER in text and index in captured:
@@ -622,9 +629,6 @@ def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
     return int(given), False, problem is None, problem
 
 
-FAULTHANDLER = "faulthandler"  # what a stack read through faulthandler says (poprun.apply.stacks.FAULTHANDLER)
-
-
 def _faulthandler_dump(text: str) -> str:
     """Return faulthandler's dump (``Fatal Python error`` ... the last ``File`` line) within ``text``, or ""."""
     start = text.find("Fatal Python error")
@@ -643,8 +647,13 @@ def _cause(result: ApplyResult) -> str:
     failure = result.failure(result.root_cause)
     if failure is None:
         return ""
-    how = f"was killed by {failure.signal_name}" if failure.signal is not None else f"exited with {failure.exit_code}"
-    return f"instance {failure.index} {how} on {failure.host}"
+    return _ended(failure.index, failure.host, failure.signal, failure.exit_code)
+
+
+def _ended(index: int, host: str, sig: int | None, exit_code: int | None) -> str:
+    """Return how instance ``index`` ended, in one line: ``instance 1 exited with 3 on h1``."""
+    how = f"was killed by {signal_name(sig)}" if sig is not None else f"exited with {exit_code}"
+    return f"instance {index} {how} on {host}"
 
 
 class _InstanceRestarts:
@@ -662,23 +671,19 @@ class _InstanceRestarts:
         a = self._attempts
         stopped = a._stopped(ApplyResult(statuses=()))  # noqa: SLF001
         delay, why = a.budget.decide(ended.status, uptime_s, stopped=stopped)
+        if delay is None:  # the run's last attempt is the launch's own result
+            self.gave_up = why
+            return None
+        host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
         with self._lock:
-            host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
-            how = f"was killed by {signal_name(ended.signal)}" if ended.signal is not None \
-                else f"exited with {ended.exit_code}"
-            self.attempts.append(Attempt(number=self._next + len(self.attempts), status=ended.status,
-                                         root_cause=ended.index, seconds=round(uptime_s, 3),
-                                         master_port=a.ports[-1] if a.ports else 0,
-                                         next=why, cause=f"instance {ended.index} {how} on {host}"))
-            if delay is None:
-                self.gave_up = why
-                self.attempts.pop()  # the run's last attempt is the launch's own result
-            else:
-                self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
-                self.pending[ended.index] = len(self.attempts) - 1
-        if delay is not None:
-            a.relay.event(AttemptEnded(attempt=self.attempts[-1].number, status=ended.status, root_cause=ended.index,
-                                       restart=True, delay_ms=int(delay * 1000), reason=f"{self.attempts[-1].cause}; {why}"))
+            attempt = Attempt(number=self._next + len(self.attempts), status=ended.status, root_cause=ended.index,
+                              seconds=round(uptime_s, 3), master_port=a.ports[-1] if a.ports else 0, next=why,
+                              cause=_ended(ended.index, host, ended.signal, ended.exit_code))
+            self.attempts.append(attempt)
+            self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
+            self.pending[ended.index] = len(self.attempts) - 1
+        a.relay.event(AttemptEnded(attempt=attempt.number, status=ended.status, root_cause=ended.index,
+                                   restart=True, delay_ms=int(delay * 1000), reason=f"{attempt.cause}; {why}"))
         return delay
 
     def prepare(self, index: int) -> Mapping[str, str] | None:

@@ -8,7 +8,6 @@ real processes, and reads what the run left: its exit status, its stderr, ``repo
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -19,6 +18,8 @@ import time
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.test_recovery_cli import events, report, the_run
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -43,20 +44,6 @@ def poprun(*args: str, cwd: Path, env: dict[str, str] | None = None,
 def started(*args: str, cwd: Path) -> subprocess.Popen[str]:
     return subprocess.Popen([sys.executable, "-m", "poprun.cli.main", *args], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, env=environment(cwd))
-
-
-def the_run(cwd: Path) -> Path:
-    made = [p for p in (cwd / "runs").iterdir() if p.is_dir() and not p.is_symlink()]
-    assert len(made) == 1, made
-    return made[0]
-
-
-def report(cwd: Path) -> dict[str, object]:
-    return json.loads((the_run(cwd) / "report.json").read_text())
-
-
-def events(cwd: Path) -> list[dict[str, object]]:
-    return [json.loads(line) for line in (the_run(cwd) / "events.jsonl").read_text().splitlines()]
 
 
 def pids_with(needle: str) -> list[int]:

@@ -50,15 +50,7 @@ def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str,
             code, said = failed[host]
             _raise(_diagnose(host, code, "", said, "/") or _unreachable(host, said.strip() or f"ssh exited with {code}"))
     left = max(0.5, deadline - time.monotonic())
-    try:
-        status, out, err = run_script(client.argv(host, bounded_shell(left)), script, env=environ, timeout_s=left,
-                                      keep_stderr=True)
-    except OSError as exc:
-        raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
-    if status == SSH_FAILED and err.strip():  # the script's own stderr is dropped on the host: these are ssh's words
-        _raise(_diagnose(host, status, "", err.decode(errors="replace"), "/")
-               or _unreachable(host, err.decode(errors="replace").strip()))
-    return status, out
+    return _run(client.argv(host, bounded_shell(left)), host, script, environ=environ, timeout_s=left)
 
 
 def run_once(host: str, script: str, *, environ: Mapping[str, str], timeout_s: float,
@@ -77,6 +69,11 @@ def run_once(host: str, script: str, *, environ: Mapping[str, str], timeout_s: f
     argv = [*ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
                          connect_timeout_s=min(connect_timeout_s, timeout_s)),
             "-o", "ControlMaster=no", "-o", "ControlPath=none", "-T", "--", host, bounded_shell(timeout_s)]
+    return _run(argv, host, script, environ=environ, timeout_s=timeout_s)
+
+
+def _run(argv: list[str], host: str, script: str, *, environ: Mapping[str, str], timeout_s: float) -> tuple[int, bytes]:
+    """Run the ssh command ``argv`` with ``script`` on its input; return the script's status and output, or raise ssh's failure."""
     try:
         status, out, err = run_script(argv, script, env=environ, timeout_s=timeout_s, keep_stderr=True)
     except OSError as exc:
