@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import time
 from collections.abc import Callable, Iterator, Mapping
 
 from poprun.backends._process.instance import (
@@ -45,6 +46,7 @@ from poprun.backends.base import (
     TemporaryCache,
     environment,
 )
+from poprun.core.events import PhaseEnded
 from poprun.core.localhost import is_this_machine
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import LaunchPlan
@@ -199,11 +201,14 @@ class LocalBackend:
             raise LaunchError(str(exc.strerror)) from exc
         procs: list[subprocess.Popen[bytes]] = []
         try:
+            router.started()
             with _binding() as bind:
                 for instance, env, program, mask in zip(plan.instances, envs, programs, masks, strict=True):
                     bind(mask, parse_cpulist(instance.placement.numa_nodes) if mask is not None else ())
                     procs.append(start_instance(instance, env, program, watchdog.group))
             watchdog.await_ready()
+            if (tell := getattr(sink, "event", None)) is not None:
+                tell(PhaseEnded(phase="start", ms=round((time.monotonic() - router.began) * 1000)))
         except WatchdogError as exc:
             abandon(watchdog, procs, router)
             raise LaunchError(str(exc.strerror)) from exc

@@ -34,12 +34,14 @@ from poprun.core.events import (
     AttemptEnded,
     AttemptStarted,
     Event,
+    HostConnected,
     InstanceEnded,
     InstanceStarted,
     LaunchRunning,
     LaunchStarting,
     LimitReached,
     PartitionAcquiring,
+    PhaseEnded,
     RunStarted,
     Stopping,
 )
@@ -99,6 +101,18 @@ class _Reporter:
             self._console.log(f"poprun: attempt {event.attempt} failed: {event.reason}\n")
         elif isinstance(event, LimitReached):
             self._limit(event)
+        elif isinstance(event, PhaseEnded):
+            self.verbose.info(f"{event.phase.capitalize()} took {event.ms / 1000:.2f} s"
+                              + (f" ({event.detail})" if event.detail else ""))
+        elif isinstance(event, HostConnected):
+            self._connected(event)
+
+    def _connected(self, event: HostConnected) -> None:
+        tries = f", {event.attempts} attempts" if event.attempts > 1 else ""
+        if event.slow:
+            self.verbose.info(f"Host {event.host} is slow: connected in {event.ms / 1000:.2f} s{tries}")
+        else:
+            self.verbose.debug(f"Host {event.host}: connected in {event.ms / 1000:.2f} s{tries}")
 
     def _limit(self, event: LimitReached) -> None:
         if event.limit == "signal":

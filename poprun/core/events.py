@@ -93,6 +93,41 @@ class HostChecked:
 
 
 @record
+class HostConnected:
+    """
+    The ssh backend's shared connection to a host is up: how long it took (from the moment it was opened, in the fan-out window) and in how many attempts.
+
+    ``slow``: it took much longer than the others (or more than one attempt): the host answers,
+    but late; ``-v`` names it.
+    """
+
+    kind: ClassVar[str] = "host-connected"
+
+    host: str
+    ms: int
+    attempts: int = 1
+    slow: bool = False
+
+
+@record
+class PhaseEnded:
+    """
+    A phase of a launch ended, after ``ms`` milliseconds.
+
+    ``phase``: ``connect`` (the ssh backend's shared connections to every host), ``preflight``
+    (every host's check answered), ``start`` (every instance told to start: the last of them
+    started), ``first-output`` (every instance printed something; ``detail`` says how many did
+    when not all did before the launch ended).
+    """
+
+    kind: ClassVar[str] = "phase-ended"
+
+    phase: str
+    ms: int
+    detail: str = ""
+
+
+@record
 class PartitionAcquiring:
     """The partition step began: the partition is being acquired from the V-IPU service."""
 
@@ -256,11 +291,11 @@ class StacksCollected:
     how: str = ""
 
 
-Event = (RunStarted | HostChecked | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
+Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
          | AttemptStarted | AttemptEnded | LimitReached | StacksCollected)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    RunStarted, HostChecked, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
+    RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
     AttemptStarted, AttemptEnded, LimitReached, StacksCollected)}
 

@@ -109,6 +109,8 @@ class RunRecord:
         self._closed = False
         self.on_truncated: list[tuple[int, int]] = []  # (instance, bytes kept) not yet told as an event
         self.phases: dict[str, float] = {}  # phase -> seconds (plan, partition, start, run, teardown)
+        self.launch_phases: dict[str, float] = {}  # the backend's phases -> seconds (connect, preflight, start, first-output)
+        self.slow_hosts: dict[str, tuple[float, int]] = {}  # host -> (seconds to connect, attempts), when slow
         self.observed: dict[int, dict[str, object]] = {}  # instance -> what it ran as (poprun.runs.verify)
 
     @classmethod
@@ -144,8 +146,18 @@ class RunRecord:
         """Append ``event`` (with the time now) to ``events.jsonl``; ``data``: its JSON-ready form, when made already."""
         if self._closed:
             return
+        self._time(event)
         line = event_line(event, time.time()) if data is None else dumps(dict(data)) + "\n"
         self._guard(lambda: os.write(self._events, line.encode(errors="surrogateescape")))
+
+    def _time(self, event: Event) -> None:
+        """Keep what ``event`` says of the launch's phases (summed over the attempts) and slow hosts, for the report."""
+        from poprun.core.events import HostConnected, PhaseEnded
+
+        if isinstance(event, PhaseEnded):
+            self.launch_phases[event.phase] = round(self.launch_phases.get(event.phase, 0.0) + event.ms / 1000, 3)
+        elif isinstance(event, HostConnected) and event.slow:
+            self.slow_hosts[event.host] = (event.ms / 1000, event.attempts)
 
     def begin_attempt(self, number: int) -> None:
         """Keep the logs of attempt ``number`` apart from here on: ``attempts/N/logs``, linked as ``logs`` and ``latest``."""

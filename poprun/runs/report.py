@@ -29,7 +29,9 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
     master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
-    "stacks": {index: TEXT}}`` (the last five added with restarts and time limits: older reports lack them).
+    "stacks": {index: TEXT}, "launch_phases": {name: seconds}, "slow_hosts": [{host, seconds, attempts}]}``
+    (``attempts`` to ``stacks`` added with restarts and time limits, the last two with the launch's own phases:
+    older reports lack them).
     """
     error = result.error
     return {
@@ -43,6 +45,9 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
             "status": error.status, "message": error.message, "signal": error.signal,
             "diagnostics": [{"code": d.code, "summary": d.summary} for d in error.diagnostics]},
         "phases": dict(record.phases),
+        "launch_phases": dict(record.launch_phases),
+        "slow_hosts": [{"host": host, "seconds": seconds, "attempts": attempts}
+                       for host, (seconds, attempts) in record.slow_hosts.items()],
         "truncated": {str(i): {"kept": kept, "dropped": dropped}
                       for i, (kept, dropped) in sorted(record.truncation().items())},
         "attempts": [{"number": a.number, "status": a.status, "root_cause": a.root_cause, "seconds": a.seconds,

@@ -380,6 +380,19 @@ def checked_report(data: dict[str, Any], name: str) -> dict[str, Any]:
     for phase, seconds in data["phases"].items():
         if not isinstance(seconds, int | float) or isinstance(seconds, bool):
             raise damaged(name, f"$.phases.{phase} is not a number")
+    launch = data.get("launch_phases", {})
+    if not isinstance(launch, dict):
+        raise damaged(name, "$.launch_phases is not an object")
+    for phase, seconds in launch.items():
+        if not isinstance(seconds, int | float) or isinstance(seconds, bool):
+            raise damaged(name, f"$.launch_phases.{phase} is not a number")
+    slow = data.get("slow_hosts", [])
+    if not isinstance(slow, list):
+        raise damaged(name, "$.slow_hosts is not a list")
+    for i, host in enumerate(slow):
+        if not (isinstance(host, dict) and isinstance(host.get("host"), str) and isinstance(host.get("attempts"), int)
+                and isinstance(host.get("seconds"), int | float) and not isinstance(host.get("seconds"), bool)):
+            raise damaged(name, f"$.slow_hosts[{i}] is not a host, its seconds and attempts")
     for index, sizes in data["truncated"].items():
         if not (isinstance(sizes, dict) and all(isinstance(sizes.get(k), int) for k in ("kept", "dropped"))):
             raise damaged(name, f"$.truncated.{index} is not kept and dropped bytes")

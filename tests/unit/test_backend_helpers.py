@@ -103,16 +103,20 @@ def test_this_machine_has_one_definition_for_the_planner_and_the_backends():
 
 
 def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
-    """probe_topologies runs ssh with exactly the options a launch's ssh has (one option set), plus -T."""
-    from poprun.backends.ssh.backend import ssh_options
+    """probe_topologies opens the host's connection through the launch's client: exactly the options a launch's ssh has (one option set)."""
+    from poprun.backends.ssh.backend import SshClient, ssh_options
     from poprun.backends.ssh.probe import probe_topologies
 
     fake = tmp_path / "ssh"
     fake.write_text(f'#!/bin/sh\nprintf "%s\\0" "$@" > {tmp_path}/argv\necho "ssh: no way" >&2\nexit 255\n')
     fake.chmod(0o755)
-    found = probe_topologies(("h1",), environ={"POPRUN_SSH_CONFIG": "/etc/cfg"}, ssh=str(fake))
-    argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    client = SshClient(config="/etc/cfg", ssh=str(fake))
+    try:
+        found = probe_topologies(("h1",), environ={"POPRUN_SSH_CONFIG": "/etc/cfg"}, client=client)
+        argv = (tmp_path / "argv").read_text().split("\0")[:-1]
+    finally:
+        client.close()
 
     assert {"h1": "ssh: no way"} == found
-    assert [*ssh_options(config="/etc/cfg", ssh=str(fake))[1:], "-T", "--", "h1"] == argv[:-1]
-    assert argv[-1].startswith("sh -c ")
+    assert ssh_options(config="/etc/cfg", ssh=str(fake))[1:] == argv[:len(ssh_options(config="/etc/cfg")) - 1]
+    assert ["-f", "-N", "--", "h1"] == argv[-4:]

@@ -10,7 +10,9 @@ Speed is the point here (``bench/apply_bench.py`` compares it with ``mpirun --ta
 lines are never handled one by one. A chunk is cut at its last newline; tagging is one
 ``bytes.replace`` of the newlines of the whole part; the tail keeps only the last lines of a
 chunk (``rsplit`` from the right); and what is ready is written to the sink in one call per
-stream when the reader calls :meth:`Router.flush`. One thread feeds a router.
+stream when the reader calls :meth:`Router.flush`. One thread feeds a router. It also tells
+the sink when every instance has printed something (the ``first-output`` phase, counted from
+:meth:`Router.started`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import contextlib
 import errno
 import os
 import stat
+import time
 
 from poprun.backends.base import LaunchError, OutputSink, Stream
+from poprun.core.events import PhaseEnded
 from poprun.planner.plan import LaunchPlan
 
 TAIL_LINES = 20  # lines of each instance's output kept for the failure report
@@ -66,6 +70,9 @@ class Router:
         self._ready: dict[Stream, list[bytes | memoryview]] = {"stdout": [], "stderr": []}
         self._ready_bytes = 0
         self._directory = plan.output.output_filename
+        self._tell = getattr(sink, "event", None)  # hears when every instance has printed (PhaseEnded first-output)
+        self._unseen = set(indices)  # instances that have not printed yet
+        self.began = time.monotonic()  # when the instances were told to start (started())
         try:
             self._files = _open_files(self._directory, indices)
         except OSError as exc:  # the disk is full already: a warning, as when it fills up later
@@ -73,8 +80,20 @@ class Router:
             sink.write("stderr", (f"poprun: warning: cannot make the output files under {self._directory} "
                                   f"({exc.strerror}): the output still reaches the terminal\n").encode(errors="replace"))
 
+    def started(self) -> None:
+        """Take that every instance was just told to start: the first-output phase counts from now."""
+        self.began = time.monotonic()
+
+    def _first_output(self, index: int) -> None:
+        """Take the first output of instance ``index``; once every instance has printed, tell the sink how long that took."""
+        self._unseen.discard(index)
+        if not self._unseen and self._tell is not None:
+            self._tell(PhaseEnded(phase="first-output", ms=round((time.monotonic() - self.began) * 1000)))
+
     def feed(self, index: int, stream: Stream, chunk: bytes) -> None:
         """Take ``chunk``, just read from ``stream`` of instance ``index``."""
+        if index in self._unseen and chunk:
+            self._first_output(index)
         if self._alive is not None:  # a progress bar ('\r40%') is output, though no line ends
             self._alive(index)
         fd = self._files.get((index, stream))

@@ -69,8 +69,9 @@ from poprun.backends.base import (
     TemporaryCache,
     environment,
 )
+from poprun.backends.ssh.fanout import Connected, default_window, open_connections, window
 from poprun.core.diagnostic import Diagnostic, error
-from poprun.core.events import HostChecked
+from poprun.core.events import HostChecked, HostConnected, PhaseEnded
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -208,48 +209,59 @@ class SshClient:
     """
 
     def __init__(self, *, config: str | None = None, ssh: str = "ssh",
-                 host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+                 host_timeout_s: float = DEFAULT_HOST_TIMEOUT_S, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 guarded: Mapping[str, str] | None = None) -> None:
         # the sockets: DIR/%C.k (40 hex digits and a slot) and ssh's temporary suffix (17) in 107 bytes
         self.directory = private_directory("poprun-ssh-", max_length=107 - 1 - 40 - 3 - 17)
+        # guarded (the environment, for a client used before a launch, which has a watchdog of its own): a
+        # watchdog that removes the directory should poprun die meanwhile
+        self._guard: Watchdog | None = None
+        if guarded is not None:
+            try:
+                self._guard = Watchdog(remove=(self.directory,), env=guarded)
+            except WatchdogError:
+                remove_directories([self.directory])
+                raise
         self._base = ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
                                  connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
+        self.window = default_window()  # how many connections are opened at once (POPRUN_SSH_FANOUT: the caller's)
+        self.connections: dict[str, Connected] = {}  # how each host's connection was opened
+        self.unreachable: dict[str, tuple[int, str]] = {}  # hosts that could not be connected to, and why
 
     def _options(self, slot: int) -> list[str]:
         """Return the options common to every use of connection ``slot`` of a host."""
         return [*self._base, "-o", f"ControlPath={self.directory}/%C" + (f".{slot}" if slot else "")]
 
-    def connect(self, connections: Sequence[tuple[str, int]], *, timeout_s: float) -> dict[str, tuple[int, str]]:
+    def connect(self, connections: Sequence[tuple[str, int]], *, timeout_s: float,
+                window: int | None = None) -> dict[str, tuple[int, str]]:
         """
-        Open every (host, slot) connection at once; return ``{host: (ssh's status, its error text)}`` of failures.
+        Open the (host, slot) connections, ``window`` at a time (:mod:`.fanout`); return ``{host: (ssh's status, its error text)}`` of failures.
 
         A connection only authenticates (``-N``: no remote command, so no login shell runs);
-        it stays in the background for the sessions of the launch. A host that has not
-        answered within ``timeout_s`` fails with status -1. One already open (by a command run
-        on the host before the launch) is kept as it is.
+        it stays in the background for the sessions of the launch. Each attempt may take
+        ``timeout_s`` from its own start (then it fails with status -1), and one that failed in
+        a way that says nothing about the host (timed out, reset) is tried again. One already
+        open (by a command run on the host before the launch) is kept as it is; a host that
+        failed before on this client fails again at once (a probe's failure is the launch's).
+        How each host connected is added to :attr:`connections`.
         """
-        connections = [c for c in connections if c not in self._used or not self.connected(c[0], slot=c[1])]
-        procs = {(host, slot): subprocess.Popen(  # noqa: S603 - ssh, options of our own
-            [*self._options(slot), "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f", "-N",
-             "--", host],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, errors="replace")
-            for host, slot in connections}
-        self._used.update(connections)
-        deadline = time.monotonic() + timeout_s
-        failed: dict[str, tuple[int, str]] = {}
-        for (host, _), proc in procs.items():
-            try:
-                _, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.communicate()
-                failed[host] = (-1, f"no answer within {timeout_s:g} s")
-                continue
-            if proc.returncode != 0:
-                failed.setdefault(host, (proc.returncode, err))
-        return failed
+        known = {host: self.unreachable[host] for host, _ in connections if host in self.unreachable}
+        todo = [c for c in connections if c[0] not in known
+                and (c not in self._used or not self.connected(c[0], slot=c[1]))]
+        self._used.update(todo)
+
+        def start(host: str, slot: int) -> subprocess.Popen[bytes]:
+            return subprocess.Popen(  # noqa: S603 - ssh, options of our own
+                [*self._options(slot), "-o", "ControlMaster=yes", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-f",
+                 "-N", "--", host], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+        failed, opened = open_connections(start, todo, window=window or self.window, timeout_s=timeout_s)
+        self.unreachable.update(failed)
+        self.connections.update(opened)
+        return known | failed
 
     def argv(self, host: str, command: str, *, slot: int = 0) -> list[str]:
         """
@@ -293,6 +305,9 @@ class SshClient:
                 proc.wait()
         _kill_naming(self.directory)
         remove_directories([self.directory])
+        if self._guard is not None:
+            self._guard.close()
+            self._guard = None
 
 
 def _kill_naming(directory: str) -> None:
@@ -484,40 +499,54 @@ class _Sessions:
     """
 
     def __init__(self, procs: dict[int, subprocess.Popen[bytes]], inputs: Mapping[int, bytes], *,
-                 budget_s: float = PREFLIGHT_S) -> None:
-        self.procs, self._budget_s = procs, budget_s
+                 budget_s: float = PREFLIGHT_S, window: int = 0) -> None:
+        self.procs, self._budget_s, self._window = procs, budget_s, window
+        self.began = self.checked = time.monotonic()  # when the sessions were opened, and when every check was read
         self.early: dict[int, bytes] = {}  # stdout read with the check, that is not part of it
         self._inputs = {index: memoryview(data) for index, data in inputs.items() if data}
 
-    def await_checks(self, plan: LaunchPlan, deadline: float) -> list[Diagnostic]:
-        """Return the problems the checks found, one per host (that of its first instance), in host order."""
-        return list(self._problems(plan, deadline).values())
+    def open(self, plan: LaunchPlan, commands: Mapping[int, str], *, client: SshClient, slots: Mapping[int, int],
+             env: Mapping[str, str], group: int) -> None:
+        """Start the session of each instance of ``commands`` (its :func:`remote_command`), in process group ``group``."""
+        self.began = time.monotonic()
+        for index, command in commands.items():
+            self.procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
+                client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, process_group=group)
 
-    def _problems(self, plan: LaunchPlan, deadline: float) -> dict[str, Diagnostic]:
+    def await_checks(self, plan: LaunchPlan) -> list[Diagnostic]:
+        """Return the problems the checks found, one per host (that of its first instance), in host order."""
+        return list(self._problems(plan).values())
+
+    def _problems(self, plan: LaunchPlan) -> dict[str, Diagnostic]:
         """Return the problem each host's checks found (that of its first instance), by host, in host order."""
         problems: dict[str, Diagnostic] = {}
-        for index, answer in self._read_checks(deadline).items():
+        answers, waited = self._read_checks()
+        for index, answer in answers.items():
             instance = plan.instances[index]
             problem: Diagnostic | None
             if answer is None:
-                problem = _unreachable(instance.host, f"no answer within {self._budget_s:g} s")
+                problem = _unreachable(instance.host, f"connected, but its check did not answer within {waited:.3g} s")
             elif answer.endswith(_OK):
                 problem = _diagnose(instance.host, 0, answer.decode(errors="replace"), "", instance.cwd)
                 self.early[index] = _greeting(answer)
             else:  # the session ended before its check did: ssh failed, or the directory is missing
-                problem = self._failure(instance, answer, deadline)
+                problem = self._failure(instance, answer)
             if problem is not None:
                 problems.setdefault(instance.host, problem)
         return problems
 
-    def check(self, plan: LaunchPlan, deadline: float, *, tell: Callable[[Event], None] | None = None) -> None:
+    def check(self, plan: LaunchPlan, *, tell: Callable[[Event], None] | None = None) -> None:
         """
         Read every check (at most until the deadline); ``tell`` hears each remote host's answer (a HostChecked event).
 
         Raises:
             PreflightError: naming each host that cannot run the plan, and why.
         """
-        problems = self._problems(plan, deadline)
+        problems = self._problems(plan)
+        self.checked = time.monotonic()
+        if tell is not None and self.procs:
+            tell(PhaseEnded(phase="preflight", ms=_ms_since(self.began)))
         if tell is not None:
             for host in dict.fromkeys(plan.instances[index].host for index in sorted(self.procs)):
                 problem = problems.get(host)
@@ -526,10 +555,19 @@ class _Sessions:
         if problems:
             raise PreflightError(list(problems.values()))
 
-    def _read_checks(self, deadline: float) -> dict[int, bytes | None]:
-        """Return each session's answer: up to its check's ``ok``, to its end, or None if neither came in time."""
+    def _read_checks(self) -> tuple[dict[int, bytes | None], float]:
+        """
+        Return each session's answer (up to its check's ``ok``, to its end, or None if neither came in time), and how long it waited.
+
+        In time: while the sessions answer, one after another, the wait goes on (every session's
+        connection is up, so a late check is a busy host, or a busy launcher); it ends once no
+        session has said anything for the budget, or after the budget once per window of sessions in all.
+        """
         answers: dict[int, bytes] = dict.fromkeys(self.procs, b"")
         pending = set(self.procs)
+        began = time.monotonic()
+        windows = -(-len(self.procs) // self._window) if self._window else 1
+        deadline, cap = began + self._budget_s, began + self._budget_s * max(1, windows)
         with selectors.DefaultSelector() as selector:
             for index, proc in self.procs.items():
                 assert proc.stdout is not None
@@ -537,17 +575,19 @@ class _Sessions:
                 if index in self._inputs and proc.stdin is not None:
                     os.set_blocking(proc.stdin.fileno(), False)
                     selector.register(proc.stdin, selectors.EVENT_WRITE, -1 - index)
-            while pending and (left := deadline - time.monotonic()) > 0:
+            while pending and (left := min(deadline, cap) - time.monotonic()) > 0:
                 for key, _ in selector.select(left):
                     if key.data < 0:
                         self._write_input(selector, key)
                         continue
                     chunk = os.read(key.fd, 65536)
                     answers[key.data] += chunk
+                    deadline = time.monotonic() + self._budget_s
                     if not chunk or answers[key.data].endswith(_OK):  # nothing follows ok until "G"
                         selector.unregister(key.fileobj)
                         pending.discard(key.data)
-        return {index: None if index in pending else answer for index, answer in sorted(answers.items())}
+        return ({index: None if index in pending else answer for index, answer in sorted(answers.items())},
+                time.monotonic() - began)
 
     def _write_input(self, selector: selectors.BaseSelector, key: selectors.SelectorKey) -> None:
         """Write what the pipe takes of a session's environment; stop watching it once written or gone."""
@@ -563,24 +603,32 @@ class _Sessions:
         if not self._inputs[index]:
             selector.unregister(key.fileobj)
 
-    def _failure(self, instance: Instance, answer: bytes, deadline: float) -> Diagnostic | None:
+    def _failure(self, instance: Instance, answer: bytes) -> Diagnostic | None:
         """Return why the session of ``instance`` ended early, from its status and ssh's error text."""
         proc = self.procs[instance.index]
         try:
-            status = proc.wait(max(0.1, deadline - time.monotonic()))
+            status = proc.wait(self._budget_s)
         except subprocess.TimeoutExpired:
-            return _unreachable(instance.host, f"no answer within {self._budget_s:g} s")
+            return _unreachable(instance.host, f"its session did not end within {self._budget_s:g} s")
         assert proc.stderr is not None
         err = proc.stderr.read().decode(errors="replace")
         return _diagnose(instance.host, status, answer.decode(errors="replace"), err, instance.cwd)
 
-    def go(self, router: Router) -> None:
-        """Pass on what the checks' answers held besides the checks, then start every instance: "G" on its input."""
+    def go(self, router: Router, *, tell: Callable[[Event], None] | None = None) -> None:
+        """
+        Pass on what the checks' answers held besides the checks, then start every instance: "G" on its input.
+
+        ``tell`` hears that the start phase ended (from the end of the checks: this machine's
+        instances were started meanwhile).
+        """
         for index, early in self.early.items():
             if early:
                 router.feed(index, "stdout", early)
         for proc in self.procs.values():
             _send(proc, b"G\n")
+        router.started()
+        if tell is not None:
+            tell(PhaseEnded(phase="start", ms=_ms_since(self.checked)))
 
 
 def _greeting(answer: bytes) -> bytes:
@@ -617,16 +665,48 @@ def _slots(plan: LaunchPlan) -> dict[int, int]:
 
 def _shared_connections(plan: LaunchPlan, slots: dict[int, int]) -> list[tuple[str, int]]:
     """
-    Return the (host, slot) connections to open first: those of the hosts of several instances, in plan order.
+    Return the (host, slot) connections to open first: every remote host's, in plan order.
 
-    One key exchange then serves all their sessions; a host of one instance gets its shared
-    connection from its session instead (a separate connection would cost a second exchange).
+    One key exchange then serves all the sessions of a host: the preflight's check and the
+    instance's run are one session, the stdin copy and a restarted instance more, and the
+    topology probe's, when it ran, was on the same connection.
     """
-    counts: dict[str, int] = {}
-    for index in slots:
-        counts[plan.instances[index].host] = counts.get(plan.instances[index].host, 0) + 1
-    return list(dict.fromkeys((plan.instances[index].host, slot) for index, slot in slots.items()
-                              if counts[plan.instances[index].host] > 1))
+    return list(dict.fromkeys((plan.instances[index].host, slot) for index, slot in slots.items()))
+
+
+_PARKED: list[SshClient] = []  # the topology probe's client, for the launch that follows it in this process
+_PARK_LOCK = threading.Lock()
+
+
+def _park(client: SshClient) -> None:
+    """Keep ``client`` (a probe's) for the next launch with its settings; the one kept before is closed; poprun's exit closes it."""
+    with _PARK_LOCK:
+        old, _PARKED[:] = list(_PARKED), [client]
+        first = not old
+    for other in old:
+        if other is not client:
+            other.close()
+    if first:
+        import atexit
+
+        atexit.register(_close_parked)
+
+
+def _take_parked(settings: tuple[str | None, str, float, float]) -> SshClient | None:
+    """Return the parked client made with ``settings`` (no longer parked: the caller closes it), or None."""
+    with _PARK_LOCK:
+        for client in _PARKED:
+            if not client.closed and client.settings == settings:
+                _PARKED.remove(client)
+                return client
+    return None
+
+
+def _close_parked() -> None:
+    with _PARK_LOCK:
+        parked, _PARKED[:] = list(_PARKED), []
+    for client in parked:
+        client.close()
 
 
 class SshBackend:
@@ -669,29 +749,47 @@ class SshBackend:
         budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
         return (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
 
-    def _shared_client(self, source: Mapping[str, str], *, at_exit: bool = False) -> SshClient:
+    def _shared_client(self, source: Mapping[str, str]) -> SshClient:
         """
-        Return the client a launch with ``source`` uses: the open one made with the same settings, else a new one.
+        Return the client a launch with ``source`` uses: the open one made with the same settings (a probe's too), else a new one.
 
-        ``at_exit``: a new client is closed when poprun exits, should no launch take it over and close it.
+        Raises:
+            LaunchError: for a host timeout or fan-out window that is not a number in range.
         """
         settings = self._settings(source)
+        try:
+            fanout = window(source)
+        except ValueError as exc:
+            raise LaunchError(str(exc)) from None
         with self._client_lock:
             if self._client is None or self._client.closed or self._client.settings != settings:
-                self._client = SshClient(config=settings[0], host_timeout_s=settings[2],
-                                         connect_timeout_s=settings[3])
-                if at_exit:
-                    import atexit
-
-                    atexit.register(self._client.close)
+                self._client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                                   connect_timeout_s=settings[3])
+            self._client.window = fanout
             return self._client
 
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
-        """Return each host's topology, read through ssh, or why it could not be (:mod:`.probe`)."""
+        """
+        Return each host's topology, read through ssh, or why it could not be (:mod:`.probe`).
+
+        The probe's client is kept for the launch that follows in this process (:func:`_park`):
+        its connections are the launch's.
+        """
         from poprun.backends.ssh.probe import probe_topologies
 
-        return probe_topologies(hosts, environ=environ)
+        settings = self._settings(environ)
+        try:
+            client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+        except WatchdogError as exc:
+            return dict.fromkeys(hosts, f"cannot start a watchdog: {exc.strerror}")
+        with contextlib.suppress(ValueError):  # a window out of range: the launch says so
+            client.window = window(environ)
+        try:
+            return probe_topologies(hosts, environ=environ, client=client)
+        finally:
+            _park(client)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
                cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
@@ -716,7 +814,7 @@ class SshBackend:
             hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
         timeout_s = host_timeout(source)
-        client = self._shared_client(source)  # a connection run_on_host opened is this launch's
+        client = self._shared_client(source)  # a connection run_on_host or the probe opened is this launch's
         try:
             return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache, restarter=restarter)
         except BaseException:
@@ -727,13 +825,13 @@ class SshBackend:
                 sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None,
                 restarter: Restarter | None = None) -> LocalLaunch:
         budget = preflight_budget(source, timeout_s)
-        deadline = time.monotonic() + budget
         slots = _slots(plan)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
         remove = directories_to_remove(cache)
+        tell: Callable[[Event], None] | None = getattr(sink, "event", None)
         # first: should poprun die from here on, the watchdog removes the directories and the connections
         watchdog, clients = _watchdogs((*remove, client.directory), source)
-        _connect(plan, client, _shared_connections(plan, slots), budget, guards=(clients, watchdog))
+        _connect(plan, client, _shared_connections(plan, slots), budget, guards=(clients, watchdog), tell=tell)
         router = Router(plan, sink)
         procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
@@ -741,12 +839,10 @@ class SshBackend:
             made = remove[0] if remove else None  # the temporary cache made here (by record), to make on the hosts
             stdin = forwarded_stdin() if 0 in remote else None  # instance 0 reads poprun's stdin (mpirun's way)
             stdin_directory = f"/tmp/poprun-stdin-{os.urandom(6).hex()}" if stdin is not None else None  # noqa: S108
-            for index, command in _commands(plan, remote, made, timeout_s, stdin_directory).items():
-                procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
-                    client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=source, process_group=clients.group)
-            sessions = _Sessions(procs, inputs, budget_s=budget)
-            sessions.check(plan, deadline, tell=getattr(sink, "event", None))
+            commands = _commands(plan, remote, made, timeout_s, stdin_directory)
+            sessions = _Sessions(procs, inputs, budget_s=budget, window=client.window)
+            sessions.open(plan, commands, client=client, slots=slots, env=source, group=clients.group)
+            sessions.check(plan, tell=tell)
             for instance, env in zip(plan.instances, envs, strict=True):
                 if instance.index not in remote:
                     procs[instance.index] = start_instance(instance, env, executable(instance, env), watchdog.group)
@@ -759,7 +855,7 @@ class SshBackend:
                 raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
             raise
         ordered = [procs[i] for i in range(len(plan.instances))]
-        sessions.go(router)
+        sessions.go(router, tell=tell)
         beat = _Heartbeat(procs, sorted(remote), interval_s=timeout_s / 3)
         feeder = _feed(client, plan.instances[0].host, stdin, stdin_directory, env=source, group=clients.group)
 
@@ -900,25 +996,39 @@ def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeo
 
 
 def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, int]], budget_s: float, *,
-             guards: tuple[Watchdog, ...]) -> None:
+             guards: tuple[Watchdog, ...], tell: Callable[[Event], None] | None = None) -> None:
     """
-    Open the shared ``connections`` first; on any failure, close the watchdogs ``guards`` too.
+    Open the shared ``connections`` first, in the client's window; on any failure, close the watchdogs ``guards`` too.
+
+    ``tell`` hears how each host connected (HostConnected: its time, attempts, whether slow) and
+    the phase's end (PhaseEnded ``connect``).
 
     Raises:
         PreflightError: naming each host that could not be connected to, and why.
     """
+    began = time.monotonic()
     try:
         failed = client.connect(connections, timeout_s=budget_s)
     except BaseException:
         for guard in guards:
             guard.close()
         raise
+    if tell is not None:
+        for host in dict.fromkeys(host for host, _ in connections):
+            if (how := client.connections.get(host)) is not None:
+                tell(HostConnected(host=host, ms=round(how.seconds * 1000), attempts=how.attempts, slow=how.slow))
+        tell(PhaseEnded(phase="connect", ms=_ms_since(began),
+                        detail=f"{len(dict.fromkeys(h for h, _ in connections))} hosts, {client.window} at a time"))
     problems = [d for host, (status, err) in failed.items()
                 if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
     if problems:
         for guard in guards:
             guard.close()
         raise PreflightError(problems)
+
+
+def _ms_since(began: float) -> int:
+    return round((time.monotonic() - began) * 1000)
 
 
 def preflight_budget(env: Mapping[str, str], host_timeout_s: float) -> float:

@@ -1,48 +1,86 @@
 """
 Other hosts' CPU topologies, read through ssh for placement (``SshBackend.probe_topologies``).
 
-Layer: ``poprun.backends``; imports the ssh backend's options and ``poprun.planner.machine`` (what a
-topology is, and the script that prints one). ssh runs exactly as for a launch
-(:func:`~poprun.backends.ssh.backend.ssh_options`: non-interactive, the same connect timeout,
-``-F $POPRUN_SSH_CONFIG`` when set), once per host, all at once.
+Layer: ``poprun.backends``; imports the ssh backend's client and ``poprun.planner.machine`` (what a
+topology is, and the script that prints one). The probe goes through an
+:class:`~poprun.backends.ssh.backend.SshClient`, as a launch does (the same options, its
+fan-out window, its repeated probes): its connections are then the launch's, which follows
+in the same poprun, so that a host pays one key exchange, not two, and a host that could not
+be reached is not waited for twice.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import selectors
 import shlex
 import subprocess
 import time
 from collections.abc import Mapping
 
-from poprun.backends.ssh.backend import SSH_CONFIG, ssh_options
+from poprun.backends.ssh.backend import SshClient
 from poprun.planner.machine import DUMP_SCRIPT, HostTopology, from_dump
 
-PROBE_S = 4.0  # the longest the whole probe takes
+PROBE_S = 4.0  # how long the probe waits for a host that says nothing (while none of the others does either)
 
 
-def probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str], timeout_s: float = PROBE_S,
-                     ssh: str = "ssh") -> dict[str, HostTopology | str]:
+def probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str], client: SshClient,
+                     timeout_s: float = PROBE_S) -> dict[str, HostTopology | str]:
     """
-    Return each host's topology, read at once through ssh (:data:`~poprun.planner.machine.DUMP_SCRIPT`), or a one-line reason it was not.
+    Return each host's topology, read through ``client`` (:data:`~poprun.planner.machine.DUMP_SCRIPT`), or a one-line reason it was not.
 
-    The whole probe takes at most ``timeout_s``.
+    The connections are opened in the client's window, each within ``timeout_s`` of its own
+    start; the scripts then run on all of them at once, and the probe stops waiting once none
+    of them has said anything for ``timeout_s``.
     """
-    base = [*ssh_options(config=environ.get(SSH_CONFIG) or None, ssh=ssh), "-T"]
-    procs = {host: subprocess.Popen([*base, "--", host, "sh -c " + shlex.quote(DUMP_SCRIPT)],  # noqa: S603
+    failed = client.connect([(host, 0) for host in hosts], timeout_s=timeout_s)
+    found: dict[str, HostTopology | str] = {host: _last_line(err, f"ssh exited with {status}")
+                                            for host, (status, err) in failed.items()}
+    procs = {host: subprocess.Popen(client.argv(host, "sh -c " + shlex.quote(DUMP_SCRIPT)),  # noqa: S603 - our own
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                    text=True, errors="replace", env=dict(environ)) for host in hosts}
-    deadline = time.monotonic() + timeout_s
-    found: dict[str, HostTopology | str] = {}
+                                    env=dict(environ)) for host in hosts if host not in failed}
+    outputs = _read_all(procs, timeout_s)
     for host, proc in procs.items():
-        try:
-            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
-        except subprocess.TimeoutExpired:
+        out, err = outputs[host]
+        if proc.poll() is None:
             proc.kill()
-            proc.communicate()
+            proc.wait()
             found[host] = f"no answer within {timeout_s:g} s"
             continue
         try:
-            found[host] = from_dump(host, out)
+            found[host] = from_dump(host, out.decode(errors="replace"))
         except ValueError:
-            found[host] = err.strip().splitlines()[-1] if err.strip() else f"ssh exited with {proc.returncode}"
-    return found
+            found[host] = _last_line(err.decode(errors="replace"), f"ssh exited with {proc.returncode}")
+    return {host: found[host] for host in hosts}
+
+
+def _last_line(text: str, otherwise: str) -> str:
+    return text.strip().splitlines()[-1] if text.strip() else otherwise
+
+
+def _read_all(procs: Mapping[str, subprocess.Popen[bytes]],
+              idle_s: float) -> dict[str, tuple[bytes, bytes]]:
+    """Read every session's stdout and stderr to their ends, until none has said anything for ``idle_s``."""
+    got = {host: (bytearray(), bytearray()) for host in procs}
+    with selectors.DefaultSelector() as selector:
+        for host, proc in procs.items():
+            for number, pipe in enumerate((proc.stdout, proc.stderr)):
+                assert pipe is not None
+                selector.register(pipe, selectors.EVENT_READ, (host, number))
+        deadline = time.monotonic() + idle_s
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(left):
+                chunk = os.read(key.fd, 65536)
+                host, number = key.data
+                got[host][number].extend(chunk)
+                deadline = time.monotonic() + idle_s
+                if not chunk:
+                    selector.unregister(key.fileobj)
+    for proc in procs.values():
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(max(0.1, deadline - time.monotonic()))
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+    return {host: (bytes(out), bytes(err)) for host, (out, err) in got.items()}

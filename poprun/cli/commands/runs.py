@@ -481,6 +481,12 @@ def render_report(data: dict[str, object]) -> str:
         order = ("plan", "partition", "start", "run", "teardown")
         named = sorted(phases, key=lambda p: (order.index(p) if p in order else len(order), p))
         parts.append("phases: " + ", ".join(f"{_printable(p)} {phases[p]:.3f} s" for p in named) + "\n")
+    launch = data.get("launch_phases")
+    if isinstance(launch, dict) and launch:
+        parts.append("launch: " + ", ".join(f"{_printable(p)} {launch[p]:.3f} s" for p in launch) + "\n")
+    slow = data.get("slow_hosts")
+    if isinstance(slow, list) and slow:
+        parts.append("slow hosts: " + ", ".join(f"{_printable(h['host'])} {h['seconds']:.2f} s" for h in slow) + "\n")
     truncated = data.get("truncated")
     if isinstance(truncated, dict):
         parts.extend(f"instance {_printable(i)}: output cut at {v['kept']} bytes, {v['dropped']} bytes not kept "
