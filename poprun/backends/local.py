@@ -30,6 +30,7 @@ from poprun.backends._process.instance import (
     DEFAULT_GRACE_S,
     abandon,
     directories_to_remove,
+    ensure_open_files,
     executable,
     start_instance,
 )
@@ -188,6 +189,7 @@ class LocalBackend:
         binding, reading ``/dev/null`` (:class:`~poprun.backends._process.supervisor.LocalLaunch`).
         """
         self.check_hosts(plan)
+        ensure_open_files(len(plan.instances))
         masks = self.cpu_masks(plan)
         source = dict(env_source)  # os.environ decodes every item each time it is read
         envs = [environment(i, source) for i in plan.instances]

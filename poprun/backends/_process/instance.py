@@ -176,3 +176,32 @@ def start_supervising(thread: threading.Thread, announce: Callable[[], None], ab
     except BaseException:
         abort()
         raise
+
+
+FILES_PER_INSTANCE = 4  # its three pipes here, and a process's or a session's own
+
+
+def ensure_open_files(instances: int, *, spare: int = 64) -> None:
+    """
+    Raise this process's soft limit on open files to what ``instances`` need (their pipes), when it is lower.
+
+    A launch of thousands of instances needs more than the usual soft limit (1024); the hard
+    limit is the ceiling (what this machine's administrator allows). The instances started here
+    inherit the raised limit.
+
+    Raises:
+        LaunchError: when even the hard limit is too low (the message says how many are needed).
+    """
+    import resource
+
+    need = instances * FILES_PER_INSTANCE + spare
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY or soft >= need:
+        return
+    if hard != resource.RLIM_INFINITY and hard < need:
+        raise LaunchError(f"{instances} instances need about {need} open files, and this process may open {hard} "
+                          "at most: raise the hard limit (ulimit -Hn, or limits.conf), or launch fewer instances")
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
+    except (OSError, ValueError) as exc:
+        raise LaunchError(f"cannot raise the limit on open files to {need}: {exc}") from exc

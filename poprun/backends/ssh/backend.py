@@ -51,6 +51,7 @@ from poprun.backends._process.instance import (
     abandon,
     bound_argv,
     directories_to_remove,
+    ensure_open_files,
     executable,
     forwarded_stdin,
     start_instance,
@@ -70,6 +71,7 @@ from poprun.backends.base import (
     environment,
 )
 from poprun.backends.ssh.fanout import Connected, default_window, open_connections, window
+from poprun.backends.ssh.relay import Routes, relays
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.events import HostChecked, HostConnected, PhaseEnded
 from poprun.core.localhost import is_this_machine
@@ -224,10 +226,13 @@ class SshClient:
                 raise
         self._base = ssh_options(config=config, ssh=ssh, host_timeout_s=host_timeout_s,
                                  connect_timeout_s=connect_timeout_s)
+        self.base = ssh_options(config=config, host_timeout_s=host_timeout_s,  # what a relay's ssh runs with
+                                connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
         self.window = default_window()  # how many connections are opened at once (POPRUN_SSH_FANOUT: the caller's)
+        self.routes = Routes({}, self._base)  # how each host is reached (a launch through relays sets them)
         self.connections: dict[str, Connected] = {}  # how each host's connection was opened
         self.unreachable: dict[str, tuple[int, str]] = {}  # hosts that could not be connected to, and why
 
@@ -248,6 +253,7 @@ class SshClient:
         failed before on this client fails again at once (a probe's failure is the launch's).
         How each host connected is added to :attr:`connections`.
         """
+        connections = list(dict.fromkeys((self.routes.host(host), slot) for host, slot in connections))
         known = {host: self.unreachable[host] for host, _ in connections if host in self.unreachable}
         todo = [c for c in connections if c[0] not in known
                 and (c not in self._used or not self.connected(c[0], slot=c[1]))]
@@ -267,15 +273,17 @@ class SshClient:
         """
         Return the command line that runs ``command`` (shell text) on ``host``, through its shared connection.
 
-        Without one yet (a host of one instance: :meth:`connect` was not worth a connection of
-        its own), this session opens it and leaves it shared (``ControlMaster=auto``).
+        A leaf of a relay (:attr:`routes`) is reached through its relay's connection ``slot``.
+        Without one yet (it closed), this session opens it and leaves it shared (``ControlMaster=auto``).
         """
-        self._used.add((host, slot))
+        via = self.routes.host(host)
+        self._used.add((via, slot))
         return [*self._options(slot), "-o", "ControlMaster=auto", "-o", f"ControlPersist={CONTROL_PERSIST_S}", "-T",
-                "--", host, command]
+                "--", via, self.routes.command(host, command)]
 
     def connected(self, host: str, *, slot: int = 0, timeout_s: float = 2.0) -> bool:
-        """Return whether shared connection ``slot`` of ``host`` is still up (asked of it here, not of the host)."""
+        """Return whether shared connection ``slot`` of ``host`` (of its relay, for a leaf) is still up (asked of it here, not of the host)."""
+        host = self.routes.host(host)
         try:
             done = subprocess.run([*self._options(slot), "-O", "check", "--", host], stdin=subprocess.DEVNULL,  # noqa: S603
                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
@@ -651,27 +659,28 @@ def _send(proc: subprocess.Popen[bytes], data: bytes) -> None:
             os.write(pipe.fileno(), data)
 
 
-def _slots(plan: LaunchPlan) -> dict[int, int]:
-    """Return the connection slot of each remote instance's session: its place among its host's, in groups."""
+def _slots(plan: LaunchPlan, routes: Routes | None = None) -> dict[int, int]:
+    """Return the connection slot of each remote instance's session: its place among those of its host (of its relay), in groups."""
     seen: dict[str, int] = {}
     slots = {}
     for instance in plan.instances:
         if not is_this_machine(instance.host):
-            place = seen.get(instance.host, 0)
-            seen[instance.host] = place + 1
+            via = routes.host(instance.host) if routes is not None else instance.host
+            place = seen.get(via, 0)
+            seen[via] = place + 1
             slots[instance.index] = place // SESSIONS_PER_CONNECTION
     return slots
 
 
-def _shared_connections(plan: LaunchPlan, slots: dict[int, int]) -> list[tuple[str, int]]:
+def _shared_connections(plan: LaunchPlan, slots: dict[int, int], routes: Routes) -> list[tuple[str, int]]:
     """
-    Return the (host, slot) connections to open first: every remote host's, in plan order.
+    Return the (host, slot) connections to open first: every remote host's (the relays', for their leaves), in plan order.
 
     One key exchange then serves all the sessions of a host: the preflight's check and the
     instance's run are one session, the stdin copy and a restarted instance more, and the
     topology probe's, when it ran, was on the same connection.
     """
-    return list(dict.fromkeys((plan.instances[index].host, slot) for index, slot in slots.items()))
+    return list(dict.fromkeys((routes.host(plan.instances[index].host), slot) for index, slot in slots.items()))
 
 
 _PARKED: list[SshClient] = []  # the topology probe's client, for the launch that follows it in this process
@@ -825,13 +834,17 @@ class SshBackend:
                 sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None,
                 restarter: Restarter | None = None) -> LocalLaunch:
         budget = preflight_budget(source, timeout_s)
-        slots = _slots(plan)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
+        ensure_open_files(len(plan.instances) + len(remote))  # a remote one: its session and the stdin copy
+        client.routes = Routes(relays(list(dict.fromkeys(plan.instances[i].host for i in sorted(remote))),
+                                      _relay_mode(source)), client.base)
+        slots = _slots(plan, client.routes)
         remove = directories_to_remove(cache)
         tell: Callable[[Event], None] | None = getattr(sink, "event", None)
         # first: should poprun die from here on, the watchdog removes the directories and the connections
         watchdog, clients = _watchdogs((*remove, client.directory), source)
-        _connect(plan, client, _shared_connections(plan, slots), budget, guards=(clients, watchdog), tell=tell)
+        _connect(plan, client, _shared_connections(plan, slots, client.routes), budget, guards=(clients, watchdog),
+                 tell=tell)
         router = Router(plan, sink)
         procs: dict[int, subprocess.Popen[bytes]] = {}
         try:
@@ -1017,8 +1030,10 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
         for host in dict.fromkeys(host for host, _ in connections):
             if (how := client.connections.get(host)) is not None:
                 tell(HostConnected(host=host, ms=round(how.seconds * 1000), attempts=how.attempts, slow=how.slow))
+        hosts = len({i.host for i in plan.instances if not is_this_machine(i.host)})
+        through = f" through {client.routes.relay_count()} relays" if client.routes.via else ""
         tell(PhaseEnded(phase="connect", ms=_ms_since(began),
-                        detail=f"{len(dict.fromkeys(h for h, _ in connections))} hosts, {client.window} at a time"))
+                        detail=f"{hosts} hosts{through}, {client.window} connections at a time"))
     problems = [d for host, (status, err) in failed.items()
                 if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
     if problems:
@@ -1029,6 +1044,21 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
 
 def _ms_since(began: float) -> int:
     return round((time.monotonic() - began) * 1000)
+
+
+def _relay_mode(env: Mapping[str, str]) -> str:
+    """
+    Return ``POPRUN_SSH_RELAY`` (:func:`poprun.backends.ssh.relay.mode`).
+
+    Raises:
+        LaunchError: for a value that is not auto, on or off.
+    """
+    from poprun.backends.ssh.relay import mode
+
+    try:
+        return mode(env)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
 
 
 def preflight_budget(env: Mapping[str, str], host_timeout_s: float) -> float:
