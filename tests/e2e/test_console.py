@@ -107,6 +107,9 @@ def test_verbose_logs_each_instance_in_poprun_format(tmp_path: Path) -> None:
                                                  if not m], {m[3] for m in logs if m})
     assert 1 == len({m[2] for m in logs if m})  # poprun's own PID on every line
     assert re.fullmatch(r"Run \d{8}-\d{6}-[0-9a-f]{6}", messages.pop(0))  # the run's id, first
+    phases = [m for m in messages if re.fullmatch(r"[A-Z][a-z-]+ took \d+\.\d\d s", m)]
+    messages = [m for m in messages if m not in phases]
+    assert ["Start"] == [p.split()[0] for p in phases]  # nothing printed: no first output
     assert messages[:4] == ["Running 2 instances with the local backend",
                             "Instance 0 (PID n) on localhost: sh -c 'exit 0'",
                             "Instance 1 (PID n) on localhost: sh -c 'exit 0'", "Waiting for instances"]

@@ -194,6 +194,8 @@ SAMPLES = [
     events.InstanceStarted(index=0, pid=12, host="h1"),
     events.InstanceOutputTruncated(index=1, kept=1024),
     events.HostChecked(host="h2", ok=False, problem="PR409: 'h2' cannot run the program"),
+    events.HostConnected(host="h3", ms=3400, attempts=2, slow=True),
+    events.PhaseEnded(phase="connect", ms=1210, detail="64 hosts through 8 relays, 8 connections at a time"),
     events.Teardown(),
     events.RunEnded(status=3, root_cause=1),
     events.InstanceEnded(index=1, pid=13, signal=9, stopped=True),

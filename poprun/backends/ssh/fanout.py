@@ -111,16 +111,18 @@ def open_connections(start: Callable[[str, int], subprocess.Popen[bytes]], conne
     ``start(host, slot)`` starts the ssh command that opens one (its standard error a pipe; it
     exits 0 once connected). An attempt that has not ended ``timeout_s`` after it began is killed
     and counts as a time-out. The failures are ``{host: (ssh's status or -1, its error text)}``
-    (the first failure of a host, once its attempts are spent); the rest is ``{host: Connected}``.
+    (the first failure of a host, once its attempts are spent); the rest is ``{host: Connected}``;
+    both in the order of ``connections``.
     """
     with selectors.DefaultSelector() as selector:
         fan = _Fanout(start, selector, window=window, timeout_s=timeout_s)
         fan.queue.extend((host, slot, 1) for host, slot in dict.fromkeys(connections))
         while fan.queue or fan.later or fan.running:
             fan.step()
-    for host in fan.failed:
-        fan.done.pop(host, None)
-    return fan.failed, _connected({host: (end - fan.first[host], n) for host, (end, n) in fan.done.items()})
+    hosts = list(dict.fromkeys(host for host, _ in connections))  # the answers in this order, whatever came first
+    failed = {host: fan.failed[host] for host in hosts if host in fan.failed}
+    return failed, _connected({host: (fan.done[host][0] - fan.first[host], fan.done[host][1])
+                               for host in hosts if host in fan.done and host not in failed})
 
 
 class _Fanout:
