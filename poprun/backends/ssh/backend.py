@@ -509,6 +509,7 @@ class _Sessions:
     def __init__(self, procs: dict[int, subprocess.Popen[bytes]], inputs: Mapping[int, bytes], *,
                  budget_s: float = PREFLIGHT_S, window: int = 0) -> None:
         self.procs, self._budget_s, self._window = procs, budget_s, window
+        self.routes = Routes({}, [])  # how each host was reached (open() takes the client's)
         self.began = self.checked = time.monotonic()  # when the sessions were opened, and when every check was read
         self.early: dict[int, bytes] = {}  # stdout read with the check, that is not part of it
         self._inputs = {index: memoryview(data) for index, data in inputs.items() if data}
@@ -516,7 +517,7 @@ class _Sessions:
     def open(self, plan: LaunchPlan, commands: Mapping[int, str], *, client: SshClient, slots: Mapping[int, int],
              env: Mapping[str, str], group: int) -> None:
         """Start the session of each instance of ``commands`` (its :func:`remote_command`), in process group ``group``."""
-        self.began = time.monotonic()
+        self.began, self.routes = time.monotonic(), client.routes
         for index, command in commands.items():
             self.procs[index] = subprocess.Popen(  # noqa: S603 - ssh with the plan's command
                 client.argv(plan.instances[index].host, command, slot=slots[index]), stdin=subprocess.PIPE,
@@ -540,6 +541,10 @@ class _Sessions:
                 self.early[index] = _greeting(answer)
             else:  # the session ended before its check did: ssh failed, or the directory is missing
                 problem = self._failure(instance, answer)
+            if problem is not None and problem.code != "PR409" and instance.host in self.routes.via:
+                relay = self.routes.via[instance.host]
+                problem = evolve(problem, detail=f"{problem.detail} (from its relay {relay}; POPRUN_SSH_RELAY=off "
+                                                 "connects to every host from here)")
             if problem is not None:
                 problems.setdefault(instance.host, problem)
         return problems

@@ -103,4 +103,5 @@ def test_a_leaf_that_cannot_be_reached_from_its_relay_is_named(test_hosts: TestH
 
     assert 125 == done.returncode, done.stderr
     assert "error[PR406]: host 'ghost' cannot be reached" in done.stderr
+    assert "(from its relay h3; POPRUN_SSH_RELAY=off connects to every host from here)" in done.stderr
     assert not marked_anywhere(test_hosts, mark)
