@@ -296,21 +296,25 @@ class SshClient:
         Close every host's shared connection and remove the control directory. Idempotent.
 
         A connection that does not close when asked (its host stopped answering: it would wait
-        for its keep-alives to fail, or for the link to come back) is killed: no ssh process of
-        the launch outlives it.
+        for its keep-alives to fail, or for the link to come back), or that is not asked within
+        ``timeout_s`` (thousands of them), is killed: no ssh process of the launch outlives it.
         """
-        procs = [subprocess.Popen([*self._options(slot), "-O", "exit", "--", host],  # noqa: S603
-                                  stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                 for host, slot in sorted(self._used)]
+        used = sorted(self._used)
         self._used.clear()
         self.closed = True
         deadline = time.monotonic() + timeout_s
-        for proc in procs:
-            try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        for first in range(0, len(used), self.window):  # a window at a time: no burst of thousands of processes
+            procs = [subprocess.Popen([*self._options(slot), "-O", "exit", "--", host],  # noqa: S603
+                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                     for host, slot in used[first:first + self.window]]
+            for proc in procs:
+                try:
+                    proc.wait(max(0.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            if time.monotonic() >= deadline:
+                break  # the rest are killed below
         _kill_naming(self.directory)
         remove_directories([self.directory])
         if self._guard is not None:
