@@ -154,12 +154,26 @@ def _launch(argv: list[str], env: dict[str, str], hosts: TestHosts, count: int, 
 
 
 def _reason(status: int, err: str, printed: int, count: int) -> str:
-    """Return why a launch failed, in words that are alike for alike failures (host names masked)."""
+    """
+    Return why a launch failed, in words that are alike for alike failures (host names masked).
+
+    poprun's diagnostics give their first one's summary and detail, and how many hosts had
+    one (``error[PR406]: host 'hN' cannot be reached: no answer within 4.5 s (57 hosts)``); other
+    failures give the first line that says error, failed or cannot.
+    """
     lines = [line.strip() for line in err.splitlines() if line.strip()]
-    line = next((line for line in lines if re.search(r"PR\d{3}|error|fail|cannot|no exit", line, re.IGNORECASE)),
-                lines[0] if lines else f"{printed} of {count} instances printed")
+    codes = [i for i, line in enumerate(lines) if re.match(r"error\[PR\d{3}\]", line)]
+    if codes:
+        first = codes[0]
+        detail = next((line[2:] for line in lines[first + 1:first + 4]
+                       if line.startswith("= ") and not line.startswith("= hint")), "")
+        named = {host for i in codes for host in re.findall(r"'(h\d+)'", lines[i])}
+        line = lines[first] + (f": {detail}" if detail else "") + (f" ({len(named)} hosts)" if named else "")
+    else:
+        line = next((line for line in lines if re.search(r"error|fail|cannot|no exit", line, re.IGNORECASE)),
+                    lines[0] if lines else f"{printed} of {count} instances printed")
     masked = re.sub(r"\bh\d+\b", "hN", line)  # alike for every host
-    return f"status {status}: {masked[:160]}"
+    return f"status {status}: {masked[:200]}"
 
 
 def _leftovers(hosts: TestHosts, names: tuple[str, ...]) -> int:
