@@ -59,8 +59,8 @@ SEP = "-" * 100
 class Run:
     """One launch: how long until all its instances ran and until it exited, or why it failed; what it left."""
 
-    def __init__(self, started: float | None, whole: float, failure: str, left: int) -> None:
-        self.started, self.whole, self.failure, self.left = started, whole, failure, left
+    def __init__(self, started: float | None, whole: float, failure: str, left: list[str]) -> None:
+        self.started, self.whole, self.failure, self.left = started, whole, failure, left  # left: command names
 
 
 def main() -> int:
@@ -129,8 +129,10 @@ def _measure(hosts: TestHosts, count: int, runs: int, *, mpirun: str | None, ext
             run = _launch(argv(f"bench-{uuid.uuid4().hex[:10]}"), env, hosts, count, timeout_s=timeout_s)
             results[name].append(run)
             took = f"{run.started * 1e3:.0f} ms" if run.started is not None else f"FAILED: {run.failure}"
-            print(f"  {name} #{attempt + 1}: {took}" + (f", {run.left} processes left" if run.left else ""),
-                  flush=True)
+            left = collections.Counter(run.left)
+            print(f"  {name} #{attempt + 1}: {took}" + (f"; left and killed: {len(run.left)} processes ("
+                                                        + ", ".join(f"{n} {c}" for c, n in left.most_common(4))
+                                                        + ")" if run.left else ""), flush=True)
     return results
 
 
@@ -176,9 +178,9 @@ def _reason(status: int, err: str, printed: int, count: int) -> str:
     return f"status {status}: {masked[:200]}"
 
 
-def _leftovers(hosts: TestHosts, names: tuple[str, ...]) -> int:
+def _leftovers(hosts: TestHosts, names: tuple[str, ...]) -> list[str]:
     """
-    Return how many processes of the launch are alive ``LINGER_S`` after it ended; kill them all.
+    Return the command names of the processes of the launch alive ``LINGER_S`` after it ended; kill them all.
 
     On the hosts: anything in their namespaces but the listening sshd (nothing else runs there
     during the bench). Here: ssh clients that use the hosts' ssh_config (both launchers do).
@@ -187,9 +189,9 @@ def _leftovers(hosts: TestHosts, names: tuple[str, ...]) -> int:
     listeners = {int((hosts.state / f"sshd_{name}.pid").read_text()) for name in names}
     config = str(hosts.ssh_config)
 
-    def living() -> list[int]:
-        remote = [pid for pid in _processes_in(inodes) if pid not in listeners]
-        return remote + _local_ssh_clients(config)
+    def living() -> dict[int, str]:
+        remote = {pid: line for pid, (_, line) in _processes_in(inodes).items() if pid not in listeners}
+        return remote | _local_ssh_clients(config)
 
     deadline = time.monotonic() + LINGER_S
     while (left := living()) and time.monotonic() < deadline:
@@ -199,13 +201,13 @@ def _leftovers(hosts: TestHosts, names: tuple[str, ...]) -> int:
             os.kill(pid, signal.SIGKILL)
         except OSError:
             continue
-    return len(left)
+    return sorted(Path(line.split(maxsplit=1)[0] if line.split() else "?").name for line in left.values())
 
 
-def _local_ssh_clients(config: str) -> list[int]:
-    """Return the pids of the processes in this network namespace whose command line names ``config``."""
+def _local_ssh_clients(config: str) -> dict[int, str]:
+    """Return {pid: command line} of the processes in this network namespace whose command line names ``config``."""
     here = Path("/proc/self/ns/net").stat().st_ino
-    return [pid for pid, (_, line) in _processes_in({here}).items() if config in line and pid != os.getpid()]
+    return {pid: line for pid, (_, line) in _processes_in({here}).items() if config in line and pid != os.getpid()}
 
 
 def _summary(results: dict[int, dict[str, list[Run]]]) -> None:
@@ -222,7 +224,7 @@ def _summary(results: dict[int, dict[str, list[Run]]]) -> None:
                     ratio = f"{started / theirs:.2f}x {'ok' if started / theirs <= 0.5 else 'MISSED'}"
             ok = sum(1 for r in runs if not r.failure)
             print(f"{count:>5} {name:>8} {f'{ok}/{len(runs)}':>7} {_ms(started):>13} {_ms(whole):>11} "
-                  f"{_ms(started / count if started else None):>14} {sum(r.left for r in runs):>5}   {ratio}")
+                  f"{_ms(started / count if started else None):>14} {sum(len(r.left) for r in runs):>5}   {ratio}")
     print(SEP)
     _failures(results)
     _growth(results)
@@ -232,8 +234,14 @@ def _failures(results: dict[int, dict[str, list[Run]]]) -> None:
     """Print each distinct reason of failure once per count and launcher, with how often it happened."""
     for count, by_name in results.items():
         for name, runs in by_name.items():
-            for reason, times in collections.Counter(r.failure for r in runs if r.failure).most_common():
-                print(f"failed: {count} hosts, {name}, {times}x: {reason}")
+            hosts: dict[str, list[int]] = collections.defaultdict(list)  # reason -> how many hosts each time
+            for run in runs:
+                if run.failure:
+                    many = re.search(r" \((\d+) hosts\)$", run.failure)
+                    hosts[run.failure[:many.start()] if many else run.failure].append(int(many[1]) if many else 0)
+            for reason, named in sorted(hosts.items(), key=lambda item: -len(item[1])):
+                span = f" ({min(named)} to {max(named)} hosts)" if max(named) else ""
+                print(f"failed: {count} hosts, {name}, {len(named)}x: {reason}{span}")
 
 
 def _growth(results: dict[int, dict[str, list[Run]]]) -> None:
