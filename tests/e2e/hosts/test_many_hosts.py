@@ -6,7 +6,8 @@ sshd and hostname (``tests/testhosts.py``), so an instance's ``hostname`` says w
 ran. Leftovers are looked for everywhere a launch leaves things: processes on the hosts
 (found by the run's id in their environment or the launch's mark in their command line),
 poprun's ssh connections here (their sockets are in the test's own TMPDIR), and files in
-that TMPDIR, in /tmp (the stdin directory of instance 0) and in the hosts' state.
+that TMPDIR, in /tmp (the directory of instance 0's stdin, named by the instance) and in the
+hosts' state.
 """
 
 from __future__ import annotations
@@ -29,8 +30,9 @@ from tests.testhosts import TestHosts
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
 HOSTS = 16
-# Each instance prints where it ran: its hostname (each host has its own), its index and the run's id.
-PROGRAM = 'echo "$(hostname) $POPDIST_INSTANCE_INDEX $POPRUN_RUN_ID"'
+# Each instance prints where it ran: its hostname (each host has its own), its index, the run's id and what its
+# stdin is (instance 0's is a FIFO in the directory the ssh backend makes for it in /tmp; the others' /dev/null).
+PROGRAM = 'echo "$(hostname) $POPDIST_INSTANCE_INDEX $POPRUN_RUN_ID $(readlink /proc/$$/fd/0)"'
 
 
 def _relay_exists() -> bool:
@@ -99,11 +101,6 @@ def processes_here(text: str) -> list[str]:
     return found
 
 
-def stdin_directories() -> set[str]:
-    """Return the names in /tmp of the directories in which the ssh backend passes stdin to instance 0."""
-    return {path.name for path in Path("/tmp").iterdir() if path.name.startswith("poprun-stdin-")}
-
-
 def names_in(folder: Path) -> list[str]:
     """Return the names in ``folder``, sorted."""
     return sorted(path.name for path in folder.iterdir())
@@ -113,7 +110,6 @@ def check_launch(hosts: TestHosts, instances: int, *, cwd: Path, tmpdir: Path, e
     """Launch ``instances`` over the 16 hosts; assert each ran on its planned host and that nothing was left behind."""
     # GIVEN
     state_before = names_in(hosts.state)
-    stdin_before = stdin_directories()
 
     # WHEN
     done, plan, mark = launch(hosts, instances, cwd=cwd, tmpdir=tmpdir, env=env)
@@ -121,10 +117,10 @@ def check_launch(hosts: TestHosts, instances: int, *, cwd: Path, tmpdir: Path, e
     # THEN every instance ran once, on the host the plan put it on
     assert 0 == done.returncode, done.stderr[-3000:]
     seen = [line.split() for line in done.stdout.splitlines() if line.strip()]
-    assert sorted(plan) == sorted(int(index) for _, index, _ in seen), done.stdout
-    assert plan == {int(index): host for host, index, _ in seen}
+    assert sorted(plan) == sorted(int(index) for _, index, _, _ in seen), done.stdout
+    assert plan == {int(index): host for host, index, _, _ in seen}
     assert set(hosts.names) == set(plan.values())
-    run_ids = {run_id for _, _, run_id in seen}
+    run_ids = {run_id for _, _, run_id, _ in seen}
     assert 1 == len(run_ids) and re.fullmatch(r"\d{8}-\d{6}-[0-9a-f]{6}", next(iter(run_ids))), run_ids
     run_id = run_ids.pop()
 
@@ -132,7 +128,8 @@ def check_launch(hosts: TestHosts, instances: int, *, cwd: Path, tmpdir: Path, e
     assert wait_for(lambda: not run_processes(hosts, run_id, mark), within_s=3), run_processes(hosts, run_id, mark)
     assert wait_for(lambda: not processes_here(str(tmpdir)), within_s=3), processes_here(str(tmpdir))
     assert [] == names_in(tmpdir)
-    assert set() == stdin_directories() - stdin_before
+    made = {Path(stdin).parent for _, _, _, stdin in seen if stdin != "/dev/null"}
+    assert wait_for(lambda: not [path for path in made if path.exists()], within_s=3), made
     assert state_before == names_in(hosts.state)
 
 
