@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -106,3 +108,32 @@ def test_down_leaves_nothing_behind(tmp_path: Path, test_hosts: TestHosts) -> No
     assert [] == [line for line in living_command_lines() if str(state) in line]
     assert not state.exists()
     assert "h1" == test_hosts.ssh("h1", "hostname").stdout.strip()
+
+
+def test_hosts_of_a_killed_process_are_taken_down(tmp_path: Path) -> None:
+    """
+    GIVEN two hosts brought up by a process (with up()'s guard)
+    WHEN that process is SIGKILLed, so that it never calls down()
+    THEN the guard takes them down: no namespace, sshd or state directory is left
+    """
+    # GIVEN
+    state = tmp_path / "killed"
+    script = ("import sys, time; from pathlib import Path; from tests.testhosts import up; "
+              "hosts = up(2, Path(sys.argv[1])); print(hosts.namespaces['h1'], flush=True); time.sleep(60)")
+    with subprocess.Popen([sys.executable, "-c", script, str(state)], stdout=subprocess.PIPE, text=True,
+                          cwd=Path(__file__).parents[3]) as owner:
+        assert owner.stdout is not None
+        namespace = owner.stdout.readline().strip()
+        assert namespace.startswith("poprun-")
+
+        # WHEN
+        owner.kill()
+    deadline = time.monotonic() + 20
+    while state.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+    # THEN
+    namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert namespace not in namespaces
+    assert [] == [line for line in living_command_lines() if str(state) in line]
+    assert not state.exists()
