@@ -35,13 +35,6 @@ HOSTS = 16
 PROGRAM = 'echo "$(hostname) $POPDIST_INSTANCE_INDEX $POPRUN_RUN_ID $(readlink /proc/$$/fd/0)"'
 
 
-def _relay_exists() -> bool:
-    """Return whether the ssh backend has a relay start (the issue's start through the hosts for many hosts)."""
-    from poprun.backends.ssh import backend  # only for the skip below
-
-    return hasattr(backend, "RELAY")
-
-
 @pytest.fixture(scope="module")
 def many_hosts(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
     """Bring up hosts h1..h16 for this module; take them down at its end, whatever happened."""
@@ -146,7 +139,6 @@ def accepted_from(hosts: TestHosts) -> dict[str, list[str]]:
             for name in hosts.names}
 
 
-@pytest.mark.skipif(not _relay_exists(), reason="the ssh backend has no relay start yet (issue 18)")
 def test_the_relay_start_places_every_instance_and_leaves_nothing(
         many_hosts: TestHosts, tmp_path: Path, short_tmp: Path) -> None:
     """
