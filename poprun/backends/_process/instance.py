@@ -13,6 +13,7 @@ import contextlib
 import errno
 import os
 import signal
+import stat
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
@@ -73,14 +74,17 @@ def forwarded_stdin() -> int | None:
     Return the descriptor of poprun's stdin when instance 0 is to read it, else None.
 
     mpirun's convention: instance 0 reads poprun's standard input when it is a pipe or a file;
-    a terminal is never read (it stays the shell's), and a closed one is nothing to read. The
+    a terminal is never read (it stays the shell's), and a closed one or ``/dev/null`` is nothing
+    to read (instance 0 reads ``/dev/null`` then, as the others do). The
     other instances read ``/dev/null``. A backend that runs instance 0 elsewhere (ssh) copies
     from this descriptor to it.
     """
     try:
         if os.isatty(0):
             return None
-        os.fstat(0)
+        found = os.fstat(0)
+        if stat.S_ISCHR(found.st_mode) and found.st_rdev == Path(os.devnull).stat().st_rdev:
+            return None  # /dev/null: nothing to read, and nothing to copy to another host
     except OSError:  # closed
         return None
     return 0

@@ -755,9 +755,19 @@ class SshBackend:
             client = self._client if self._client is not None and not self._client.closed else None
         if client is not None:  # a launch runs: through its connection
             return run_on_host(lambda _source: client, host, script, environ=environ, timeout_s=timeout_s)
-        # before a launch (the port plan): a connection of its own, that leaves nothing behind (no control
-        # directory, no master that a poprun killed meanwhile would leave running)
-        return run_once(host, script, environ=environ, timeout_s=timeout_s, settings=self._settings(environ))
+        # before a launch (the port plan): through a client kept for the launch that follows (its connection is
+        # the launch's), guarded by a watchdog of its own, so that a poprun killed meanwhile leaves no control
+        # directory and no connection behind
+        settings = self._settings(environ)
+        try:
+            parked = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+        except WatchdogError:  # no watchdog: a connection of its own, that leaves nothing behind
+            return run_once(host, script, environ=environ, timeout_s=timeout_s, settings=settings)
+        try:
+            return run_on_host(lambda _source: parked, host, script, environ=environ, timeout_s=timeout_s)
+        finally:
+            _park(parked)
 
     @staticmethod
     def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
