@@ -4,7 +4,10 @@ Emulated hosts for end-to-end tests: K network namespaces on this machine, each 
 Test support, stdlib only (it also runs as a script before the project is installed); it
 imports nothing from ``poprun``. Host ``hN`` is a network namespace with a veth into one
 bridge, its own address on a private ``10.77.X.0/24``, its own hostname (a UTS namespace)
-and its own ``sshd`` on port 22. A generated client key is authorised everywhere, and an
+and its own ``sshd`` on port 22, whose sessions do not read this machine's ``~/.bashrc`` (it is
+bound to /dev/null in the host's own mount namespace: a heavy shell start-up here, such as
+pyenv's rehash, whose lock a killed login leaves behind to stall every later one for 60 s, is
+not the hosts'). A generated client key is authorised everywhere, and an
 ``ssh_config`` with strict host key checking names the hosts ``h1..hK``; mpirun and poprun's
 ssh backend reach them through it (see :meth:`TestHosts.env`). Every name carries a random
 tag, so two sessions on one machine never collide. All that :func:`up` creates is recorded
@@ -165,8 +168,8 @@ class TestHosts:
     def start_sshd(self, name: str, *, timeout_s: float = 10.0) -> None:
         """Start host ``name``'s sshd again (after :meth:`stop_sshd`); return once it answers."""
         daemon = _sshd_command(self.state, name)
-        subprocess.run(["ip", "netns", "exec", self.namespaces[name], "unshare", "--uts", "sh", "-c", daemon],
-                       stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=True)
+        subprocess.run(["ip", "netns", "exec", self.namespaces[name], "unshare", "--uts", "--mount", "sh", "-c",
+                        daemon], stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout_s, check=True)
         _wait_listening([self.addresses[name]], deadline=time.monotonic() + timeout_s)
 
     def processes(self, name: str, pattern: str) -> list[str]:
@@ -343,7 +346,8 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
         config.write_text(SSHD_CONFIG.format(address=address, state=state, name=name))
         links = f"addr add {address}/24 dev eth0\\nlink set eth0 up\\nlink set lo up\\n"
         daemon = f"printf '{links}' | ip -b - && {_sshd_command(state, name)}"
-        starting.append(subprocess.Popen(["ip", "netns", "exec", host["netns"], "unshare", "--uts", "sh", "-c", daemon],
+        starting.append(subprocess.Popen(["ip", "netns", "exec", host["netns"], "unshare", "--uts", "--mount", "sh", "-c",
+                                          daemon],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
     _write_client_files(state, addresses)
     _wait_all(starting, "sshd", timeout_s)  # sshd forks into the background once it listens
@@ -358,7 +362,9 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
 def _sshd_command(state: Path, name: str) -> str:
     """Return the shell command that names the host ``name`` and becomes its sshd (it fails if the name cannot be set)."""
     config, log = shlex.quote(str(state / f"sshd_{name}.conf")), shlex.quote(str(state / f"sshd_{name}.log"))
-    return f"hostname {name} && exec {SSHD} -f {config} -E {log}"
+    # the host's sessions do not read this machine's ~/.bashrc (bound to /dev/null in the host's own mount namespace)
+    mask = '{ [ ! -f "$HOME/.bashrc" ] || mount --bind /dev/null "$HOME/.bashrc"; }'
+    return f"{mask} && hostname {name} && exec {SSHD} -f {config} -E {log}"
 
 
 def _wait_all(procs: list[subprocess.Popen[bytes]], what: str, timeout_s: float) -> None:
