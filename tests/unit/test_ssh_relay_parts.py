@@ -6,13 +6,15 @@ import math
 import shlex
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from poprun.backends.ssh.relay import RELAY, THRESHOLD, Routes, mode, relays
 
 
 @given(st.integers(0, 5000), st.sampled_from(["on", "auto"]))
+@example(7, "on")  # a last group of one host (7 = 3 + 3 + 1)
+@example(2353, "on")
 def test_groups_of_about_the_square_root_each_led_by_its_first_host(count: int, how: str) -> None:
     hosts = [f"n{i}" for i in range(count)]
     via = relays(hosts, how)
@@ -21,8 +23,10 @@ def test_groups_of_about_the_square_root_each_led_by_its_first_host(count: int, 
         return
     leaders = set(via.values())
     size = math.ceil(math.sqrt(count))
+    lone = count % size == 1  # the last group is one host: it has nobody to relay for, so it is reached directly
     assert leaders.isdisjoint(via)  # a relay is no leaf
-    assert len(leaders) == math.ceil(count / size)
+    assert len(leaders) == math.ceil(count / size) - lone
+    assert set(hosts) - set(via) - leaders == ({hosts[-1]} if lone else set())  # every other host relays or is a leaf
     assert all(hosts.index(relay) < hosts.index(leaf) for leaf, relay in via.items())  # in plan order
     assert max(list(via.values()).count(r) for r in leaders) <= size - 1
 
