@@ -552,7 +552,8 @@ def test_interrupt_while_instance_0s_host_is_unreachable_leaves_no_stdin_fifo_th
     """
     mark = f"adv-{uuid.uuid4().hex[:8]}"
     proc = start(test_hosts, "--host", "h3,h2", "--num-instances", "2", "--num-replicas", "2", "sh", "-c",
-                 f"trap '' TERM; echo up; sleep 60; : {mark}", cwd=tmp_path, env={"POPRUN_HOST_TIMEOUT": "3"})
+                 f"trap '' TERM; echo up; sleep 60; : {mark}", cwd=tmp_path, env={"POPRUN_HOST_TIMEOUT": "3"},
+                 stdin=subprocess.PIPE)  # a pipe, kept open: instance 0 reads it through a FIFO on h3 (not /dev/null)
     assert proc.stdout is not None
     assert [b"up\n", b"up\n"] == [proc.stdout.readline(), proc.stdout.readline()]
     named = [line for line in command_lines().values() if mark.encode() in line and b"/tmp/poprun-stdin-" in line]
