@@ -231,10 +231,16 @@ class SshClient:
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
+        self.kept = 0  # how many times it was kept for a launch to come (:func:`_park`)
         self.window = default_window()  # how many connections are opened at once (POPRUN_SSH_FANOUT: the caller's)
         self.routes = Routes({}, self._base)  # how each host is reached (a launch through relays sets them)
         self.connections: dict[str, Connected] = {}  # how each host's connection was opened
         self.unreachable: dict[str, tuple[int, str]] = {}  # hosts that could not be connected to, and why
+
+    def forget_failures(self, hosts: Sequence[str]) -> None:
+        """Let ``hosts`` be tried again: what stopped them before (a key not yet copied there) may hold no longer."""
+        for host in hosts:
+            self.unreachable.pop(host, None)
 
     def _options(self, slot: int) -> list[str]:
         """Return the options common to every use of connection ``slot`` of a host."""
@@ -694,13 +700,22 @@ def _shared_connections(plan: LaunchPlan, slots: dict[int, int], routes: Routes)
 
 _PARKED: list[SshClient] = []  # the topology probe's client, for the launch that follows it in this process
 _PARK_LOCK = threading.Lock()
+PARKED_S = 30.0  # a kept client that no launch took within this is closed (ssh's ControlPersist is as long)
+_atexit_registered = False
 
 
 def _park(client: SshClient) -> None:
-    """Keep ``client`` (a probe's) for the next launch with its settings; the one kept before is closed; poprun's exit closes it."""
+    """
+    Keep ``client`` (a probe's, a command's before a launch) for the next launch with its settings.
+
+    The one kept before is closed. So is this one when no launch took it within :data:`PARKED_S`
+    (a library caller that never launches keeps nothing), and at the latest when poprun exits.
+    """
+    global _atexit_registered
     with _PARK_LOCK:
         old, _PARKED[:] = list(_PARKED), [client]
-        first = not old
+        first, _atexit_registered = not _atexit_registered, True
+        client.kept += 1  # this keeping's number: an older one's expiry does not close it
     for other in old:
         if other is not client:
             other.close()
@@ -708,6 +723,18 @@ def _park(client: SshClient) -> None:
         import atexit
 
         atexit.register(_close_parked)
+    expiry = threading.Timer(PARKED_S, _expire, args=(client, client.kept))
+    expiry.daemon = True
+    expiry.start()
+
+
+def _expire(client: SshClient, kept: int) -> None:
+    """Close ``client`` if it is still kept since its ``kept``-th keeping (no launch took it meanwhile)."""
+    with _PARK_LOCK:
+        if client not in _PARKED or client.kept != kept:
+            return
+        _PARKED.remove(client)
+    client.close()
 
 
 def _take_parked(settings: tuple[str | None, str, float, float]) -> SshClient | None:
@@ -836,13 +863,15 @@ class SshBackend:
         source = dict(env_source)
         envs = [environment(i, source) for i in plan.instances]
         config = source.get(SSH_CONFIG) or None
+        hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
         if plan.ssh_keys.enabled:
             from poprun.backends.ssh.sshkey import distribute_key
 
-            hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
         timeout_s = host_timeout(source)
         client = self._shared_client(source)  # a connection run_on_host or the probe opened is this launch's
+        if plan.ssh_keys.enabled:  # a host that refused the key before (the port plan's command) may take it now
+            client.forget_failures(hosts)
         try:
             return self._launch(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache, restarter=restarter)
         except BaseException:

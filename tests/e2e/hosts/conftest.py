@@ -38,3 +38,12 @@ def short_tmp() -> Iterator[Path]:
         yield path
     finally:
         shutil.rmtree(path, ignore_errors=True)  # the test's own directory, made just above
+
+
+@pytest.fixture(autouse=True)
+def no_kept_connections() -> Iterator[None]:
+    """Close the ssh connections a test's own process kept for a launch that never came (each test starts clean)."""
+    yield
+    from poprun.backends.ssh.backend import _close_parked
+
+    _close_parked()

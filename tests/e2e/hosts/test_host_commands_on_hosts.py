@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import uuid
@@ -15,8 +16,10 @@ from poprun.apply.stacks import FAULTHANDLER, collect_stacks
 from poprun.backends.base import LaunchError
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.registry import default_registry
+from poprun.backends.ssh import backend as ssh_backend
 from poprun.backends.ssh.backend import SshBackend
 from tests.e2e.hosts.test_host_faults import command_lines
+from tests.e2e.hosts.test_ssh_backend import wait_for
 from tests.e2e.stacks_helpers import hang_plan, wait_ready
 from tests.testhosts import TestHosts
 
@@ -42,18 +45,27 @@ def test_a_script_runs_on_the_host_from_its_input(test_hosts: TestHosts):
     assert (3, b"h1\nit's ok\nsh -s \n") == (status, out)
 
 
-def test_a_command_before_the_launch_leaves_nothing_and_one_during_it_uses_its_connection(test_hosts: TestHosts,
-                                                                                         tmp_path: Path):
-    """A command before the launch (a connection of its own, gone at once), the launch on h2, a command during it: two."""
+def test_a_command_before_the_launch_opens_the_launchs_connection_and_nothing_outlives_it(test_hosts: TestHosts,
+                                                                                          tmp_path: Path):
+    """
+    A command before the launch (the port plan), the launch on h2, a command during it: one login in all.
+
+    The first command's connection is kept for the launch (guarded by a watchdog of its own, see
+    test_sigkill_during_a_command_before_the_launch_leaves_no_connection_or_directory), the launch takes it
+    over, and the second command goes through it; once the launch ends nothing of it is left.
+    """
     # GIVEN
     backend, env = SshBackend(grace_s=1), environ(test_hosts)
     before = accepted(test_hosts, "h2")
     plan = probe_plan("import time; print('up', flush=True); time.sleep(60)", tmp_path, backend="ssh", instances=2,
                       hosts=("h2",))
 
+    def masters() -> list[bytes]:
+        return [line for line in command_lines().values() if b"ControlMaster=yes" in line and b"h2" in line]
+
     # WHEN
     first = backend.run_on_host("h2", "echo before", environ=env, timeout_s=15)
-    left = [line for line in command_lines().values() if b"ControlMaster" in line and b"h2" in line]
+    kept = masters()
     sink = MemorySink()
     launch = backend.launch(plan, env_source=env, sink=sink)
     try:
@@ -63,9 +75,67 @@ def test_a_command_before_the_launch_leaves_nothing_and_one_during_it_uses_its_c
         launch.terminate(0)
         launch.wait()
 
-    # THEN: no shared connection was left by the first; the second went through the launch's
-    assert ((0, b"before\n"), (0, b"during\n"), []) == (first, during, left)
-    assert 2 == accepted(test_hosts, "h2") - before
+    # THEN: one connection, opened for the first command and used by the launch and the second; gone with the launch
+    assert ((0, b"before\n"), (0, b"during\n"), 1) == (first, during, len(kept))
+    assert 1 == accepted(test_hosts, "h2") - before
+    assert wait_for(lambda: not masters(), within_s=5), masters()
+
+
+def test_a_connection_kept_for_a_launch_that_never_comes_is_closed(test_hosts: TestHosts,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A library caller runs a command on h3 and never launches: the kept connection closes after PARKED_S."""
+    # GIVEN
+    monkeypatch.setattr(ssh_backend, "PARKED_S", 0.5)
+
+    # WHEN
+    done = SshBackend().run_on_host("h3", "echo once", environ=environ(test_hosts), timeout_s=15)
+    directory = ssh_backend._PARKED[0].directory  # the kept client's sockets
+    needle = f"{directory}/".encode()
+
+    def kept() -> list[bytes]:
+        return [line for line in command_lines().values() if needle in line]
+
+    at_first = kept()
+
+    # THEN: kept for a moment, then nothing: no connection, no directory, no watchdog
+    assert ((0, b"once\n"), True) == (done, bool(at_first))
+    assert wait_for(lambda: not kept(), within_s=5), kept()
+    assert wait_for(lambda: not Path(directory).exists(), within_s=2), directory
+
+
+def test_sigkill_during_a_command_before_the_launch_leaves_no_connection_or_directory(test_hosts: TestHosts,
+                                                                                      short_tmp: Path) -> None:
+    """
+    A process running a command on h1 before a launch (as the port plan does) is SIGKILLed while it runs:
+    the connection kept for the launch and its directory go with it (the client's own watchdog). The
+    script itself runs to its end on h1 (poprun's are bounded: the port plan reads /proc, the stacks'
+    have a timeout); this one is killed there at the end.
+    """
+    # GIVEN a command on h1 that runs until it is killed, through the backend, in a process of its own
+    code = ("import os, sys; from poprun.backends.ssh.backend import SshBackend; "
+            "SshBackend().run_on_host('h1', 'sleep 59.25', environ=dict(os.environ), timeout_s=90)")
+    needle = f"{short_tmp}/poprun-ssh-".encode()
+    proc = subprocess.Popen([sys.executable, "-c", code], env=environ(test_hosts) | {"TMPDIR": str(short_tmp)},
+                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        assert wait_for(lambda: test_hosts.processes("h1", "sleep 59.25"), within_s=20), "the command did not start"
+        assert [line for line in command_lines().values() if needle in line and b"ControlMaster=yes" in line]
+
+        # WHEN
+        proc.kill()
+        proc.communicate()
+
+        # THEN nothing of it is left here: no ssh process, no directory; nor on h1
+        assert wait_for(lambda: not [line for line in command_lines().values() if needle in line], within_s=5)
+        assert [] == sorted(path.name for path in short_tmp.iterdir())
+    finally:
+        test_hosts.ssh("h1", "pkill -f 'sleep 59.25'", timeout=10)
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+        for pid, line in command_lines().items():
+            if needle in line:
+                os.kill(pid, signal.SIGKILL)
 
 
 def test_a_host_nobody_knows_is_a_one_line_launch_error(test_hosts: TestHosts):
