@@ -120,3 +120,33 @@ def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
     assert {"h1": "ssh: no way"} == found
     assert ssh_options(config="/etc/cfg", ssh=str(fake))[1:] == argv[:len(ssh_options(config="/etc/cfg")) - 1]
     assert ["-f", "-N", "--", "h1"] == argv[-4:]
+
+
+@pytest.mark.parametrize(("opened", "expected"), [("/dev/null", None), ("a file", 0), ("a pipe", 0), ("closed", None)])
+def test_instance_0_reads_stdin_only_when_there_is_something_to_read(opened: str, expected: int | None,
+                                                                     tmp_path: Path) -> None:
+    """mpirun's rule: a file or a pipe is instance 0's; /dev/null and a closed stdin are nothing to copy to it."""
+    from poprun.backends._process.instance import forwarded_stdin
+
+    saved = os.dup(0)
+    try:
+        if opened == "/dev/null":
+            fd = os.open(os.devnull, os.O_RDONLY)
+        elif opened == "a file":
+            (tmp_path / "in").write_text("data")
+            fd = os.open(tmp_path / "in", os.O_RDONLY)
+        elif opened == "a pipe":
+            fd, write_end = os.pipe()
+            os.close(write_end)
+        if opened == "closed":
+            os.close(0)
+        else:
+            os.dup2(fd, 0)
+            os.close(fd)
+
+        found = forwarded_stdin()
+    finally:
+        os.dup2(saved, 0)
+        os.close(saved)
+
+    assert expected == found
