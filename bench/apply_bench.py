@@ -36,8 +36,6 @@ figures are for people and the issue's closing note.
 from __future__ import annotations
 
 import argparse
-import compileall
-import importlib.util
 import os
 import shutil
 import signal
@@ -47,6 +45,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+from benchsetup import compile_bytecode
 
 PY = sys.executable
 POPRUN = [str(Path(PY).with_name("poprun"))] if Path(PY).with_name("poprun").exists() else [PY, "-m",
@@ -149,10 +149,7 @@ def main() -> int:
         import tempfile
 
         os.environ["POPRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="poprun-bench-runs-")
-    for package in ("poprun", "popdist"):  # as an installation does (PYTHONDONTWRITEBYTECODE may be set)
-        spec = importlib.util.find_spec(package)
-        for folder in spec.submodule_search_locations or () if spec else ():
-            compileall.compile_dir(folder, quiet=1)
+    compile_bytecode()  # as an installation does (PYTHONDONTWRITEBYTECODE may be set)
     print(f"poprun: {' '.join(POPRUN)}\nmpirun: {MPIRUN or 'not installed: comparisons skipped'}\n"
           f"python: {PY}; {os.cpu_count()} CPUs; median of {runs} runs\n")
     walls = walls_s([poprun(n, "true") for n in SIZES] + ([mpirun(n, "true") for n in SIZES] if MPIRUN else []), runs)

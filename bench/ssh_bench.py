@@ -20,6 +20,8 @@ prints the time at which it started. For each count it prints:
    the launcher exited. They are counted, then killed, so that each run starts clean.
 5. growth: time until all run per host, and how it grows from one count to the next against
    the growth of the count itself. Target: at most linear.
+6. planning's share of poprun's start: the run record's ``plan`` phase (report.json) over the
+   time until all run, the median. Target: under 10%.
 
 Both launchers use the hosts' ssh configuration (``POPRUN_SSH_CONFIG`` for poprun,
 ``OMPI_MCA_plm_rsh_args`` for mpirun). ``--env NAME=VALUE`` (repeatable) adds a variable to
@@ -33,6 +35,7 @@ from __future__ import annotations
 import argparse
 import collections
 import itertools
+import json
 import os
 import re
 import shutil
@@ -46,6 +49,8 @@ import uuid
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
+from benchsetup import compile_bytecode
+
 from tests.testhosts import TestHosts, TestHostsUnavailable, _netns_inode, _processes_in, down, up
 
 PY = sys.executable
@@ -59,8 +64,10 @@ SEP = "-" * 100
 class Run:
     """One launch: how long until all its instances ran and until it exited, or why it failed; what it left."""
 
-    def __init__(self, started: float | None, whole: float, failure: str, left: list[str]) -> None:
+    def __init__(self, started: float | None, whole: float, failure: str, left: list[str],
+                 plan: float | None = None) -> None:
         self.started, self.whole, self.failure, self.left = started, whole, failure, left  # left: command names
+        self.plan = plan  # poprun's planning, from its run record
 
 
 def main() -> int:
@@ -74,6 +81,7 @@ def main() -> int:
         print(f"cannot bring up test hosts: {exc}", file=sys.stderr)
         return 2
     try:
+        print(compile_bytecode())
         extra = dict(item.split("=", 1) for item in args.env)
         print(f"poprun: {' '.join(POPRUN)}" + "".join(f" {k}={v}" for k, v in extra.items()))
         print(f"mpirun: {mpirun or 'not used: comparison skipped'}")
@@ -116,7 +124,7 @@ def _measure(hosts: TestHosts, count: int, runs: int, *, mpirun: str | None, ext
     base = os.environ | hosts.env()
     launchers = {"poprun": (lambda mark: [*POPRUN, "--host", ",".join(names), "--num-instances", str(count),
                                           "--num-replicas", str(count), "sh", "-c", PROGRAM, mark],
-                            base | {"POPRUN_RUNS_DIR": str(runs_dir)} | extra)}
+                            base | extra)}
     if mpirun:
         launchers["mpirun"] = (lambda mark: [mpirun, "--host", ",".join(names), "-np", str(count),
                                              "sh", "-c", PROGRAM, mark], base)
@@ -126,7 +134,10 @@ def _measure(hosts: TestHosts, count: int, runs: int, *, mpirun: str | None, ext
         order = list(launchers) if attempt % 2 == 0 else list(reversed(launchers))
         for name in order:
             argv, env = launchers[name]
-            run = _launch(argv(f"bench-{uuid.uuid4().hex[:10]}"), env, hosts, count, timeout_s=timeout_s)
+            mark = f"bench-{uuid.uuid4().hex[:10]}"
+            record = runs_dir / mark if name == "poprun" else None
+            run = _launch(argv(mark), env | ({"POPRUN_RUNS_DIR": str(record)} if record else {}), hosts, count,
+                          timeout_s=timeout_s, record=record)
             results[name].append(run)
             took = f"{run.started * 1e3:.0f} ms" if run.started is not None else f"FAILED: {run.failure}"
             left = collections.Counter(run.left)
@@ -136,8 +147,9 @@ def _measure(hosts: TestHosts, count: int, runs: int, *, mpirun: str | None, ext
     return results
 
 
-def _launch(argv: list[str], env: dict[str, str], hosts: TestHosts, count: int, *, timeout_s: float) -> Run:
-    """Run one launch; return how long it took or why it failed, and how many of its processes it left."""
+def _launch(argv: list[str], env: dict[str, str], hosts: TestHosts, count: int, *, timeout_s: float,
+            record: Path | None = None) -> Run:
+    """Run one launch; return how long it took or why it failed, what it left, and its planning (``record``: its runs)."""
     start = time.time()
     proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, start_new_session=True)
@@ -152,7 +164,9 @@ def _launch(argv: list[str], env: dict[str, str], hosts: TestHosts, count: int, 
     stamps = [float(line) for line in out.split() if re.fullmatch(r"\d+\.\d+", line)]
     if proc.returncode != 0 or len(stamps) != count:
         return Run(None, ended - start, _reason(proc.returncode, err, len(stamps), count), left)
-    return Run(max(stamps) - start, ended - start, "", left)
+    reports = list(record.glob("*/report.json")) if record else []
+    plan = json.loads(reports[0].read_text())["phases"].get("plan") if len(reports) == 1 else None
+    return Run(max(stamps) - start, ended - start, "", left, plan)
 
 
 def _reason(status: int, err: str, printed: int, count: int) -> str:
@@ -228,6 +242,7 @@ def _summary(results: dict[int, dict[str, list[Run]]]) -> None:
     print(SEP)
     _failures(results)
     _growth(results)
+    _planning(results)
 
 
 def _failures(results: dict[int, dict[str, list[Run]]]) -> None:
@@ -258,6 +273,19 @@ def _growth(results: dict[int, dict[str, list[Run]]]) -> None:
                              f"({'linear or better' if grows <= 1 else 'WORSE than linear'})")
         if steps:
             print(f"growth of {name}'s time until all run: " + "; ".join(steps))
+
+
+def _planning(results: dict[int, dict[str, list[Run]]]) -> None:
+    """Print poprun's planning against its time until all run, at each count (target: under 10%)."""
+    shares = []
+    for count, by_name in results.items():
+        runs = [r for r in by_name.get("poprun", []) if r.plan is not None and r.started]
+        plan, started = _median([r.plan for r in runs]), _median([r.started for r in runs])
+        if plan is not None and started:
+            shares.append(f"{count} hosts: {plan * 1e3:.0f} ms of {started * 1e3:.0f} ms = {plan / started:.0%} "
+                          f"({'ok' if plan / started < 0.10 else 'MISSED'})")
+    if shares:
+        print("poprun's planning in its time until all run (target < 10%): " + "; ".join(shares))
 
 
 def _median(values: list[float | None]) -> float | None:

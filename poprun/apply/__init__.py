@@ -64,6 +64,7 @@ from poprun.core.events import (
     Stopping,
     Teardown,
 )
+from poprun.core.localhost import is_this_machine
 from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, Attempt, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -616,6 +617,7 @@ def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
     from poprun.apply import ports
 
     if plan.recovery.choose_port:
+        _prepare(backend, plan, environ)
         choice = ports.choose_port(backend, first.host, environ=environ, avoid=avoid)
         return choice.port, True, choice.chosen, None
     given = first.env.get(names.TORCH_MASTER_PORT)
@@ -623,10 +625,23 @@ def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
         given = environ.get(names.TORCH_MASTER_PORT)
     if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
         return 0, False, False, None
+    _prepare(backend, plan, environ)
     problem = ports.check_port(backend, first.host, int(given), environ=environ)
     if problem is not None and problem.is_error:
         raise DiagnosticError((problem,))
     return int(given), False, problem is None, problem
+
+
+def _prepare(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """
+    Let a backend that can (:class:`~poprun.backends.base.Prepares`) get ready to launch ``plan`` before instance 0's host is read.
+
+    The ssh backend opens every host's connection then, so that the port plan's is one of them,
+    not one opened alone before the others.
+    """
+    prepare = getattr(backend, "prepare", None)
+    if callable(prepare) and not is_this_machine(plan.instances[0].host):
+        prepare(plan, environ=environ)
 
 
 def _faulthandler_dump(text: str) -> str:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
         LaunchError,
         OutputSink,
         PlanFormat,
+        Prepares,
         Restarter,
         Stream,
         TemporaryCache,
@@ -63,7 +64,7 @@ if TYPE_CHECKING:
     from poprun.backends.testing import Outcome, RecordingBackend
 
 _BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
-         "HostCommands", "Restarter", "ApplyResult", "Backend",
+         "HostCommands", "Prepares", "Restarter", "ApplyResult", "Backend",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
          "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
          "TopologyProbing", "capabilities", "environment", "signal_name")
@@ -96,6 +97,7 @@ __all__ = [
     "Outcome",
     "OutputSink",
     "PlanFormat",
+    "Prepares",
     "RecordingBackend",
     "Restarter",
     "Stream",

@@ -237,6 +237,23 @@ class HostCommands(Protocol):
         """
 
 
+class Prepares(Protocol):
+    """
+    Optional: a backend that gets ready for a launch ahead of it (the ssh backend opens its hosts' connections).
+
+    The apply step calls :meth:`prepare` just before it runs a host command on instance 0's host
+    (the port plan), when that host is another machine.
+    """
+
+    def prepare(self, plan: LaunchPlan, *, environ: Mapping[str, str]) -> None:
+        """
+        Get ready to launch ``plan`` soon; what it opens, the launch (or :meth:`HostCommands.run_on_host`) uses.
+
+        Never raises for a host: what fails here, the launch reports. Whatever it made is gone
+        when poprun ends, even if no launch followed or poprun was killed.
+        """
+
+
 class Restarter(Protocol):
     """
     The apply step's answer to "instance N failed: start it again?" (``--restart-scope instance``).

@@ -14,7 +14,7 @@ from poprun.backends.conformance import probe_plan
 from poprun.backends.registry import default_registry, describe
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
-SDK = ["RESTARTS_INSTANCES", "HostCommands", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
+SDK = ["RESTARTS_INSTANCES", "HostCommands", "Prepares", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
        "BackendRegistry", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
        "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "Outcome", "OutputSink", "PlanFormat",
        "RecordingBackend", "Stream", "TemporaryCache", "TopologyProbing", "UnknownBackendError", "capabilities",

@@ -90,6 +90,7 @@ CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes (or the host timeout, when longer and set by the user)
 SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for instance 0's stdin session and a check
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
+FRESH_S = 10.0  # a shared connection opened this recently is taken as open, unasked (well within CONTROL_PERSIST_S)
 HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host is declared lost
 DEFAULT_HOST_TIMEOUT_S = 15.0
 _MARK = "poprun-preflight"
@@ -229,9 +230,11 @@ class SshClient:
         self.base = ssh_options(config=config, host_timeout_s=host_timeout_s,  # what a relay's ssh runs with
                                 connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
+        self._opened: dict[tuple[str, int], float] = {}  # (host, slot) -> when this client opened it (monotonic)
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
         self.kept = 0  # how many times it was kept for a launch to come (:func:`_park`)
+        self.ahead_s = 0.0  # time spent opening connections ahead of the launch (SshBackend.prepare)
         self.window = default_window()  # how many connections are opened at once (POPRUN_SSH_FANOUT: the caller's)
         self.routes = Routes({}, self._base)  # how each host is reached (a launch through relays sets them)
         self.connections: dict[str, Connected] = {}  # how each host's connection was opened
@@ -261,8 +264,7 @@ class SshClient:
         """
         connections = list(dict.fromkeys((self.routes.host(host), slot) for host, slot in connections))
         known = {host: self.unreachable[host] for host, _ in connections if host in self.unreachable}
-        todo = [c for c in connections if c[0] not in known
-                and (c not in self._used or not self.connected(c[0], slot=c[1]))]
+        todo = [c for c in connections if c[0] not in known and not self.usable(c[0], slot=c[1])]
         self._used.update(todo)
 
         def start(host: str, slot: int) -> subprocess.Popen[bytes]:
@@ -273,7 +275,22 @@ class SshClient:
         failed, opened = open_connections(start, todo, window=window or self.window, timeout_s=timeout_s)
         self.unreachable.update(failed)
         self.connections.update(opened)
+        now = time.monotonic()
+        self._opened.update((c, now) for c in todo if c[0] not in failed)
         return known | failed
+
+    def usable(self, host: str, *, slot: int = 0) -> bool:
+        """
+        Return whether shared connection ``slot`` of ``host`` (of its relay, for a leaf) is open for sessions.
+
+        One this client opened less than :data:`FRESH_S` ago is (ssh keeps it :data:`CONTROL_PERSIST_S`
+        without a session; should it have failed meanwhile, a session opens its own, as
+        ``ControlMaster=auto`` says); an older one is asked (:meth:`connected`), one process each.
+        """
+        key = (self.routes.host(host), slot)
+        if key not in self._used:
+            return False
+        return time.monotonic() - self._opened.get(key, -FRESH_S) < FRESH_S or self.connected(host, slot=slot)
 
     def argv(self, host: str, command: str, *, slot: int = 0) -> list[str]:
         """
@@ -687,6 +704,12 @@ def _slots(plan: LaunchPlan, routes: Routes | None = None) -> dict[int, int]:
     return slots
 
 
+def _routes(plan: LaunchPlan, client: SshClient, how: str) -> Routes:
+    """Return how the launch of ``plan`` reaches each remote host (directly, or through a relay: ``how``, POPRUN_SSH_RELAY)."""
+    remote = [instance.host for instance in plan.instances if not is_this_machine(instance.host)]
+    return Routes(relays(list(dict.fromkeys(remote)), how), client.base)
+
+
 def _shared_connections(plan: LaunchPlan, slots: dict[int, int], routes: Routes) -> list[tuple[str, int]]:
     """
     Return the (host, slot) connections to open first: every remote host's (the relays', for their leaves), in plan order.
@@ -823,6 +846,37 @@ class SshBackend:
             self._client.window = fanout
             return self._client
 
+    def prepare(self, plan: LaunchPlan, *, environ: Mapping[str, str]) -> None:
+        """
+        Open every remote host's shared connection for ``plan``, ahead of its launch (:class:`~poprun.backends.base.Prepares`).
+
+        The apply step calls this before it reads instance 0's host (the port plan): that host's
+        connection is then opened with all the others, in one window, not alone before them (one
+        key exchange's time less). The client is kept for the launch, which takes it over and
+        counts this time in its connect phase. A host that cannot be connected to is not raised
+        here: the launch reports it (its failure is kept on the client, so nobody waits for it twice).
+        """
+        if all(is_this_machine(instance.host) for instance in plan.instances):
+            return
+        settings = self._settings(environ)
+        try:
+            fanout, how = window(environ), _relay_mode(environ)
+            client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+        except (ValueError, LaunchError, WatchdogError):
+            return  # a setting out of range, or no watchdog: the launch says so, or opens its connections itself
+        try:
+            client.window = fanout
+            client.routes = _routes(plan, client, how)
+            began = time.monotonic()
+            connections = _shared_connections(plan, _slots(plan, client.routes), client.routes)
+            client.connect(connections, timeout_s=preflight_budget(environ, host_timeout(environ)))
+            client.ahead_s += time.monotonic() - began
+        except BaseException:  # an interrupt: nothing of it is left
+            client.close()
+            raise
+        _park(client)
+
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
         """
@@ -884,8 +938,7 @@ class SshBackend:
         budget = preflight_budget(source, timeout_s)
         remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
         ensure_open_files(len(plan.instances) + len(remote))  # a remote one: its session and the stdin copy
-        client.routes = Routes(relays(list(dict.fromkeys(plan.instances[i].host for i in sorted(remote))),
-                                      _relay_mode(source)), client.base)
+        client.routes = _routes(plan, client, _relay_mode(source))
         slots = _slots(plan, client.routes)
         remove = directories_to_remove(cache)
         tell: Callable[[Event], None] | None = getattr(sink, "event", None)
@@ -1067,7 +1120,7 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
     Raises:
         PreflightError: naming each host that could not be connected to, and why.
     """
-    began = time.monotonic()
+    began, ahead_s, client.ahead_s = time.monotonic(), client.ahead_s, 0.0  # opened ahead: the phase's time too
     try:
         failed = client.connect(connections, timeout_s=budget_s)
     except BaseException:
@@ -1080,7 +1133,7 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
                 tell(HostConnected(host=host, ms=round(how.seconds * 1000), attempts=how.attempts, slow=how.slow))
         hosts = len({i.host for i in plan.instances if not is_this_machine(i.host)})
         through = f" through {client.routes.relay_count()} relays" if client.routes.via else ""
-        tell(PhaseEnded(phase="connect", ms=_ms_since(began),
+        tell(PhaseEnded(phase="connect", ms=_ms_since(began) + round(ahead_s * 1000),
                         detail=f"{hosts} hosts{through}, {client.window} connections at a time"))
     problems = [d for host, (status, err) in failed.items()
                 if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]

@@ -44,7 +44,7 @@ def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str,
         return run_here(script, environ=environ, timeout_s=timeout_s)
     client = client_for(environ)
     deadline = time.monotonic() + timeout_s
-    if (host, 0) not in client._used or not client.connected(host):  # noqa: SLF001 - the ssh backend's own client
+    if not client.usable(host):
         failed = client.connect([(host, 0)], timeout_s=timeout_s)
         if host in failed:
             code, said = failed[host]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -235,3 +236,60 @@ def test_a_host_that_does_not_answer_gives_a_line(test_hosts: TestHosts):
     found = collect_stacks(SshBackend(), {0: "ghost.invalid"}, "r1", environ=environ(test_hosts), timeout_s=10)
 
     assert found[0].startswith("ghost.invalid did not answer: PR405: host name 'ghost.invalid' is unknown")
+
+
+def test_the_port_plan_and_the_launch_share_one_login_per_host(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """
+    GIVEN a launch over h1..h4 whose MASTER_PORT poprun chooses on h1 (the port plan)
+    WHEN it runs
+    THEN each host logged in once (the port plan's connection to h1 is the launch's), and the record's
+    connect phase counts the connections opened ahead of the launch
+    """
+    # GIVEN
+    before = {name: accepted(test_hosts, name) for name in test_hosts.names}
+    runs = tmp_path / "runs"
+
+    # WHEN
+    done = subprocess.run([sys.executable, "-m", "poprun.cli.main", "--host", ",".join(test_hosts.names),
+                           "--num-instances", "4", "--num-replicas", "4", "sh", "-c", "echo $MASTER_PORT"],
+                          cwd=tmp_path, env=environ(test_hosts) | {"POPRUN_RUNS_DIR": str(runs)},
+                          capture_output=True, text=True, timeout=60, check=False, stdin=subprocess.DEVNULL)
+
+    # THEN
+    assert 0 == done.returncode, done.stderr
+    assert dict.fromkeys(test_hosts.names, 1) == {name: accepted(test_hosts, name) - before[name]
+                                                  for name in test_hosts.names}
+    assert 1 == len(set(done.stdout.split())), done.stdout  # one MASTER_PORT, chosen for all
+    report = json.loads(next(runs.glob("*/report.json")).read_text())
+    assert report["launch_phases"]["connect"] > 0
+
+
+def test_prepare_opens_every_hosts_connection_and_the_port_plan_reuses_instance_0s(test_hosts: TestHosts,
+                                                                                  tmp_path: Path) -> None:
+    """
+    GIVEN a plan over h1..h4
+    WHEN the apply step's prepare runs, then the port plan's command on h1
+    THEN every host's connection is open after prepare alone (h1's among the others, not alone before them),
+    and the command on h1 logs in no more
+    """
+    # GIVEN
+    backend, env = SshBackend(grace_s=1), environ(test_hosts)
+    plan = probe_plan("true", tmp_path, backend="ssh", instances=4, hosts=test_hosts.names)
+
+    def masters() -> set[str]:
+        return {name for name in test_hosts.names for line in command_lines().values()
+                if b"ControlMaster=yes" in line and line.endswith(b"\0" + name.encode() + b"\0")}
+
+    try:
+        # WHEN
+        backend.prepare(plan, environ=env)
+        opened = masters()
+        logins = accepted(test_hosts, "h1")
+        done = backend.run_on_host("h1", "echo port plan", environ=env, timeout_s=15)
+
+        # THEN
+        assert (set(test_hosts.names), (0, b"port plan\n")) == (opened, done)
+        assert logins == accepted(test_hosts, "h1")
+    finally:
+        ssh_backend._close_parked()
+    assert wait_for(lambda: not masters(), within_s=5), masters()

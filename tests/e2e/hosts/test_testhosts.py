@@ -135,5 +135,7 @@ def test_hosts_of_a_killed_process_are_taken_down(tmp_path: Path) -> None:
     # THEN
     namespaces = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
     assert namespace not in namespaces
+    while [line for line in living_command_lines() if str(state) in line] and time.monotonic() < deadline:
+        time.sleep(0.05)  # the guard removes the state, then exits
     assert [] == [line for line in living_command_lines() if str(state) in line]
     assert not state.exists()
