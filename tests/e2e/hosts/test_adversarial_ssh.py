@@ -8,6 +8,7 @@ the ssh backend's docstring, were broken by an attacker or by an operator's odd 
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -348,6 +349,17 @@ def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHo
 @pytest.fixture
 def slow_h2(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
     """Yield an ssh_config where host `h2slow` is h2 behind a proxy that delays every chunk by 0.3 s (a far link)."""
+    yield from _slow_proxy(test_hosts, tmp_path, delay_s=0.3)
+
+
+@pytest.fixture
+def slowish_h2(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
+    """Yield an ssh_config where host `h2slow` is h2 behind a proxy that delays every chunk by 0.1 s (some 2 s to log in)."""
+    yield from _slow_proxy(test_hosts, tmp_path, delay_s=0.1)
+
+
+def _slow_proxy(test_hosts: TestHosts, tmp_path: Path, *, delay_s: float) -> Iterator[Path]:
+    """Yield an ssh_config where host `h2slow` is h2 behind a proxy that delays every chunk by ``delay_s``."""
     import socket
 
     listener = socket.socket()
@@ -358,7 +370,7 @@ def slow_h2(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
     def pump(src: socket.socket, dst: socket.socket) -> None:
         try:
             while data := src.recv(65536):
-                time.sleep(0.3)
+                time.sleep(delay_s)
                 dst.sendall(data)
         except OSError:
             pass
@@ -404,6 +416,28 @@ def test_a_slow_healthy_host_is_not_unreachable_with_a_long_host_timeout(test_ho
                env={"POPRUN_SSH_CONFIG": str(slow_h2), "POPRUN_HOST_TIMEOUT": "60"})
 
     assert (0, "") == (done.returncode, done.stderr)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")  # the proxy's sockets
+def test_a_slow_host_among_fast_ones_is_named_slow_with_its_time_and_the_launch_goes_on(
+        test_hosts: TestHosts, tmp_path: Path, slowish_h2: Path) -> None:
+    """
+    GIVEN h2 behind a link that makes its login take some 2 s, beside h1, h3 and h4 (well under a second)
+    WHEN poprun -v launches on the four
+    THEN every instance runs (exit 0), -v names h2slow as slow with its time, and the run report lists it
+    """
+    # WHEN
+    runs = tmp_path / "runs"
+    done = run(test_hosts, "-v", "--host", "h1,h2slow,h3,h4", "--num-instances", "4", "--num-replicas", "4", "true",
+               cwd=tmp_path, env={"POPRUN_SSH_CONFIG": str(slowish_h2), "POPRUN_RUNS_DIR": str(runs)})
+
+    # THEN
+    assert 0 == done.returncode, done.stderr
+    said = re.findall(r"Host (\S+) is slow: connected in (\d+\.\d\d) s", done.stderr)
+    assert ["h2slow"] == [host for host, _ in said], done.stderr
+    assert 1.0 < float(said[0][1]) < 4.5, said
+    report = json.loads(next(runs.glob("*/report.json")).read_text())
+    assert ["h2slow"] == [entry["host"] for entry in report["slow_hosts"]]
 
 
 # --- 7. Ctrl-Z ----------------------------------------------------------------------------------------------------------
