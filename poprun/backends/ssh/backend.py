@@ -39,6 +39,7 @@ import re
 import selectors
 import shlex
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -90,7 +91,6 @@ CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes (or the host timeout, when longer and set by the user)
 SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for instance 0's stdin session and a check
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
-FRESH_S = 10.0  # a shared connection opened this recently is taken as open, unasked (well within CONTROL_PERSIST_S)
 HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host is declared lost
 DEFAULT_HOST_TIMEOUT_S = 15.0
 _MARK = "poprun-preflight"
@@ -230,7 +230,6 @@ class SshClient:
         self.base = ssh_options(config=config, host_timeout_s=host_timeout_s,  # what a relay's ssh runs with
                                 connect_timeout_s=connect_timeout_s)
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
-        self._opened: dict[tuple[str, int], float] = {}  # (host, slot) -> when this client opened it (monotonic)
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
         self.kept = 0  # how many times it was kept for a launch to come (:func:`_park`)
@@ -264,7 +263,10 @@ class SshClient:
         """
         connections = list(dict.fromkeys((self.routes.host(host), slot) for host, slot in connections))
         known = {host: self.unreachable[host] for host, _ in connections if host in self.unreachable}
-        todo = [c for c in connections if c[0] not in known and not self.usable(c[0], slot=c[1])]
+        up = self._up([c for c in connections if c in self._used])
+        todo = [c for c in connections if c[0] not in known and c not in up]
+        if any(c in self._used for c in todo):  # a master died: its socket would stop the new one from sharing
+            self._clear_stale()
         self._used.update(todo)
 
         def start(host: str, slot: int) -> subprocess.Popen[bytes]:
@@ -275,22 +277,53 @@ class SshClient:
         failed, opened = open_connections(start, todo, window=window or self.window, timeout_s=timeout_s)
         self.unreachable.update(failed)
         self.connections.update(opened)
-        now = time.monotonic()
-        self._opened.update((c, now) for c in todo if c[0] not in failed)
         return known | failed
 
     def usable(self, host: str, *, slot: int = 0) -> bool:
-        """
-        Return whether shared connection ``slot`` of ``host`` (of its relay, for a leaf) is open for sessions.
-
-        One this client opened less than :data:`FRESH_S` ago is (ssh keeps it :data:`CONTROL_PERSIST_S`
-        without a session; should it have failed meanwhile, a session opens its own, as
-        ``ControlMaster=auto`` says); an older one is asked (:meth:`connected`), one process each.
-        """
+        """Return whether shared connection ``slot`` of ``host`` (of its relay, for a leaf) is open for sessions."""
         key = (self.routes.host(host), slot)
-        if key not in self._used:
-            return False
-        return time.monotonic() - self._opened.get(key, -FRESH_S) < FRESH_S or self.connected(host, slot=slot)
+        return key in self._up([key]) if key in self._used else False
+
+    def _clear_stale(self) -> None:
+        """Remove the sockets of this client's directory that no master listens on any more (one killed leaves its own)."""
+        import socket
+
+        with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
+            for entry in entries:
+                if not stat.S_ISSOCK(entry.stat(follow_symlinks=False).st_mode):
+                    continue
+                with socket.socket(socket.AF_UNIX) as probe:
+                    try:
+                        probe.connect(entry.path)
+                    except ConnectionRefusedError:  # nobody listens: a dead master's
+                        with contextlib.suppress(OSError):
+                            os.unlink(entry.path)  # noqa: PTH108 - a DirEntry's path
+                    except OSError:
+                        continue
+
+    def _up(self, connections: Sequence[tuple[str, int]]) -> set[tuple[str, int]]:
+        """
+        Return which of ``connections`` (``(host, slot)``, opened by this client) are still up.
+
+        Their masters' processes are read at once from /proc (no process started, whatever the
+        count: asking each with ``ssh -O check`` costs a process a host); where /proc cannot be
+        read, each is asked. A master that died (killed, or its host stopped answering its
+        keep-alives) is no longer there, so its connection is opened again in the window, not
+        by each session on its own (``ControlMaster=auto``: a race whose losers print ssh's
+        complaint into the instances' output).
+        """
+        if not connections:
+            return set()
+        masters = _naming(self.directory)
+        if masters is None:
+            return {c for c in connections if self.connected(c[0], slot=c[1])}
+        living = set()
+        for argv in masters.values():
+            option = next((a for a in argv if a.startswith(b"ControlPath=")), b"")
+            if b"ControlMaster=yes" in argv and argv[-2:-1] == [b"--"]:
+                suffix = option.rsplit(b"/", 1)[-1].partition(b".")[2]
+                living.add((os.fsdecode(argv[-1]), int(suffix) if suffix.isdigit() else 0))
+        return {c for c in connections if c in living}
 
     def argv(self, host: str, command: str, *, slot: int = 0) -> list[str]:
         """
@@ -327,9 +360,13 @@ class SshClient:
         self.closed = True
         deadline = time.monotonic() + timeout_s
         for first in range(0, len(used), self.window):  # a window at a time: no burst of thousands of processes
-            procs = [subprocess.Popen([*self._options(slot), "-O", "exit", "--", host],  # noqa: S603
-                                      stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                     for host, slot in used[first:first + self.window]]
+            try:
+                procs = [subprocess.Popen([*self._options(slot), "-O", "exit", "--", host],  # noqa: S603
+                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.DEVNULL)
+                         for host, slot in used[first:first + self.window]]
+            except OSError:  # no ssh to ask (it is gone from PATH): the connections are killed below
+                break
             for proc in procs:
                 try:
                     proc.wait(max(0.0, deadline - time.monotonic()))
@@ -347,20 +384,28 @@ class SshClient:
 
 def _kill_naming(directory: str) -> None:
     """SIGKILL every process whose command line names ``directory`` (poprun's own: a shared connection's socket)."""
-    needle, me = os.fsencode(directory) + b"/", os.getpid()
+    for pid in _naming(directory) or {}:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _naming(directory: str) -> dict[int, list[bytes]] | None:
+    """Return ``{pid: argv}`` of the living processes whose command line names ``directory``; None where /proc cannot be read."""
+    needle, me, found = os.fsencode(directory) + b"/", os.getpid(), {}
     try:
         entries = os.listdir("/proc")  # noqa: PTH208 - pathlib is slower here
     except OSError:  # not Linux: connections end with their keep-alives, or ControlPersist
-        return
+        return None
     for entry in entries:
         if entry.isdigit() and int(entry) != me:
             try:
                 with open(f"/proc/{entry}/cmdline", "rb") as file:  # noqa: PTH123
-                    if needle not in file.read():
-                        continue
-                os.kill(int(entry), signal.SIGKILL)
+                    line = file.read()
             except OSError:
                 continue
+            if needle in line:
+                found[int(entry)] = line.rstrip(b"\0").split(b"\0")
+    return found
 
 
 def remote_command(instance: Instance, *, cache: str | None = None, cache_instances: Sequence[int] = (),
@@ -822,7 +867,7 @@ class SshBackend:
     @staticmethod
     def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
         """Return the client settings (config, ssh, host timeout, connect timeout) a launch with ``source`` uses."""
-        config = source.get(SSH_CONFIG) or None
+        config = os.path.abspath(source[SSH_CONFIG]) if source.get(SSH_CONFIG) else None  # noqa: PTH100 - relays run elsewhere
         timeout_s = host_timeout(source)
         budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
         return (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)
@@ -858,8 +903,8 @@ class SshBackend:
         """
         if all(is_this_machine(instance.host) for instance in plan.instances):
             return
-        settings = self._settings(environ)
         try:
+            settings, budget = self._settings(environ), preflight_budget(environ, host_timeout(environ))
             fanout, how = window(environ), _relay_mode(environ)
             client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
                                                          connect_timeout_s=settings[3], guarded=dict(environ))
@@ -870,8 +915,11 @@ class SshBackend:
             client.routes = _routes(plan, client, how)
             began = time.monotonic()
             connections = _shared_connections(plan, _slots(plan, client.routes), client.routes)
-            client.connect(connections, timeout_s=preflight_budget(environ, host_timeout(environ)))
+            client.connect(connections, timeout_s=budget)
             client.ahead_s += time.monotonic() - began
+        except OSError:  # no ssh to run: the launch says so
+            client.close()
+            return
         except BaseException:  # an interrupt: nothing of it is left
             client.close()
             raise
@@ -1123,9 +1171,11 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
     began, ahead_s, client.ahead_s = time.monotonic(), client.ahead_s, 0.0  # opened ahead: the phase's time too
     try:
         failed = client.connect(connections, timeout_s=budget_s)
-    except BaseException:
+    except BaseException as exc:
         for guard in guards:
             guard.close()
+        if isinstance(exc, OSError):
+            raise LaunchError(f"cannot start ssh: {exc.strerror or exc}") from exc
         raise
     if tell is not None:
         for host in dict.fromkeys(host for host, _ in connections):

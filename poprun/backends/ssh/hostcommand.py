@@ -45,7 +45,10 @@ def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str,
     client = client_for(environ)
     deadline = time.monotonic() + timeout_s
     if not client.usable(host):
-        failed = client.connect([(host, 0)], timeout_s=timeout_s)
+        try:
+            failed = client.connect([(host, 0)], timeout_s=timeout_s)
+        except OSError as exc:  # no ssh to run
+            raise LaunchError(f"cannot start ssh: {exc.strerror or exc}") from exc
         if host in failed:
             code, said = failed[host]
             _raise(_diagnose(host, code, "", said, "/") or _unreachable(host, said.strip() or f"ssh exited with {code}"))

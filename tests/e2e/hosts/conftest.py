@@ -8,14 +8,20 @@ Skips where the machine cannot host them (not root, a tool missing), except unde
 from __future__ import annotations
 
 import shutil
+import subprocess
+import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.helpers import session_hosts
+from tests.e2e.hosts.test_ssh_backend import wait_for
 from tests.testhosts import TestHosts
+
+PY = sys.executable
 
 
 @pytest.fixture(scope="session")
@@ -47,3 +53,34 @@ def no_kept_connections() -> Iterator[None]:
     from poprun.backends.ssh.backend import _close_parked
 
     _close_parked()
+
+
+MUTE = ("import socket, sys\n"
+        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
+        "s.bind((sys.argv[1], 22)); s.listen(100); held = []\n"
+        "while True: held.append(s.accept()[0])\n")
+
+
+@pytest.fixture
+def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
+    """Replace h4's sshd with a listener that accepts connections and never answers; restore it after."""
+    test_hosts.stop_sshd("h4")
+    listener = subprocess.Popen(["ip", "netns", "exec", test_hosts.namespaces["h4"], PY, "-c", MUTE,
+                                 test_hosts.addresses["h4"]], stdin=subprocess.DEVNULL)
+    try:
+        time.sleep(0.5)
+        yield "h4"
+    finally:
+        settle(test_hosts)
+        listener.kill()
+        listener.wait()
+        test_hosts.start_sshd("h4")
+
+
+def settle(hosts: TestHosts) -> None:
+    """
+    Wait for the hosts' login shells to finish their start-up (~/.bashrc's `pyenv rehash` here): a session
+    SIGKILLed by the hosts' teardown in the middle of it leaves pyenv's lock, which then stalls every ssh
+    session on this machine for 60 s.
+    """
+    wait_for(lambda: not any(hosts.processes(name, "pyenv-rehash|bash -c") for name in hosts.names), within_s=15)

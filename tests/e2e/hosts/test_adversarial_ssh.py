@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.e2e.hosts.conftest import settle
 from tests.e2e.hosts.test_host_faults import command_lines
 from tests.e2e.hosts.test_ssh_backend import PY, wait_for
 from tests.testhosts import TestHosts
@@ -31,37 +32,6 @@ pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 NOBODY = 65534
 # A listener that accepts TCP on port 22 and never says a word: a host whose sshd hangs.
-MUTE = ("import socket, sys\n"
-        "s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)\n"
-        "s.bind((sys.argv[1], 22)); s.listen(100); held = []\n"
-        "while True: held.append(s.accept()[0])\n")
-
-
-@pytest.fixture
-def mute_h4(test_hosts: TestHosts) -> Iterator[str]:
-    """Replace h4's sshd with a listener that accepts connections and never answers; restore it after."""
-    test_hosts.stop_sshd("h4")
-    listener = subprocess.Popen(["ip", "netns", "exec", test_hosts.namespaces["h4"], PY, "-c", MUTE,
-                                 test_hosts.addresses["h4"]], stdin=subprocess.DEVNULL)
-    try:
-        time.sleep(0.5)
-        yield "h4"
-    finally:
-        settle(test_hosts)
-        listener.kill()
-        listener.wait()
-        test_hosts.start_sshd("h4")
-
-
-def settle(hosts: TestHosts) -> None:
-    """
-    Wait for the hosts' login shells to finish their start-up (~/.bashrc's `pyenv rehash` here): a session
-    SIGKILLed by the hosts' teardown in the middle of it leaves pyenv's lock, which then stalls every ssh
-    session on this machine for 60 s.
-    """
-    wait_for(lambda: not any(hosts.processes(name, "pyenv-rehash|bash -c") for name in hosts.names), within_s=15)
-
-
 def start(hosts: TestHosts, *args: str, cwd: Path, env: dict[str, str] | None = None,
           stdin: int | None = subprocess.DEVNULL) -> subprocess.Popen[bytes]:
     return subprocess.Popen([PY, "-m", "poprun.cli.main", *args], cwd=cwd, env=os.environ | hosts.env() | (env or {}),
