@@ -228,7 +228,7 @@ class _Relay:
             self.hold()  # the backend tears down after a failure's event: not while stacks are read (a time limit)
         if isinstance(event, InstanceEnded) and not event.restarting:
             if event.lost:
-                self.stopping(f"host {self.plan.instances[event.index].host} stopped answering")
+                self.stopping(f"host {event.via or self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
 

@@ -41,7 +41,8 @@ class InstanceEnded:
     Instance ``index`` (process ``pid``) ended: ``exit_code``, or killed by ``signal``.
 
     ``stopped`` as in :class:`InstanceFailure`: poprun was already stopping the launch;
-    ``lost``: its host stopped answering (its status is then the ssh client's).
+    ``lost``: its host stopped answering (its status is then the ssh client's); ``via``: when
+    it is the relay through which its host was reached that stopped answering, that relay.
     """
 
     kind: ClassVar[str] = "instance-ended"
@@ -52,6 +53,7 @@ class InstanceEnded:
     signal: int | None = None
     stopped: bool = False
     lost: bool = False
+    via: str = ""
     restarting: bool = False  # the backend starts it again (--restart-scope instance): the run goes on
 
     @property

@@ -25,7 +25,8 @@ class InstanceFailure:
     Exactly one of ``exit_code`` and ``signal`` is set. ``stopped`` is True when poprun had
     already begun stopping the launch (after another failure, or when interrupted) when this
     instance ended, so it is a consequence, never the root cause. ``lost`` is True when its
-    host stopped answering: what became of the instance is unknown, and the host is to blame.
+    host stopped answering: what became of the instance is unknown, and the host is to blame
+    (``via``, when set: the relay through which its host was reached stopped answering).
     ``tail`` holds the last lines of its output (stdout and stderr as they arrived), kept even
     when not shown.
     """
@@ -38,6 +39,7 @@ class InstanceFailure:
     tail: tuple[str, ...] = ()
     pid: int | None = None  # None when the backend does not know it (a remote or simulated instance)
     lost: bool = False
+    via: str = ""  # the relay that stopped answering, when the instance's host was reached through one
 
     @property
     def status(self) -> int:

@@ -82,6 +82,8 @@ def _diagnostics(diagnostics: tuple[Diagnostic, ...]) -> str:
 
 def describe(failure: InstanceFailure) -> str:
     """Return how an instance ended: ``exited with status 3``, ``killed by SIGKILL (...)``."""
+    if failure.lost and failure.via:
+        return f"lost: host {failure.via}, the relay it was reached through, stopped answering"
     if failure.lost:
         return f"lost: host {failure.host} stopped answering"
     if failure.signal is None:
@@ -109,7 +111,10 @@ def render_failures(result: ApplyResult) -> str:
         pid = f" (PID {failure.pid})" if failure.pid is not None else ""
         lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")
         lines.extend(f"    | {line}" for line in failure.tail)
-    if cause is not None and cause.lost:
+    if cause is not None and cause.lost and cause.via:
+        lines.append(f"Root cause: error[PR411]: host {cause.via} stopped answering (the relay through which "
+                     f"instance {cause.index} on {cause.host} was reached); every other instance was stopped")
+    elif cause is not None and cause.lost:
         lines.append(f"Root cause: error[PR411]: host {cause.host} stopped answering (instance {cause.index} ran "
                      "there); every other instance was stopped")
     elif cause is not None:

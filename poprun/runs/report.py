@@ -25,7 +25,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     Return the report of a run that ended with ``result`` and poprun's exit ``status``.
 
     ``{"v": 1, "run": ID, "status": N, "started": UNIX_SECONDS, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
-    "failures": [{index, host, pid, exit_code, signal, stopped, lost, tail}], "signals": [...],
+    "failures": [{index, host, pid, exit_code, signal, stopped, lost, via, tail}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
     master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
@@ -39,7 +39,8 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
         "ended": round(time.time(), 6),
         "statuses": list(result.statuses), "root_cause": result.root_cause,
         "failures": [{"index": f.index, "host": f.host, "pid": f.pid, "exit_code": f.exit_code, "signal": f.signal,
-                      "stopped": f.stopped, "lost": f.lost, "tail": list(f.tail)} for f in result.failures],
+                      "stopped": f.stopped, "lost": f.lost, "via": f.via, "tail": list(f.tail)}
+                     for f in result.failures],
         "signals": list(result.signals),
         "error": None if error is None else {
             "status": error.status, "message": error.message, "signal": error.signal,
@@ -61,7 +62,8 @@ def result_of(data: dict[str, Any]) -> ApplyResult:
     """Return the :class:`ApplyResult` a report holds (its diagnostics by code and summary only)."""
     failures = tuple(InstanceFailure(index=f["index"], host=f["host"], pid=f.get("pid"), exit_code=f.get("exit_code"),
                                      signal=f.get("signal"), stopped=bool(f.get("stopped")), lost=bool(f.get("lost")),
-                                     tail=tuple(f.get("tail") or ())) for f in data.get("failures") or ())
+                                     via=str(f.get("via") or ""), tail=tuple(f.get("tail") or ()))
+                 for f in data.get("failures") or ())
     error = data.get("error")
     attempts = tuple(Attempt(number=a["number"], status=a["status"], root_cause=a.get("root_cause"),
                              seconds=a.get("seconds", 0.0), master_port=a.get("master_port", 0), next=a.get("next", ""),

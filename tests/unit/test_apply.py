@@ -256,12 +256,19 @@ FAILED = ApplyResult(statuses=(0, 3), root_cause=1,
     (ApplyResult(statuses=(0,)), True, "", 1),
     (FAILED, False, ("poprun: 1 instance failed\n  instance 1 on h1: exited with status 3\n    | bad input\n"
                      "Root cause: instance 1 on h1 exited with status 3\n"), 3),
+    (ApplyResult(statuses=(255, 143), root_cause=0, failures=(
+        InstanceFailure(index=0, host="h2", exit_code=255, lost=True, via="h1"),
+        InstanceFailure(index=1, host="h3", signal=15, stopped=True))), False,
+     ("poprun: 2 instances failed\n  instance 0 on h2: lost: host h1, the relay it was reached through, stopped "
+      "answering\n  instance 1 on h3: killed by SIGTERM (stopped by poprun)\nRoot cause: error[PR411]: host h1 "
+      "stopped answering (the relay through which instance 0 on h2 was reached); every other instance was stopped\n"),
+     125),
     (ApplyResult(statuses=(143,), signals=(signal.SIGTERM,)), False, "poprun: stopped by SIGTERM\n", 143),
     (ApplyResult(statuses=(), error=ApplyError(status=127, message="program 'x' not found")), False,
      "poprun: program 'x' not found\n", 127),
     (ApplyResult(statuses=(), error=ApplyError(status=130, signal=2, message="stopped by SIGINT"),
                  signals=(2,)), False, "poprun: stopped by SIGINT\n", 130),
-], ids=["success", "output-lost", "failure", "stopped", "not-found", "stopped-before"])
+], ids=["success", "output-lost", "failure", "relay-lost", "stopped", "not-found", "stopped-before"])
 def test_outcome_text_and_exit_status(result, failed_output, text, status):
     """The view and the exit status of each way an apply ends."""
     assert (text, status) == (render_outcome(result), exit_status(result, failed_output=failed_output))

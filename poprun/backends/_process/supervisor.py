@@ -85,7 +85,7 @@ class LocalLaunch:
     def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
                  stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
-                 finish: Callable[[], None] | None = None, lost: Callable[[int], bool] | None = None,
+                 finish: Callable[[], None] | None = None, lost: Callable[[int], str | None] | None = None,
                  restarter: Restarter | None = None, respawn: Respawn | None = None) -> None:
         """
         Supervise ``procs`` (one per instance, in the launch's process group) until they end.
@@ -96,7 +96,8 @@ class LocalLaunch:
         instance in ``remote`` is its remote program's, 128+N meaning killed by signal N.
         ``finish`` runs once every process of the launch is gone (the ssh backend closes its
         connections). ``lost(index)``, asked when a remote instance ends with ssh's status 255,
-        says whether its host stopped answering (then the host, not the instance, is to blame).
+        names the host that stopped answering, or None (then that host, not the instance, is to
+        blame): the instance's own, or the relay through which it was reached.
         ``restarter`` and ``respawn`` together start a failed instance again (see the module docstring).
         """
         self._plan, self._procs, self._watchdog, self._router = plan, list(procs), watchdog, router
@@ -345,9 +346,10 @@ class LocalLaunch:
             stopped = self._stopping
         if index in self._remote and _SIGNALLED < code <= _SIGNALLED + _MAX_SIGNAL:
             code = _SIGNALLED - code  # the remote shell's 128+N: killed by signal N there
-        lost = code == _SSH_FAILED and self._lost is not None and self._lost(index)
+        gone = self._lost(index) if code == _SSH_FAILED and self._lost is not None else None
+        via = gone if gone and gone != self._plan.instances[index].host else ""
         end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
-                            signal=-code if code < 0 else None, stopped=stopped, lost=lost)
+                            signal=-code if code < 0 else None, stopped=stopped, lost=bool(gone), via=via)
         delay = self._restart_after(end)
         if delay is not None:
             end = InstanceEnded(index=end.index, pid=end.pid, exit_code=end.exit_code, signal=end.signal,
@@ -441,7 +443,7 @@ class LocalLaunch:
         """Return the result of the ends seen, in the order seen."""
         failures = tuple(InstanceFailure(index=e.index, host=self._plan.instances[e.index].host, pid=e.pid,
                                          exit_code=e.exit_code, signal=e.signal, stopped=e.stopped,
-                                         tail=self._router.tail(e.index), lost=e.lost)
+                                         tail=self._router.tail(e.index), lost=e.lost, via=e.via)
                          for e in self._ends if e.status != 0)
         statuses = tuple(e.status for e in sorted(self._ends, key=lambda e: e.index))
         cause = next((f.index for f in failures if f.lost and not f.stopped), None)  # a lost host explains the rest

@@ -1029,9 +1029,6 @@ class SshBackend:
             for index in sorted(remote):
                 _send(procs[index], line)
 
-        def lost(index: int) -> bool:
-            return index in remote and not client.connected(plan.instances[index].host, slot=slots[index])
-
         def finish() -> None:
             beat.stop()
             clients.close()
@@ -1047,8 +1044,21 @@ class SshBackend:
             plan, envs, procs, client=client, slots=slots, remote=remote, cache=made, timeout_s=timeout_s, env=source,
             groups=(clients.group, watchdog.group))
         return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           remove=remove, stop=stop, remote=remote, finish=finish, lost=lost, restarter=restarter,
+                           remove=remove, stop=stop, remote=remote, finish=finish,
+                           lost=_lost(plan, client, remote, slots), restarter=restarter,
                            respawn=respawn)
+
+
+def _lost(plan: LaunchPlan, client: SshClient, remote: frozenset[int], slots: dict[int, int]) -> Callable[[int], str | None]:
+    """Return the launch's ``lost(index)``: the host whose connection went (the instance's, or its relay's), or None."""
+
+    def lost(index: int) -> str | None:
+        host = plan.instances[index].host
+        if index not in remote or client.connected(host, slot=slots[index]):
+            return None
+        return client.routes.host(host)
+
+    return lost
 
 
 def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], procs: dict[int, subprocess.Popen[bytes]], *,
