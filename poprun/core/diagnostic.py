@@ -86,6 +86,7 @@ CODES: dict[str, str] = {
     "PR410": "Graphviz not available",
     "PR411": "host stopped answering",
     "PR412": "mpirun failed before starting any instance",
+    "PR413": "one machine named as two hosts",
     "PR420": "mpirun not found",
     "PR421": "mpirun refused its arguments",
     "PR422": "mpirun could not start on a host",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -51,13 +52,19 @@ def test_remote_command_run_by_a_login_shell_gives_the_values_exactly(tmp_path_f
     assert proc.stdin is not None
     proc.stdin.write(environment_input(planned, env).decode())
     proc.stdin.flush()
-    assert "poprun-preflight ok\n" == proc.stdout.readline()
+    assert "poprun-preflight ok\n" == check_ended(proc.stdout)
     proc.stdin.write("G\n")
     proc.stdin.flush()
     out, err = proc.stdout.read(), proc.stderr.read()
     proc.communicate()
 
     assert (0, [str(cwd), [arg], value]) == (proc.returncode, json.loads(out)), err
+
+
+def check_ended(stdout: IO[str]) -> str:
+    """Return the line that ends a check, past the line that says which machine answered."""
+    line = stdout.readline()
+    return stdout.readline() if line.startswith("poprun-preflight id ") else line
 
 
 def started(planned: Instance, command: str | None = None) -> tuple[subprocess.Popen[str], IO[str], IO[str]]:
@@ -68,7 +75,7 @@ def started(planned: Instance, command: str | None = None) -> tuple[subprocess.P
     assert proc.stdout is not None
     proc.stdin.write("0\n")  # no variables to export
     proc.stdin.flush()
-    assert "poprun-preflight ok\n" == proc.stdout.readline()
+    assert "poprun-preflight ok\n" == check_ended(proc.stdout)
     proc.stdin.write("G\n")
     proc.stdin.flush()
     return proc, proc.stdin, proc.stdout
@@ -120,7 +127,7 @@ def test_remote_program_never_starts_without_go(tmp_path: Path) -> None:
     done = subprocess.run(["sh", "-c", remote_command(planned)], input="0\n", capture_output=True, text=True,
                           check=False)
 
-    assert (0, "poprun-preflight ok\n") == (done.returncode, done.stdout)
+    assert (0, "poprun-preflight ok\n") == (done.returncode, re.sub(r"poprun-preflight id .*\n", "", done.stdout))
 
 
 def test_remote_command_in_a_missing_directory_exits_125(tmp_path: Path) -> None:
@@ -325,3 +332,21 @@ def test_a_cache_whose_record_is_not_this_poprun_s_is_never_removed_on_a_host(tm
     done = _run_with_cache(instance(tmp_path, "true"), cache)
 
     assert (0, "keep me") == (done.returncode, (cache / "precious").read_text())
+
+
+def test_two_hosts_that_answer_from_one_machine_are_pr413_and_others_are_not(tmp_path: Path) -> None:
+    """Which machine answered each check: the second name of one machine is PR413; no answer, or a different one, is fine."""
+    from poprun.backends.conformance import probe_plan
+    from poprun.backends.ssh.backend import _machine, _one_machine
+
+    plan = probe_plan("pass", tmp_path, backend="ssh", instances=4, hosts=("a", "b", "c", "d"))
+    said = {host: _machine(f"motd\npoprun-preflight id {boot} net:[{net}]\npoprun-preflight ok\n".encode())
+            for host, boot, net in (("a", "B1", 1), ("b", "B1", 2), ("c", "B2", 1), ("d", "B1", 1))}
+
+    problems = _one_machine(plan, said)
+
+    assert {"a": "B1 net:[1]", "b": "B1 net:[2]", "c": "B2 net:[1]", "d": "B1 net:[1]"} == said
+    assert ["d"] == list(problems)
+    assert "hosts 'a' and 'd' are one machine" == problems["d"].summary
+    assert "" == _machine(b"poprun-preflight id  \npoprun-preflight ok\n")  # a host that could not say
+    assert {} == _one_machine(plan, dict.fromkeys("abcd", ""))

@@ -510,6 +510,9 @@ def _check_script(instance: Instance) -> str:
         script = argv[1] if len(argv) > 1 else ""
         if os.path.basename(argv[0]).rstrip("0123456789.") in _INTERPRETERS and script and not script.startswith("-"):  # noqa: PTH119
             words.append(f"[ -e {shlex.quote(script)} ] || echo '{_MARK} script '{shlex.quote(script)}")
+    # which machine answered: its boot and its network (one of a pair of names for one machine: PR413)
+    words.append(f'echo "{_MARK} id $(cat /proc/sys/kernel/random/boot_id 2>/dev/null) '
+                 f'$(readlink /proc/self/ns/net 2>/dev/null)"')
     words.append(f"echo '{_MARK} ok'")
     return "\n".join(words)
 
@@ -517,6 +520,7 @@ def _check_script(instance: Instance) -> str:
 def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnostic | None:
     """Return what the preflight's answer from ``host`` (or ssh's error) says is wrong, or None."""
     said = [line.partition(_MARK + " ")[2] for line in out.splitlines() if _MARK + " " in line]  # after a greeting too
+    said = [item for item in said if not item.startswith("id ")]  # which machine answered: not a problem
     if said == ["ok"]:
         return None
     if said and said[-1] == "ok":
@@ -567,6 +571,36 @@ def _span(host: str) -> SourceSpan:
     return SourceSpan.environment(f"host {host}")
 
 
+def _machine(answer: bytes) -> str:
+    """Return which machine a check's ``answer`` came from (its boot id and network namespace), or "" when it did not say."""
+    for line in answer.decode(errors="replace").splitlines():
+        _, found, rest = line.partition(_MARK + " id ")
+        parts = rest.split()
+        if found and len(parts) == 2:  # noqa: PLR2004 - the boot id and the network namespace
+            return " ".join(parts)
+    return ""
+
+
+def _one_machine(plan: LaunchPlan, machines: Mapping[str, str]) -> dict[str, Diagnostic]:
+    """Return PR413 for each host that is a machine another host of the plan names already (``machines``: host -> id)."""
+    first: dict[str, str] = {}
+    problems = {}
+    for host in dict.fromkeys(instance.host for instance in plan.instances):
+        machine = machines.get(host, "")
+        if not machine:
+            continue
+        if machine in first:
+            other = first[machine]
+            problems[host] = error(
+                "PR413", f"hosts '{other}' and '{host}' are one machine", span=_span(host),
+                detail="both answered from the same system (boot and network); their instances would share its "
+                       "IPUs and local indexes as if they were on two machines",
+                hint=f"name each machine once in --host (keep '{other}' or '{host}')")
+        else:
+            first[machine] = host
+    return problems
+
+
 class _Sessions:
     """
     The ssh sessions of a launch's remote instances, from their checks to the "G" that starts them.
@@ -602,6 +636,7 @@ class _Sessions:
     def _problems(self, plan: LaunchPlan) -> dict[str, Diagnostic]:
         """Return the problem each host's checks found (that of its first instance), by host, in host order."""
         problems: dict[str, Diagnostic] = {}
+        machines: dict[str, str] = {}  # host -> which machine answered its check
         answers, waited = self._read_checks()
         for index, answer in answers.items():
             instance = plan.instances[index]
@@ -619,6 +654,10 @@ class _Sessions:
                                                  "connects to every host from here)")
             if problem is not None:
                 problems.setdefault(instance.host, problem)
+            elif answer is not None and (machine := _machine(answer)):
+                machines.setdefault(instance.host, machine)
+        for host, problem in _one_machine(plan, machines).items():
+            problems.setdefault(host, problem)
         return problems
 
     def check(self, plan: LaunchPlan, *, tell: Callable[[Event], None] | None = None) -> None:

@@ -5,7 +5,7 @@ Each folder under ``golden/`` is one case, as in ``tests/golden/diagnostics``: `
 the command line, the ssh configuration to use (``ssh``: ``plain``, ``ghost`` with a host ``ghost``
 at an address nobody has, ``no-known-hosts``, ``foreign-key`` with a key no host authorises) and
 the working directory (``cwd``: ``app``, holding ``train.py``, or ``removed`` for one that no
-longer exists);
+longer exists); ``@h1`` in the command line is h1's address;
 ``expected.txt`` is poprun's standard error (the hosts' subnet and the working directory
 written as ``10.77.X`` and ``<cwd>``, and an address that does not answer as ``<timed out or no
 route>``, whichever of ARP and ssh gives up first) and exit status. ``POPRUN_UPDATE_GOLDEN=1`` rewrites them.
@@ -59,7 +59,8 @@ def test_preflight_failure_is_reported_exactly_within_5_s(case: Path, test_hosts
     (app / "train.py").write_text("print('training')\n")
     env = os.environ | test_hosts.env() | {
         "POPRUN_SSH_CONFIG": str(ssh_config(test_hosts, spec.get("ssh", "plain"), tmp_path))}
-    command = [sys.executable, "-m", "poprun.cli.main", *spec["argv"]]
+    argv = [re.sub(r"@(h\d+)", lambda m: test_hosts.addresses[m[1]], arg) for arg in spec["argv"]]  # @h1: its address
+    command = [sys.executable, "-m", "poprun.cli.main", *argv]
     if spec.get("cwd") == "removed":  # poprun starts in a directory that is gone, here and on the hosts
         command = ["sh", "-c", 'cd "$1" && rmdir "$1" && shift && exec "$@"', "sh", str(app), *command]
 

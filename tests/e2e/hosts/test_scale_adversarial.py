@@ -344,22 +344,21 @@ def test_a_host_given_twice_by_the_same_name_is_refused_or_run_once_per_slot(tes
         assert len(on_h1) == len(set(on_h1)), seen
 
 
-@pytest.mark.xfail(strict=True, reason="FINDING (planning, not the ssh backend): a host named twice (alias and "
-                                       "address) is two hosts; their instances share local indexes on one machine")
 def test_a_host_given_twice_by_two_names_gets_no_clashing_local_indexes(test_hosts: TestHosts, tmp_path: Path) -> None:
     """
     --host h1,10.77.X.11 (h1 by its alias and by its address, as a host file built from two sources has it):
     both names reach one machine, whose instances then both get POPDIST local_instance_index 0 (and the same
     IPUs, the same per-host resources); poprun should see one machine (the topology probe reads its hostname)
-    or refuse the list. Harm: two instances fight over one device, a failure far from its cause.
+    or refuse the list. Harm: two instances fight over one device, a failure far from its cause. The preflight
+    asks each host which machine it is (boot and network): PR413 before anything starts.
     """
-    done = cli(test_hosts, "--host", f"h1,{test_hosts.addresses['h1']}", "--num-instances", "2",
-               "--num-replicas", "2", PY, "-c", LOCAL, cwd=tmp_path)
+    address = test_hosts.addresses["h1"]
+    done = cli(test_hosts, "--host", f"h1,{address}", "--num-instances", "2", "--num-replicas", "2", PY, "-c", LOCAL,
+               cwd=tmp_path)
 
-    assert "Traceback" not in done.stderr, done.stderr
-    if done.returncode == 0:
-        seen = [json.loads(line) for line in done.stdout.splitlines()]
-        assert 2 == len({local for _, _, local in seen}), seen
+    assert 125 == done.returncode, done.stderr
+    assert f"error[PR413]: hosts 'h1' and '{address}' are one machine" in done.stderr, done.stderr
+    assert "" == done.stdout  # nothing ran
 
 
 # --- 7. No ssh client here ------------------------------------------------------------------------------------------
