@@ -62,7 +62,8 @@ def result_of(data: dict[str, Any]) -> ApplyResult:
     """Return the :class:`ApplyResult` a report holds (its diagnostics by code and summary only)."""
     failures = tuple(InstanceFailure(index=f["index"], host=f["host"], pid=f.get("pid"), exit_code=f.get("exit_code"),
                                      signal=f.get("signal"), stopped=bool(f.get("stopped")), lost=bool(f.get("lost")),
-                                     via=str(f.get("via") or ""), tail=tuple(f.get("tail") or ()))
+                                     via=f["via"] if isinstance(f.get("via"), str) else "",
+                                     tail=tuple(f.get("tail") or ()))
                  for f in data.get("failures") or ())
     error = data.get("error")
     attempts = tuple(Attempt(number=a["number"], status=a["status"], root_cause=a.get("root_cause"),

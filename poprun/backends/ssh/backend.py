@@ -305,7 +305,8 @@ class SshClient:
         """
         Return which of ``connections`` (``(host, slot)``, opened by this client) are still up.
 
-        Their masters' processes are read at once from /proc (no process started, whatever the
+        Their masters' processes (or sessions through them, which end with their master; a session
+        may have become the master itself) are read at once from /proc (no process started, whatever the
         count: asking each with ``ssh -O check`` costs a process a host); where /proc cannot be
         read, each is asked. A master that died (killed, or its host stopped answering its
         keep-alives) is no longer there, so its connection is opened again in the window, not
@@ -318,11 +319,11 @@ class SshClient:
         if masters is None:
             return {c for c in connections if self.connected(c[0], slot=c[1])}
         living = set()
-        for argv in masters.values():
+        for argv in masters.values():  # a master, or a session through one (it ends when its master does)
             option = next((a for a in argv if a.startswith(b"ControlPath=")), b"")
-            if b"ControlMaster=yes" in argv and argv[-2:-1] == [b"--"]:
+            if (b"ControlMaster=yes" in argv or b"ControlMaster=auto" in argv) and b"--" in argv[:-1]:
                 suffix = option.rsplit(b"/", 1)[-1].partition(b".")[2]
-                living.add((os.fsdecode(argv[-1]), int(suffix) if suffix.isdigit() else 0))
+                living.add((os.fsdecode(argv[argv.index(b"--") + 1]), int(suffix) if suffix.isdigit() else 0))
         return {c for c in connections if c in living}
 
     def argv(self, host: str, command: str, *, slot: int = 0) -> list[str]:
@@ -572,8 +573,12 @@ def _span(host: str) -> SourceSpan:
 
 
 def _machine(answer: bytes) -> str:
-    """Return which machine a check's ``answer`` came from (its boot id and network namespace), or "" when it did not say."""
-    for line in answer.decode(errors="replace").splitlines():
+    """
+    Return which machine a check's ``answer`` came from (its boot id and network namespace), or "" when it did not say.
+
+    The check's own line is the last of its kind (just before ``ok``): a login shell's greeting may hold the mark too.
+    """
+    for line in reversed(answer.decode(errors="replace").splitlines()):
         _, found, rest = line.partition(_MARK + " id ")
         parts = rest.split()
         if found and len(parts) == 2:  # noqa: PLR2004 - the boot id and the network namespace
