@@ -285,7 +285,13 @@ class SshClient:
         return key in self._up([key]) if key in self._used else False
 
     def _clear_stale(self) -> None:
-        """Remove the sockets of this client's directory that no master listens on any more (one killed leaves its own)."""
+        """
+        Remove the sockets of this client's directory that no master listens on any more (one killed leaves its own).
+
+        The directory is the one this client made for itself (:attr:`directory`, 0700, by
+        ``private_directory`` in its constructor): what is in it, only this client's ssh masters put
+        there. Only sockets (not followed through links) that refuse a connection are removed.
+        """
         import socket
 
         with contextlib.suppress(OSError), os.scandir(self.directory) as entries:
@@ -818,7 +824,7 @@ _atexit_registered = False
 
 def _park(client: SshClient) -> None:
     """
-    Keep ``client`` (a probe's, a command's before a launch) for the next launch with its settings.
+    Keep ``client`` (a probe's, prepare's, a command's before a launch) for the next launch with its settings.
 
     The one kept before is closed. So is this one when no launch took it within :data:`PARKED_S`
     (a library caller that never launches keeps nothing), and at the latest when poprun exits.
