@@ -10,7 +10,9 @@ may carry it; the survivors are listed (and killed) and the session fails.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
+import pwd
 import signal
 import time
 import uuid
@@ -62,6 +64,61 @@ def kill_all(pids: dict[int, str]) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signal.SIGKILL)
+
+
+def _fingerprint(path: Path) -> dict[str, tuple[int, int, int]]:
+    """Return {relative path: (mode, size, mtime_ns)} of everything under the folder ``path`` ({} when there is none)."""
+    found = {}
+    for root, _, files in os.walk(path):
+        for name in [root, *(os.path.join(root, file) for file in files)]:  # noqa: PTH118
+            with contextlib.suppress(OSError):
+                info = os.lstat(name)
+                found[os.path.relpath(name, path)] = (info.st_mode, info.st_size, info.st_mtime_ns)
+    return found
+
+
+def _made_here(runs: Path, before: set[str], places: tuple[Path, ...]) -> list[str]:
+    """Return the runs that appeared in ``runs`` since ``before`` and ran in one of ``places`` (a test's, not the user's)."""
+    made = []
+    for entry in sorted({entry.name for entry in runs.iterdir()} - before) if runs.is_dir() else []:
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError, TypeError):
+            cwd = json.loads((runs / entry / "plan.json").read_text(errors="replace"))["instances"][0]["cwd"]
+            if any(Path(cwd).is_relative_to(place) for place in places):
+                made.append(entry)
+    return made
+
+
+@pytest.fixture(scope="session", autouse=True)
+def the_users_state_is_untouched(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """
+    Run the session with a home of its own; fail it if a test wrote into the real user's runs, ``~/.ssh`` or /etc/hosts.
+
+    The session's HOME and XDG_STATE_HOME point into its own temporary folder, so a launch that falls
+    back on the default runs directory writes there. The real home is the password database's (ssh reads
+    ``~/.ssh`` from there whatever HOME says). Other work on the machine may use the real runs directory
+    while the tests run: only runs made in the checkout or the session's temporary folders count.
+    """
+    real_home = Path(pwd.getpwuid(os.getuid()).pw_dir)
+    runs, ssh, hosts = real_home / ".local/state/poprun/runs", real_home / ".ssh", Path("/etc/hosts")
+    runs_before = {entry.name for entry in runs.iterdir()} if runs.is_dir() else set()
+    ssh_before = _fingerprint(ssh)
+    hosts_before = hosts.read_bytes() if hosts.exists() else b""
+    home = tmp_path_factory.mktemp("home")
+    saved = {name: os.environ.get(name) for name in ("HOME", "XDG_STATE_HOME")}
+    os.environ["HOME"], os.environ["XDG_STATE_HOME"] = str(home), str(home / ".local" / "state")
+    yield
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+    places = (tmp_path_factory.getbasetemp().resolve(), Path(__file__).resolve().parent.parent)
+    changed = [f"{runs}/{entry}" for entry in _made_here(runs, runs_before, places)]
+    changed += [f"{ssh}/{name}" for name, info in _fingerprint(ssh).items() if ssh_before.get(name) != info]
+    if (hosts.read_bytes() if hosts.exists() else b"") != hosts_before:
+        changed.append(str(hosts))
+    if changed:
+        pytest.fail(f"the tests changed the real user's state: {', '.join(changed)}")
 
 
 @pytest.fixture(scope="session", autouse=True)
