@@ -11,9 +11,11 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -267,14 +269,20 @@ def _sshd_pid(hosts: TestHosts, name: str) -> int:
 @pytest.fixture
 def private_tmp_h4(test_hosts: TestHosts, tmp_path: Path) -> Iterator[Path]:
     """
-    Restart h4's sshd in a mount namespace of its own with an empty tmpfs on /tmp (the hosts' state and
-    ``tmp_path``, the launch's working directory, are bound or made there); yield h4's /tmp as seen from here.
+    Restart h4's sshd in a mount namespace of its own with an empty tmpfs on /tmp; yield h4's /tmp as seen from here.
+
+    What the tests need from this machine's /tmp stays there, bound from it: the hosts' state, and the
+    checkout and its interpreter when they lie under /tmp (a clone there must pass too). ``tmp_path``, the
+    launch's working directory, is made empty.
     """
     state = test_hosts.state
-    keep = Path(tempfile.mkdtemp(prefix="advstate", dir="/run"))
+    keep = Path(tempfile.mkdtemp(prefix="advtmp", dir="/run"))
+    needed = {state, Path(__file__).resolve().parents[3], Path(sys.prefix).resolve(), Path(sys.executable).resolve().parent}
+    binds = " && ".join(f"mkdir -p {shlex.quote(str(path))} && mount --bind {shlex.quote(str(keep / path.relative_to('/tmp')))} "
+                        f"{shlex.quote(str(path))}" for path in sorted(needed) if path.is_relative_to("/tmp"))
     test_hosts.stop_sshd("h4")
-    script = (f"mount --bind {state} {keep} && mount -t tmpfs tmpfs /tmp && mkdir -p {state} {tmp_path} && "
-              f"mount --bind {keep} {state} && hostname h4 && "
+    script = (f"mount --bind /tmp {keep} && mount -t tmpfs tmpfs /tmp && {binds or 'true'} && "
+              f"mkdir -p {shlex.quote(str(tmp_path))} && hostname h4 && "
               f"exec /usr/sbin/sshd -f {state}/sshd_h4.conf -E {state}/sshd_h4.log")
     subprocess.run(["ip", "netns", "exec", test_hosts.namespaces["h4"], "unshare", "--mount",
                     "--propagation", "private", "--uts", "sh", "-c", script], check=True, timeout=10)
@@ -295,22 +303,23 @@ def test_sigkill_at_start_leaves_no_temporary_cache_on_a_host(test_hosts: TestHo
     instance. poprun is SIGKILLed as soon as that cache exists: the sessions end (their clients are killed),
     but a session that has not reached its wait for "G" (still reading its environment, or killed by
     SIGPIPE while printing its check) never removes its marker, so /tmp/poprun-cache-* stays on h4 for good.
-    The race is lost about every other time: up to 6 tries, each must leave nothing.
+    The race is lost about every other time: up to 6 tries, each must leave nothing (here the watchdog removes
+    the cache, and a late check on h3, whose /tmp is this machine's, must not make it again).
     """
-    shared = set(Path("/tmp").glob("poprun-cache-*"))  # h3's /tmp is this machine's: the watchdog removes the
-    for attempt in range(6):                           # cache here, and a late check on h3 must not make it again
+    here = tmp_path / "tmp"  # this machine's (and h3's) TMPDIR for the launch: other work's caches are not in it
+    here.mkdir()           # h4 has no such folder: its cache is made under its own /tmp
+    for attempt in range(6):
         proc = start(test_hosts, "--host", "h4,h3", "--num-instances", "4", "--num-replicas", "4", "sh", "-c",
-                     "sleep 20", cwd=tmp_path)
+                     "sleep 20", cwd=tmp_path, env={"TMPDIR": str(here)})
         try:
-            assert wait_for(lambda: any(private_tmp_h4.glob("poprun-cache-*")), within_s=15), "no cache made on h4"
+            assert wait_for(lambda: any(private_tmp_h4.glob("poprun-cache-*")), within_s=30), "no cache made on h4"
         finally:
             proc.kill()
             proc.communicate()
 
-        assert wait_for(lambda: not any(private_tmp_h4.glob("poprun-*")), within_s=4), \
+        assert wait_for(lambda: not any(private_tmp_h4.glob("poprun-*")), within_s=20), \
             (attempt, test_hosts.ssh("h4", "ls -a /tmp /tmp/poprun-cache-*/.poprun-alive").stdout)
-        assert wait_for(lambda: set(Path("/tmp").glob("poprun-cache-*")) <= shared, within_s=4), \
-            (attempt, set(Path("/tmp").glob("poprun-cache-*")) - shared)
+        assert wait_for(lambda: not any(here.glob("poprun-cache-*")), within_s=20), (attempt, list(here.iterdir()))
 
 
 # --- 6. A slow but healthy host -----------------------------------------------------------------------------------------
