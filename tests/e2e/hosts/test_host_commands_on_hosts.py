@@ -61,8 +61,10 @@ def test_a_command_before_the_launch_opens_the_launchs_connection_and_nothing_ou
     plan = probe_plan("import time; print('up', flush=True); time.sleep(60)", tmp_path, backend="ssh", instances=2,
                       hosts=("h2",))
 
-    def masters() -> list[bytes]:
-        return [line for line in command_lines().values() if b"ControlMaster=yes" in line and b"h2" in line]
+    def masters() -> list[bytes]:  # this session's: other work's hosts may be called h2 too
+        config = b"\0" + str(test_hosts.ssh_config).encode() + b"\0"
+        return [line for line in command_lines().values()
+                if b"ControlMaster=yes" in line and config in line and line.endswith(b"\0h2\0")]
 
     # WHEN
     first = backend.run_on_host("h2", "echo before", environ=env, timeout_s=15)
@@ -276,9 +278,10 @@ def test_prepare_opens_every_hosts_connection_and_the_port_plan_reuses_instance_
     backend, env = SshBackend(grace_s=1), environ(test_hosts)
     plan = probe_plan("true", tmp_path, backend="ssh", instances=4, hosts=test_hosts.names)
 
-    def masters() -> set[str]:
+    def masters() -> set[str]:  # this session's: other work's hosts may be called h1 too
+        config = b"\0" + str(test_hosts.ssh_config).encode() + b"\0"
         return {name for name in test_hosts.names for line in command_lines().values()
-                if b"ControlMaster=yes" in line and line.endswith(b"\0" + name.encode() + b"\0")}
+                if b"ControlMaster=yes" in line and config in line and line.endswith(b"\0" + name.encode() + b"\0")}
 
     try:
         # WHEN
@@ -292,4 +295,4 @@ def test_prepare_opens_every_hosts_connection_and_the_port_plan_reuses_instance_
         assert logins == accepted(test_hosts, "h1")
     finally:
         ssh_backend._close_parked()
-    assert wait_for(lambda: not masters(), within_s=5), masters()
+    assert wait_for(lambda: not masters(), within_s=20), masters()
