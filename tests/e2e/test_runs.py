@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -267,3 +268,53 @@ def test_a_runs_directory_that_is_a_symlink_is_refused(tmp_path: Path, marked: M
     shown = poprun(env, "ps")
 
     assert (2, "error[PR602]: run record unreadable") == (shown.returncode, shown.stderr.splitlines()[0])
+
+
+def _report_value(key: str, value: object) -> Callable[[Path], None]:
+    def spoil(path: Path) -> None:
+        data = json.loads(path.read_text())
+        data[key] = value
+        path.write_text(json.dumps(data))
+    return spoil
+
+
+def _nested(path: Path) -> None:
+    path.write_text("[" * 100_000)
+
+
+HOSTILE_VALUES = {
+    "report.json starts in the year 1e300": ("report.json", _report_value("started", 1e300)),
+    "report.json ends at infinity": ("report.json", _report_value("ended", float("inf"))),
+    "report.json ends at NaN": ("report.json", _report_value("ended", float("nan"))),
+    "report.json's stacks name instance ²": ("report.json", _report_value("stacks", {"²": "here"})),
+    "report.json's incomplete is a number": ("report.json", _report_value("incomplete", 7)),
+    "report.json is nested 100,000 deep": ("report.json", _nested),
+    "plan.json is nested 100,000 deep": ("plan.json", _nested),
+    "events.jsonl starts nested 100,000 deep": ("events.jsonl", _nested),
+    "events.jsonl starts in the year 1e300": ("events.jsonl", lambda p: p.write_text('{"time": 1e300}\n')),
+    "actual.json names instance ²": ("actual.json", lambda p: p.write_text('{"instances": {"²": {"verified": true}}}')),
+    "supervisor holds other digits": ("supervisor", lambda p: p.write_text(f"² 1 {os.uname().nodename}\n")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_VALUES))
+def test_a_hostile_value_in_a_record_is_never_a_traceback(tmp_path: Path, marked: Marked, case: str) -> None:
+    """Times out of range, non-ASCII digits, JSON nested without end: ps, report and logs say so (PR602) or go on."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    path = _a_run(env, tmp_path)
+    name, spoil = HOSTILE_VALUES[case]
+    if name == "supervisor":
+        (path / "report.json").unlink()
+    spoil(path / name)
+
+    # WHEN
+    shown = [poprun(env, *command, timeout=10) for command in (("ps",), ("ps", "--json"), ("report", "last"),
+                                                                ("logs", "last"))]
+
+    # THEN
+    for done in shown:
+        assert done.returncode in (0, 2), done.stderr
+        assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    rows = json.loads(shown[1].stdout, parse_constant=lambda word: pytest.fail(f"ps --json printed {word}"))
+    assert [path.name] == [r["id"] for r in rows]

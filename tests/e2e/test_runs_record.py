@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -124,7 +125,58 @@ def test_a_full_disk_stops_the_record_not_the_run(tmp_path: Path) -> None:
 
     assert (0, 4000) == (done.returncode, len(done.stdout.splitlines())), done.stderr
     assert done.stderr.startswith("poprun: warning: cannot write the run record "), done.stderr
-    assert done.stderr.endswith(": it stops here\n") and done.stderr.count("\n") == 1
+    assert done.stderr.endswith(" (No space left on device): it stops here, incomplete; its report.json keeps how "
+                                "the run ended\n") and done.stderr.count("\n") == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """Return a 64 KiB file system (a tmpfs) to keep runs on, unmounted after."""
+    runs = tmp_path / "small"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)], check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield runs
+    subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_record_cut_by_a_full_disk_keeps_the_exit_status_and_says_it_is_incomplete(tmp_path: Path,
+                                                                                     small_disk: Path,
+                                                                                     status: int) -> None:
+    """The disk fills up: the launch exits with the program's status; ps, report and logs say 'record incomplete'."""
+    # GIVEN
+    env = {"POPRUN_RUNS_DIR": str(small_disk)}
+    program = f"import sys; [sys.stdout.write('x' * 99 + '\\n') for _ in range(2000)]; sys.exit({status})"
+
+    # WHEN
+    done = poprun("--num-instances", "2", "--num-replicas", "2", sys.executable, "-c", program, cwd=tmp_path,
+                  env=env)
+    listed = poprun("ps", "--json", cwd=tmp_path, env=env)
+    table = poprun("ps", cwd=tmp_path, env=env)
+    report = poprun("report", "last", cwd=tmp_path, env=env)
+    logs = poprun("logs", "last", "--instance", "1", cwd=tmp_path, env=env)
+
+    # THEN the launch: its program's status, and one warning about the record
+    assert status == done.returncode
+    assert 4000 == len(done.stdout.splitlines()) or status  # (a failure stops the other instance)
+    assert 1 == done.stderr.count("poprun: warning: cannot write the run record ")
+    # ps: ended with that status, and why the record is incomplete
+    row = json.loads(listed.stdout)[0]
+    assert ("ended", status, "No space left on device", None, 2) == (row["state"], row["status"], row["incomplete"],
+                                                                     row["problem"], row["instances"])
+    assert f" ended {status}, record incomplete " in table.stdout.splitlines()[1]
+    # report and logs: said, never a diagnostic
+    assert (0, "") == (report.returncode, report.stderr)
+    assert report.stdout.splitlines()[0].endswith(f": ended with status {status}")
+    assert report.stdout.splitlines()[2].startswith("record incomplete (No space left on device): ")
+    assert 0 == logs.returncode
+    assert set(logs.stdout.splitlines()) <= {"x" * 99}
+    assert logs.stderr.startswith("poprun: record incomplete (No space left on device): ")
+    # every file whole: each event a line of JSON, the report valid
+    run = only_run(small_disk)
+    assert all(isinstance(e, dict) for e in lines(run / "events.jsonl"))
+    assert not (run / ".reserve").exists()
 
 
 def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) -> None:
