@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -177,6 +178,27 @@ def test_a_record_cut_by_a_full_disk_keeps_the_exit_status_and_says_it_is_incomp
     run = only_run(small_disk)
     assert all(isinstance(e, dict) for e in lines(run / "events.jsonl"))
     assert not (run / ".reserve").exists()
+
+
+def test_a_record_that_cannot_be_made_on_a_full_disk_leaves_nothing(tmp_path: Path, small_disk: Path) -> None:
+    """The runs directory is full before the launch: one warning, the run goes on, no half-made run is left."""
+    # GIVEN
+    env = {"POPRUN_RUNS_DIR": str(small_disk)}
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.close(fd)
+
+    # WHEN
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "echo", "ran", cwd=tmp_path, env=env)
+    listed = poprun("ps", "--all", "--json", cwd=tmp_path, env=env)
+
+    # THEN
+    assert (0, "ran\nran\n") == (done.returncode, done.stdout)
+    assert done.stderr.startswith("poprun: warning: cannot write the run record in ")
+    assert done.stderr.endswith(": No space left on device: this run is not recorded\n")
+    assert ([], ["filler"]) == (json.loads(listed.stdout), [p.name for p in small_disk.iterdir()])
 
 
 def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) -> None:
