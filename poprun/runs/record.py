@@ -462,6 +462,8 @@ def prune(root: str, *, keep: int, but: str) -> None:
         names = [n for n in os.listdir(root) if n != but]
     except OSError:
         return
+    if len(names) < keep:  # fewer than keep, whatever they are: nothing to read
+        return
     runs = run_order(root, names)
     for name in runs[:max(0, len(runs) - (keep - 1))]:
         _prune(root, name)
