@@ -332,3 +332,37 @@ def test_removing_a_run_follows_no_link_not_even_a_swapped_top(tmp_path: Path) -
 
     assert (False, "keep me", ["keep"]) == (run.exists(), (outside / "keep").read_text(),
                                             [p.name for p in outside.iterdir()])
+
+
+def test_a_report_too_large_for_the_room_left_is_kept_short(tmp_path: Path, small_disk: Path) -> None:
+    """A full disk and the report of 5,000 failed instances: its short form (status, root cause) is still written."""
+    from poprun.core.events import Teardown
+    from poprun.runs.record import RunRecord
+
+    # GIVEN a record, then a full disk
+    record = RunRecord.create({"POPRUN_RUNS_DIR": str(small_disk)})
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.close(fd)
+    failures = [{"index": i, "host": "localhost", "pid": 100 + i, "exit_code": 3 if i == 4321 else None,
+                 "signal": None if i == 4321 else 15, "stopped": i != 4321, "lost": False, "via": "",
+                 "tail": [f"line {k} of instance {i}" for k in range(10)]} for i in range(5000)]
+    report = {"v": 1, "run": record.id, "status": 3, "started": record.started, "ended": record.started + 1,
+              "statuses": [143] * 5000, "root_cause": 4321, "failures": failures, "signals": [], "error": None,
+              "phases": {"run": 1.0}, "truncated": {}}
+
+    # WHEN
+    record.event(Teardown())
+    record.instance_lines(0, "stdout", b"y" * 100_000 + b"\n")
+    record.finish(report)
+    shown = poprun("report", record.id, cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(small_disk)})
+
+    # THEN
+    assert (True, "No space left on device") == (record.reported, record.incomplete)
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert f"run {record.id}: ended with status 3\n" in shown.stdout
+    assert "Root cause: instance 4321 on localhost exited with status 3\n" in shown.stdout
+    assert "record incomplete (No space left on device)" in shown.stdout
+    assert os.path.getsize(Path(record.path) / "report.json") <= 16 << 10  # noqa: PTH202
