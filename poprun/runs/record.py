@@ -83,9 +83,14 @@ def runs_directory(environ: Mapping[str, str]) -> str:
     return os.path.join(state, "poprun", "runs")  # noqa: PTH118 - pathlib costs start-up
 
 
-def _count(environ: Mapping[str, str], name: str, default: int) -> int:
+def _count(environ: Mapping[str, str], name: str, default: int, notes: list[str]) -> int:
+    """Return the whole number the setting ``name`` holds, else ``default`` (and a note in ``notes`` when it is set)."""
     text = environ.get(name, "").strip()
-    return int(text) if text.isascii() and text.isdigit() and len(text) < 19 else default  # noqa: PLR2004 - 64-bit
+    if text.isascii() and text.isdigit():
+        return int(text) if len(text) < 19 else 10 ** 18  # noqa: PLR2004 - beyond any count: no int of a megabyte
+    if text:
+        notes.append(f"{name} is {text[:40]!r}, not a whole number: {default} is used")
+    return default
 
 
 def new_id(now: float) -> str:
@@ -118,6 +123,7 @@ class RunRecord:
     def __init__(self, run_id: str, path: str, *, log_limit: int, started: float = 0.0) -> None:
         self.id, self.path, self.started = run_id, path, started
         self.incomplete: str | None = None  # why the record stopped being written (a full disk), once
+        self.notes: list[str] = []  # what to warn of the settings (a POPRUN_RUNS_KEEP that is no number)
         self.reported = False  # report.json was written (whole, or the short form in the reserved room)
         self._log_limit = log_limit
         self._logged: dict[int, int] = {}  # instance -> bytes kept
@@ -162,11 +168,13 @@ class RunRecord:
             made = time.time_ns()  # the order of runs of one second (file times are as coarse as the kernel's tick)
             os.utime(mark, ns=(made, made))
             os.mkdir(os.path.join(path, "logs"), 0o700)  # noqa: PTH102, PTH118
-            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT), started=now)
+            notes: list[str] = []
+            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT, notes), started=now)
         except OSError as exc:
             _remove_tree(path)  # made by this process a moment ago: nothing of it is left
             raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
-        prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP)), but=run_id)
+        prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP, notes)), but=run_id)
+        record.notes = notes
         return record
 
     @property
@@ -365,8 +373,11 @@ def _short_reports(data: dict[str, object]) -> Iterable[str]:
 
 def _overwrite(path: str, data: bytes) -> None:
     """Write ``data`` over the start of the existing file ``path`` (its blocks are had already) and cut it there."""
-    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
+            raise OSError(1, "the room kept for the report is no longer the record's own file")  # EPERM
         done = 0
         while done < len(data):
             done += os.pwrite(fd, data[done:], done)

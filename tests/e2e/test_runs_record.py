@@ -217,6 +217,16 @@ def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) 
     assert ("keep me", True) == ((runs / "0-mine" / "data").read_text(), (runs / "0-link").is_symlink())
 
 
+@pytest.mark.parametrize("keep", ["ten", "²", "-1"])
+def test_a_runs_keep_that_is_no_number_is_one_warning_and_the_default(tmp_path: Path, keep: str) -> None:
+    """POPRUN_RUNS_KEEP that is no whole number (other digits included): one warning, 100 kept, the run goes on."""
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "echo", "ran", cwd=tmp_path,
+                  env={"POPRUN_RUNS_DIR": str(tmp_path / "runs"), "POPRUN_RUNS_KEEP": keep})
+
+    assert (0, "ran\nran\n") == (done.returncode, done.stdout)
+    assert f"poprun: warning: POPRUN_RUNS_KEEP is {keep!r}, not a whole number: 100 is used\n" == done.stderr
+
+
 def test_poprun_record_0_keeps_nothing(tmp_path: Path) -> None:
     """POPRUN_RECORD=0: no directory, no POPRUN_RUN_ID, no run id in the failure report."""
     runs = tmp_path / "runs"
