@@ -278,6 +278,14 @@ def _report_value(key: str, value: object) -> Callable[[Path], None]:
     return spoil
 
 
+def _plan_hosts(*hosts: str) -> Callable[[Path], None]:
+    def spoil(path: Path) -> None:
+        data = json.loads(path.read_text())
+        data["topology"]["hosts"] = list(hosts)
+        path.write_text(json.dumps(data))
+    return spoil
+
+
 def _nested(path: Path) -> None:
     path.write_text("[" * 100_000)
 
@@ -294,6 +302,9 @@ HOSTILE_VALUES = {
     "events.jsonl starts in the year 1e300": ("events.jsonl", lambda p: p.write_text('{"time": 1e300}\n')),
     "actual.json names instance ²": ("actual.json", lambda p: p.write_text('{"instances": {"²": {"verified": true}}}')),
     "supervisor holds other digits": ("supervisor", lambda p: p.write_text(f"² 1 {os.uname().nodename}\n")),
+    "plan.json names hosts that are host lists": ("plan.json", _plan_hosts("pod[1-3]", "x,y")),
+    "plan.json names an empty host": ("plan.json", _plan_hosts("")),
+    "plan.json names a host with an escape": ("plan.json", _plan_hosts("a\x1b[2Jb")),
 }
 
 
@@ -318,3 +329,4 @@ def test_a_hostile_value_in_a_record_is_never_a_traceback(tmp_path: Path, marked
         assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
     rows = json.loads(shown[1].stdout, parse_constant=lambda word: pytest.fail(f"ps --json printed {word}"))
     assert [path.name] == [r["id"] for r in rows]
+    assert "\x1b" not in shown[0].stdout + shown[2].stdout

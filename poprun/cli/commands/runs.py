@@ -157,10 +157,18 @@ def render_ps(runs: Iterable[store.RunInfo], now: float) -> str:
         program = shlex.join(run.argv) if run.argv else (run.problem or "-")
         rows.append((run.id, state, started, _duration(run.duration(now)),
                      "-" if run.instances is None else str(run.instances),
-                     _printable(compress(run.hosts)) if run.hosts else "-", _printable(program)))
+                     _printable(_hosts(run.hosts, compress)) if run.hosts else "-", _printable(program)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] + "\n"
                    for row in rows)
+
+
+def _hosts(hosts: tuple[str, ...], compress: Callable[[Iterable[str]], str]) -> str:
+    """Return ``hosts`` as a host list (``pod[1-4]``), or listed as they are when they are no host names (a record changed)."""
+    try:
+        return compress(hosts)
+    except ValueError:  # HostlistError
+        return ",".join(hosts)
 
 
 def _duration(seconds: float | None) -> str:
