@@ -330,3 +330,23 @@ def test_a_hostile_value_in_a_record_is_never_a_traceback(tmp_path: Path, marked
     rows = json.loads(shown[1].stdout, parse_constant=lambda word: pytest.fail(f"ps --json printed {word}"))
     assert [path.name] == [r["id"] for r in rows]
     assert "\x1b" not in shown[0].stdout + shown[2].stdout
+
+
+def test_counts_beyond_64_bits_are_taken_as_everything_and_other_digits_are_refused(tmp_path: Path,
+                                                                                     marked: Marked) -> None:
+    """``--tail`` and ``--timeout`` of 20 or 5,000 digits mean 'no limit'; digits of another script are PR105."""
+    # GIVEN a run, and one that goes on (detached)
+    env = runs_env(marked, tmp_path)
+    launch(env, "echo hello", instances=1)
+    ended = json.loads(poprun(env, "ps", "--json").stdout)[0]["id"]
+    running = poprun(env, "--detach", "--num-instances", "2", "--num-replicas", "2", "sleep", "60").stdout.strip()
+
+    # WHEN
+    tails = [poprun(env, "logs", ended, "--tail", count) for count in ("9" * 20, "9" * 5000)]
+    other = poprun(env, "logs", ended, "--tail", "٣")
+    stopped = poprun(env, "stop", running, "--timeout", "9" * 5000)
+
+    # THEN
+    assert [(0, "hello\n", "")] * 2 == [(t.returncode, t.stdout, t.stderr) for t in tails]
+    assert (2, "error[PR105]: invalid value for --tail") == (other.returncode, other.stderr.splitlines()[0])
+    assert (0, f"poprun: stopped run {running}: it ended with status 143\n") == (stopped.returncode, stopped.stderr)

@@ -95,11 +95,12 @@ def _count(given: dict[str, str], name: str, flag: str, *, least: int = 0) -> in
     text = given.get(name)
     if text is None:
         return None
-    if not text.strip().isdigit() or int(text) < least:
-        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{text}' is not a whole number"
-                                     + (f" of {least} or more" if least else ""), span=SourceSpan.flag(flag),
-                                     hint=f"write e.g. {flag}=10")])
-    return int(text)
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits[:19]) < least:
+        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{_printable(text[:40])}' is not "
+                                     "a whole number" + (f" of {least} or more" if least else ""),
+                                     span=SourceSpan.flag(flag), hint=f"write e.g. {flag}=10")])
+    return int(digits) if len(digits) < 19 else 10 ** 18  # noqa: PLR2004 - beyond any count or time: no int of a megabyte
 
 
 def _help(command: str) -> int:
