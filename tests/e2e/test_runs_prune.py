@@ -48,10 +48,10 @@ def env(marked: Marked, tmp_path: Path) -> dict[str, str]:
 
 
 def old_record(env: dict[str, str], name: str = OLD) -> Path:
-    """Return a copy of a real run's record under the older id ``name`` (the real run removed)."""
+    """Return a real run's record renamed to the older id ``name`` (of 2000-01-01)."""
     runs = Path(env["POPRUN_RUNS_DIR"])
     assert 0 == launch(env, keep=100).returncode
-    made = next(p for p in runs.iterdir() if p.name != name)
+    made = next(p for p in runs.iterdir() if not p.name.startswith("20000101-"))
     return made.rename(runs / name)
 
 
@@ -223,3 +223,19 @@ def test_the_newest_runs_are_kept_within_one_second_as_ps_lists_them(env: dict[s
     kept = [r["id"] for r in json.loads(poprun(env, "ps", "--all", "--json").stdout)]
     assert kept[1:] == ["20000101-000000-666666", "20000101-000000-999999"]
     assert "run 4\nrun 4\n" == poprun(env, "logs", "last").stdout
+
+
+def test_a_run_of_another_host_is_pruned_once_its_report_is_written(env: dict[str, str]) -> None:
+    """A shared runs directory: another host's ended run is pruned; one without a report (it may run) is kept."""
+    # GIVEN two old runs supervised on another host, one of them ended
+    ended, running = old_record(env, "20000101-000000-000001"), old_record(env, "20000101-000000-000002")
+    for run in (ended, running):
+        (run / "supervisor").write_text("4242 1234 another-host\n")
+    (running / "report.json").unlink()
+
+    # WHEN
+    done = launch(env)
+
+    # THEN
+    assert (0, "") == (done.returncode, done.stderr)
+    assert (False, True) == (ended.exists(), running.exists())
