@@ -621,7 +621,5 @@ def _unlink_files(fd: int, kept: set[str]) -> str | None:
 
 
 def write_supervisor(path: str) -> None:
-    """Record this process as the run's supervisor (after ``--detach`` forked it off)."""
-    tmp = os.path.join(path, f".supervisor.{os.getpid()}")  # noqa: PTH118
-    _write_new(tmp, f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")
-    os.replace(tmp, os.path.join(path, "supervisor"))  # noqa: PTH118
+    """Record this process as the run's supervisor (after ``--detach`` forked it off): whole, replacing the last."""
+    _write_whole(os.path.join(path, "supervisor"), f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")  # noqa: PTH118

@@ -201,6 +201,30 @@ def test_a_record_that_cannot_be_made_on_a_full_disk_leaves_nothing(tmp_path: Pa
     assert ([], ["filler"]) == (json.loads(listed.stdout), [p.name for p in small_disk.iterdir()])
 
 
+def test_a_detached_run_whose_supervisor_cannot_be_recorded_is_not_started(tmp_path: Path) -> None:
+    """A disk with room for the record but not one page more: --detach says why, exits 125, the report keeps it."""
+    # GIVEN 20 KiB: the supervisor's page and the report's room, nothing for the detached supervisor's own line
+    runs = tmp_path / "tiny"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20k", "tmpfs", str(runs)], check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        env = {"POPRUN_RUNS_DIR": str(runs)}
+
+        # WHEN
+        done = poprun("--detach", "--num-instances", "2", "--num-replicas", "2", "sleep", "30", cwd=tmp_path, env=env)
+        listed = poprun("ps", "--json", cwd=tmp_path, env=env)
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+    # THEN
+    assert (125, "") == (done.returncode, done.stdout)
+    assert done.stderr.startswith("poprun: cannot record the supervisor of run ")
+    assert done.stderr.endswith(" (No space left on device): a detached run that could not be found again is not "
+                                "started\n")
+    assert [("ended", 125)] == [(r["state"], r["status"]) for r in json.loads(listed.stdout)]
+
+
 def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) -> None:
     """POPRUN_RUNS_KEEP=2: the two newest runs stay; a folder without poprun's mark and a link are left alone."""
     runs = tmp_path / "runs"
