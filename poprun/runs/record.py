@@ -443,6 +443,9 @@ def run_order(root: str, names: Iterable[str]) -> list[str]:
     """
     Return the runs among ``names`` under ``root``, oldest first: poprun's directories (its mark) of this user.
 
+    A name of other than printable ASCII (control characters, bytes that are not UTF-8) is none:
+    poprun's ids are digits, letters and dashes.
+
     Ids sort by the second they began; runs of one second by when their mark was made (its
     mtime, set to the nanosecond: the random end of two ids says nothing of which began first).
     This is the order of ``poprun ps``, of ``last`` and of pruning.
@@ -450,6 +453,8 @@ def run_order(root: str, names: Iterable[str]) -> list[str]:
     uid = os.geteuid()
     found: list[tuple[str, int, str]] = []
     for name in names:
+        if not (name.isascii() and name.isprintable()):  # never an id poprun made: not shown, not removed
+            continue
         path = os.path.join(root, name)  # noqa: PTH118
         try:
             info = os.lstat(path)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -350,3 +351,20 @@ def test_counts_beyond_64_bits_are_taken_as_everything_and_other_digits_are_refu
     assert [(0, "hello\n", "")] * 2 == [(t.returncode, t.stdout, t.stderr) for t in tails]
     assert (2, "error[PR105]: invalid value for --tail") == (other.returncode, other.stderr.splitlines()[0])
     assert (0, f"poprun: stopped run {running}: it ended with status 143\n") == (stopped.returncode, stopped.stderr)
+
+
+def test_a_run_directory_named_with_control_characters_is_not_a_run(tmp_path: Path, marked: Marked) -> None:
+    """A copy of a record under a name with an escape sequence or a byte that is not UTF-8: never listed, never shown."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    path = _a_run(env, tmp_path)
+    for name in (b"2026\x1b[2J", b"2026\xff"):
+        shutil.copytree(path, tmp_path / "runs" / os.fsdecode(name))
+
+    # WHEN
+    listed, shown = poprun(env, "ps", "--all"), poprun(env, "report", "last")
+
+    # THEN
+    assert "\x1b" not in listed.stdout + shown.stdout
+    assert [path.name] == [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert shown.stdout.startswith(f"run {path.name}: ")
