@@ -121,13 +121,35 @@ def _supervise(record: RunRecord, word: _Word, run: Callable[[Console, RunRecord
         _close_inherited()
         sys.stdout = open(os.devnull, "w")  # noqa: PTH123, SIM115
         sys.stderr = word.said
-        write_supervisor(record.path)
-        status = run(_DetachedConsole(word), record)
+        if _recorded_as_supervisor(record):
+            status = run(_DetachedConsole(word), record)
     except BaseException as exc:  # noqa: BLE001 - the supervisor must end here, whatever happened
         with contextlib.suppress(Exception):
             sys.stderr.write(f"poprun: internal error: {type(exc).__name__}: {exc}\n")
     word.tell(b"ended %d\n" % status)
     os._exit(status)
+
+
+def _recorded_as_supervisor(record: RunRecord) -> bool:
+    """
+    Record this process as the run's supervisor; return whether it could be.
+
+    When it cannot (a full disk), the run is not started: nothing could find and stop it again. That
+    is said, and the record ends with it (status 125), from the room it keeps for its report.
+    """
+    try:
+        write_supervisor(record.path)
+    except OSError as exc:
+        from poprun.core.outcome import ApplyError, ApplyResult
+        from poprun.runs.report import report_data
+
+        why = (f"cannot record the supervisor of run {record.id} ({exc.strerror or exc}): a detached run that could "
+               "not be found again is not started")
+        sys.stderr.write(f"poprun: {why}\n")
+        record.finish(report_data(record, ApplyResult(statuses=(), error=ApplyError(status=exitcode.LAUNCH,
+                                                                                       message=why)), exitcode.LAUNCH))
+        return False
+    return True
 
 
 def _close_inherited() -> None:

@@ -276,6 +276,8 @@ def _record(environ: Mapping[str, str], console: Console, started: float | None)
     except RecordError as exc:
         console.log(f"poprun: warning: {exc.strerror}: this run is not recorded\n")
         return None
+    for note in record.notes:
+        console.log(f"poprun: warning: {note}\n")
     if started is not None:
         record.phases["plan"] = round(time.monotonic() - started, 6)
     return record

@@ -6,10 +6,13 @@ Layer: ``poprun.runs``; imports ``poprun.planner.plan`` and ``poprun.core``; no 
 
 ``RUNS/ID/``, mode 0700, made by this process (``mkdir``, never an existing directory):
 
-- ``.poprun-run``: the mark that poprun made the directory (pruning removes nothing else);
 - ``supervisor``: the pid, boot-relative start time and host of the poprun process that
   supervises the run, so that ``poprun ps`` tells a run whose supervisor died (lost) from
   one that runs, and ``poprun stop`` signals the right process;
+- ``.reserve``: room kept for ``report.json`` should the disk fill up (removed at the end);
+- ``.poprun-run``: the mark that poprun made the directory (pruning removes nothing else), made
+  after the supervisor file, so that a marked run always names its supervisor; its mtime is
+  when the run began, to the nanosecond (runs of one second are ordered by it);
 - ``plan.json``: the plan as applied (the values added at apply time included; forwarded
   values by name only), in the format of ``poprun plan --format json``;
 - ``events.jsonl``: one event per line, ``{"v": 1, "event": KIND, "time": UNIX_SECONDS, ...}``;
@@ -24,16 +27,27 @@ Layer: ``poprun.runs``; imports ``poprun.planner.plan`` and ``poprun.core``; no 
 - ``report.json``: how the run ended (written last).
 
 Nothing here may stop a launch: a record that cannot be made or written (a full disk, a
-directory that is not the user's) becomes one warning, and the launch goes on without it.
+directory that is not the user's) becomes one warning, and the launch goes on without it. A
+record cut short by a full disk still ends with a ``report.json``, written into the room
+``.reserve`` kept (in place: no new blocks), that says so (``incomplete``) and keeps the status.
+Every file is whole or absent: ``plan.json``, ``actual.json`` and ``report.json`` are written
+under another name and renamed; a line that did not fit is cut back off.
+
+Pruning reads other runs' records as untrusted input, as ``poprun ps`` does: through a
+descriptor of the run's directory, never following a link, a regular file of the user's own,
+never a FIFO, at most a few KiB; it removes a run by descriptor, never following a link, never
+leaving its file system, at a bounded depth.
 """
 
-# ruff: noqa: PTH103, PTH105, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
+# ruff: noqa: PTH103, PTH105, PTH108, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
 from __future__ import annotations
 
 import contextlib
 import os
+import stat
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from poprun.core.events import Event
 from poprun.core.process import start_time
@@ -48,6 +62,12 @@ RUN_ID = "POPRUN_RUN_ID"  # the run's id, in every instance's environment
 DEFAULT_KEEP = 100
 DEFAULT_LOG_LIMIT = 64 << 20
 MARK = ".poprun-run"
+RESERVE = ".reserve"  # room kept for report.json should the disk fill up
+RESERVE_BYTES = 16 << 10  # a report without the failures' tails, for a few hundred instances
+SMALL = 4 << 10  # the most pruning reads of a record file (the supervisor's line)
+DEPTH = 16  # the deepest pruning goes into a run's directory (a record is 4 deep: attempts/K/logs/N.stdout)
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
+_DIRECTORY = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 class RecordError(OSError):
@@ -63,9 +83,14 @@ def runs_directory(environ: Mapping[str, str]) -> str:
     return os.path.join(state, "poprun", "runs")  # noqa: PTH118 - pathlib costs start-up
 
 
-def _count(environ: Mapping[str, str], name: str, default: int) -> int:
+def _count(environ: Mapping[str, str], name: str, default: int, notes: list[str]) -> int:
+    """Return the whole number the setting ``name`` holds, else ``default`` (and a note in ``notes`` when it is set)."""
     text = environ.get(name, "").strip()
-    return int(text) if text.isdigit() else default
+    if text.isascii() and text.isdigit():
+        return int(text) if len(text) < 19 else 10 ** 18  # noqa: PLR2004 - beyond any count: no int of a megabyte
+    if text:
+        notes.append(f"{name} is {text[:40]!r}, not a whole number: {default} is used")
+    return default
 
 
 def new_id(now: float) -> str:
@@ -97,7 +122,9 @@ class RunRecord:
 
     def __init__(self, run_id: str, path: str, *, log_limit: int, started: float = 0.0) -> None:
         self.id, self.path, self.started = run_id, path, started
-        self.warning: str | None = None  # why the record stopped being written, once
+        self.incomplete: str | None = None  # why the record stopped being written (a full disk), once
+        self.notes: list[str] = []  # what to warn of the settings (a POPRUN_RUNS_KEEP that is no number)
+        self.reported = False  # report.json was written (whole, or the short form in the reserved room)
         self._log_limit = log_limit
         self._logged: dict[int, int] = {}  # instance -> bytes kept
         self._truncated: dict[int, int] = {}  # instance -> bytes dropped
@@ -106,6 +133,9 @@ class RunRecord:
         self._events = os.open(os.path.join(path, "events.jsonl"),  # noqa: PTH118
                                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._order = -1
+        self._sizes: dict[int, int] = {}  # fd -> bytes written whole (a write cut short is cut back to it)
+        self._lock = threading.Lock()  # the backend's output thread and the events' writers
+        self._stopped = False  # nothing more is written: cut short, or closed
         self._closed = False
         self.on_truncated: list[tuple[int, int]] = []  # (instance, bytes kept) not yet told as an event
         self.phases: dict[str, float] = {}  # phase -> seconds (plan, partition, start, run, teardown)
@@ -128,27 +158,46 @@ class RunRecord:
         path = os.path.join(root, run_id)  # noqa: PTH118
         try:
             os.mkdir(path, 0o700)  # noqa: PTH102 - never an existing directory
-            _write_new(os.path.join(path, MARK), "")  # noqa: PTH118
-            write_supervisor(path)
-            os.mkdir(os.path.join(path, "logs"), 0o700)  # noqa: PTH102, PTH118
-            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT), started=now)
         except OSError as exc:
             raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
-        prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP)), but=run_id)
+        try:  # the supervisor before the mark: a run that is marked names a supervisor, so it is never pruned as gone
+            write_supervisor(path)
+            _write_new(os.path.join(path, RESERVE), " " * RESERVE_BYTES)  # noqa: PTH118
+            mark = os.path.join(path, MARK)  # noqa: PTH118
+            _write_new(mark, "")
+            made = time.time_ns()  # the order of runs of one second (file times are as coarse as the kernel's tick)
+            os.utime(mark, ns=(made, made))
+            os.mkdir(os.path.join(path, "logs"), 0o700)  # noqa: PTH102, PTH118
+            notes: list[str] = []
+            record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT, notes), started=now)
+        except OSError as exc:
+            _remove_tree(path)  # made by this process a moment ago: nothing of it is left
+            raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
+        prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP, notes)), but=run_id)
+        record.notes = notes
         return record
+
+    @property
+    def warning(self) -> str | None:
+        """Why the record stopped being written (once), and whether its report could still say how the run ended."""
+        if self.incomplete is None:
+            return None
+        ended = ("its report.json keeps how the run ended" if self.reported else
+                 "no report could be written either (poprun ps will show the run as lost)")
+        return f"cannot write the run record {self.path} ({self.incomplete}): it stops here, incomplete; {ended}"
 
     def write_plan(self, plan: LaunchPlan) -> None:
         """Write ``plan.json``: the plan as applied."""
-        self._guard(lambda: _write_new(os.path.join(self.path, "plan.json"),  # noqa: PTH118
-                                       dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"))
+        self._guard(lambda: _write_whole(os.path.join(self.path, "plan.json"),  # noqa: PTH118
+                                         dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"))
 
     def event(self, event: Event, data: Mapping[str, object] | None = None) -> None:
         """Append ``event`` (with the time now) to ``events.jsonl``; ``data``: its JSON-ready form, when made already."""
-        if self._closed:
+        if self._stopped:
             return
         self._time(event)
         line = event_line(event, time.time()) if data is None else dumps(dict(data)) + "\n"
-        self._guard(lambda: os.write(self._events, line.encode(errors="surrogateescape")))
+        self._guard(lambda: self._write_all(self._events, line.encode(errors="surrogateescape")))
 
     def _time(self, event: Event) -> None:
         """Keep what ``event`` says of the launch's phases (summed over the attempts) and slow hosts, for the report."""
@@ -183,6 +232,7 @@ class RunRecord:
     def _close_logs(self) -> None:
         for fd in (self._order, *self._logs.values()):
             if fd >= 0:
+                self._sizes.pop(fd, None)
                 with contextlib.suppress(OSError):
                     os.close(fd)
         self._order = -1
@@ -190,7 +240,7 @@ class RunRecord:
 
     def instance_lines(self, index: int, stream: str, data: bytes) -> None:
         """Keep whole lines of instance ``index``'s ``stream``, up to the limit per instance (the backend's thread)."""
-        if self._closed:
+        if self._stopped:
             return
         if index in self._truncated:  # cut already: nothing more is kept of it
             self._truncated[index] += len(data)
@@ -216,30 +266,76 @@ class RunRecord:
         if self._order < 0:
             self._order = os.open(os.path.join(self._logs_dir, "order"),  # noqa: PTH118
                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
+        self._write_all(fd, data)
+        self._write_all(self._order, b"%d %s %d\n" % (index, stream.encode(), len(data)))
+
+    def _write_all(self, fd: int, data: bytes) -> None:
+        """Append all of ``data`` to ``fd``, or nothing: what a full disk cut short is cut back off (lines stay whole)."""
+        size = self._sizes.get(fd, 0)
         view = memoryview(data)
-        while view:
-            view = view[os.write(fd, view):]
-        os.write(self._order, b"%d %s %d\n" % (index, stream.encode(), len(data)))
+        try:
+            while view:
+                written = os.write(fd, view)
+                if not written:
+                    raise OSError(28, os.strerror(28))  # noqa: TRY301 - ENOSPC, as a full disk says it
+                view = view[written:]
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)
+            raise
+        self._sizes[fd] = size + len(data)
 
     def truncation(self) -> dict[int, tuple[int, int]]:
         """Return, for each instance whose log was cut, (bytes kept, bytes dropped)."""
         return {i: (self._logged.get(i, 0), dropped) for i, dropped in self._truncated.items()}
 
     def finish(self, report: Mapping[str, object]) -> None:
-        """Write ``actual.json`` (what the instances ran as), then ``report.json`` (last), and close the record."""
-        if not self._closed and self.observed:
+        """
+        Write ``actual.json`` (what the instances ran as), then ``report.json`` (last), and close the record.
+
+        The report is written even when the record was cut short (a full disk): then it says so
+        (``incomplete``), in the room kept for it when no more can be had.
+        """
+        if self._closed:
+            return
+        if not self._stopped and self.observed:
             from poprun.runs.verify import actual_data
 
-            self._guard(lambda: _write_new(os.path.join(self.path, "actual.json"),  # noqa: PTH118
-                                           dumps(actual_data(self.observed), indent=2, sort_keys=True) + "\n"))
-        if not self._closed:
-            self._guard(lambda: _write_new(os.path.join(self.path, "report.json"),  # noqa: PTH118
-                                           dumps(dict(report), indent=2, sort_keys=True) + "\n"))
+            self._guard(lambda: _write_whole(os.path.join(self.path, "actual.json"),  # noqa: PTH118
+                                             dumps(actual_data(self.observed), indent=2, sort_keys=True) + "\n"))
+        with self._lock:
+            self._stopped = True
+            self.reported = self._report(dict(report))
         self.close()
+
+    def _report(self, data: dict[str, object]) -> bool:
+        """Write ``report.json`` whole, else its short form in the reserved room; return whether either was written."""
+        name, reserve = os.path.join(self.path, "report.json"), os.path.join(self.path, RESERVE)  # noqa: PTH118
+        if self.incomplete is not None:
+            data["incomplete"] = self.incomplete
+        try:  # whole, when the disk has room (again)
+            _write_whole(name, dumps(data, indent=2, sort_keys=True) + "\n")
+        except OSError as exc:
+            self.incomplete = self.incomplete or exc.strerror or str(exc)
+            data["incomplete"] = self.incomplete
+        else:
+            with contextlib.suppress(OSError):
+                os.unlink(reserve)
+            return True
+        for text in _short_reports(data):
+            encoded = text.encode(errors="surrogateescape")
+            if len(encoded) <= RESERVE_BYTES:
+                try:
+                    _overwrite(reserve, encoded)
+                    os.replace(reserve, name)
+                except OSError:
+                    return False
+                return True
+        return False
 
     def close(self) -> None:
         """Close every file of the record (idempotent)."""
-        self._closed = True
+        self._closed = self._stopped = True
         self._close_logs()
         if self._events >= 0:
             with contextlib.suppress(OSError):
@@ -248,12 +344,46 @@ class RunRecord:
 
     def _guard(self, write: object) -> None:
         """Run ``write``; on failure (a full disk) stop writing the record and keep why, once."""
-        try:
-            write()  # type: ignore[operator]
-        except OSError as exc:
-            if self.warning is None:
-                self.warning = f"cannot write the run record {self.path} ({exc.strerror or exc}): it stops here"
-            self._closed = True
+        with self._lock:
+            if self._stopped:
+                return
+            try:
+                write()  # type: ignore[operator]
+            except OSError as exc:
+                self.incomplete = exc.strerror or str(exc)
+                self._stopped = True
+
+
+def _short_reports(data: dict[str, object]) -> Iterable[str]:
+    """Yield ``data`` ever shorter: without the instances' tails and stacks, with the root cause's failure only, bare."""
+    failures = data.get("failures")
+    failures = failures if isinstance(failures, list) else []
+    untailed = [{**f, "tail": []} for f in failures if isinstance(f, dict)]
+    yield dumps({**data, "failures": untailed, "stacks": {}}, sort_keys=True) + "\n"
+    root = [f for f in untailed if f.get("index") == data.get("root_cause")]
+    yield dumps({**data, "failures": root, "stacks": {}, "attempts": [], "truncated": {}, "slow_hosts": []},
+                sort_keys=True) + "\n"
+    error = data.get("error")
+    if isinstance(error, dict):
+        error = {**error, "message": str(error.get("message"))[:500], "diagnostics": []}
+    yield dumps({**data, "failures": root[:1], "statuses": [], "stacks": {}, "attempts": [], "truncated": {},
+                 "slow_hosts": [], "phases": {}, "launch_phases": {}, "error": error, "gave_up": "", "limit_text": ""},
+                sort_keys=True) + "\n"
+
+
+def _overwrite(path: str, data: bytes) -> None:
+    """Write ``data`` over the start of the existing file ``path`` (its blocks are had already) and cut it there."""
+    fd = os.open(path, os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_nlink != 1 or info.st_uid != os.geteuid():
+            raise OSError(1, "the room kept for the report is no longer the record's own file")  # EPERM
+        done = 0
+        while done < len(data):
+            done += os.pwrite(fd, data[done:], done)
+        os.ftruncate(fd, len(data))
+    finally:
+        os.close(fd)
 
 
 def _write_new(path: str, text: str) -> None:
@@ -264,6 +394,19 @@ def _write_new(path: str, text: str) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
+
+
+def _write_whole(path: str, text: str) -> None:
+    """Write the new file ``path`` whole, or not at all: under another name first, renamed once written."""
+    folder, name = os.path.split(path)
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}")  # noqa: PTH118
+    try:
+        _write_new(tmp, text)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        raise
 
 
 def event_line(event: Event, at: float) -> str:
@@ -296,71 +439,192 @@ def _plain(value: object) -> object:
     return value
 
 
+def run_order(root: str, names: Iterable[str]) -> list[str]:
+    """
+    Return the runs among ``names`` under ``root``, oldest first: poprun's directories (its mark) of this user.
+
+    A name of other than printable ASCII (control characters, bytes that are not UTF-8) is none:
+    poprun's ids are digits, letters and dashes.
+
+    Ids sort by the second they began; runs of one second by when their mark was made (its
+    mtime, set to the nanosecond: the random end of two ids says nothing of which began first).
+    This is the order of ``poprun ps``, of ``last`` and of pruning.
+    """
+    uid = os.geteuid()
+    found: list[tuple[str, int, str]] = []
+    for name in names:
+        if not (name.isascii() and name.isprintable()):  # never an id poprun made: not shown, not removed
+            continue
+        path = os.path.join(root, name)  # noqa: PTH118
+        try:
+            info = os.lstat(path)
+            mark = os.lstat(os.path.join(path, MARK))  # noqa: PTH118
+        except (OSError, ValueError):  # ValueError: a name with a NUL cannot be one
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and stat.S_ISREG(mark.st_mode):
+            found.append((name[:15], mark.st_mtime_ns, name))
+    return [name for _, _, name in sorted(found)]
+
+
 def prune(root: str, *, keep: int, but: str) -> None:
     """
     Remove the oldest runs under ``root`` beyond the newest ``keep``: only directories poprun made (its mark) and whose supervisor is gone.
 
-    Run ids sort by time. A directory without the mark, another user's, or a link is never touched.
+    The order is :func:`run_order`'s (``poprun ps``'s). A directory without the mark (a run being
+    made has none yet), another user's, or a link is never touched; a run's files are read as
+    untrusted input (:func:`_gone`).
     """
     try:
-        names = sorted((n for n in os.listdir(root) if n != but), reverse=True)
+        names = [n for n in os.listdir(root) if n != but]
     except OSError:
         return
-    uid = os.geteuid()
-    for name in names[max(0, keep - 1):]:
-        path = os.path.join(root, name)  # noqa: PTH118
-        try:
-            info = os.lstat(path)
-            if not os.path.isdir(path) or os.path.islink(path) or info.st_uid != uid:
-                continue
-            os.lstat(os.path.join(path, MARK))  # noqa: PTH118 - poprun's mark, or not ours
-        except OSError:
-            continue
-        if supervisor_alive(path):
-            continue
-        _remove_tree(path)
+    if len(names) < keep:  # fewer than keep, whatever they are: nothing to read
+        return
+    runs = run_order(root, names)
+    for name in runs[:max(0, len(runs) - (keep - 1))]:
+        _prune(root, name)
+
+
+def _prune(root: str, name: str) -> None:
+    """Remove the run ``name`` under ``root`` if it is still poprun's, this user's and its supervisor is gone."""
+    path = os.path.join(root, name)  # noqa: PTH118
+    try:
+        fd = os.open(path, _DIRECTORY)  # never through a link
+    except OSError:
+        return
+    try:
+        info = os.fstat(fd)
+        mark = os.stat(MARK, dir_fd=fd, follow_symlinks=False)
+        if info.st_uid != os.geteuid() or not stat.S_ISREG(mark.st_mode) or not _gone(fd):
+            return
+        _empty(fd, info.st_dev)
+    except OSError:
+        return
+    finally:
+        os.close(fd)
+    with contextlib.suppress(OSError):
+        os.rmdir(path)  # noqa: PTH106 - a link put there since is no directory: left as it is
+
+
+def _gone(run: int) -> bool:
+    """
+    Return whether the run open as ``run`` is over: its supervisor is gone, or (on another host) its report is written.
+
+    A supervisor file that is not a regular file of this user, not ``PID START HOST`` or
+    larger than a line counts as gone: poprun always writes one before its mark.
+    """
+    data = _read_small(run, "supervisor")
+    words = data.split() if data is not None else []
+    if len(words) != 3 or not all(w.isdigit() and len(w) < 19 for w in words[:2]):  # noqa: PLR2004 - bytes: ASCII digits
+        return True
+    if words[2] != os.uname().nodename.encode():
+        return _regular(run, "report.json")  # a shared home: over once its report is written
+    return start_time(int(words[0])) != int(words[1])
+
+
+def _read_small(run: int, name: str) -> bytes | None:
+    """Return the bytes of ``name`` in the directory open as ``run``: a regular file of this user of at most a few KiB, or None."""
+    try:
+        fd = os.open(name, _READ, dir_fd=run)  # no link, no waiting on a FIFO
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > SMALL:
+            return None
+        return os.read(fd, SMALL)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def _regular(run: int, name: str) -> bool:
+    """Return whether ``name`` in the directory open as ``run`` is a regular file (not a link to one)."""
+    try:
+        return stat.S_ISREG(os.stat(name, dir_fd=run, follow_symlinks=False).st_mode)
+    except OSError:
+        return False
 
 
 def _remove_tree(path: str) -> None:
     """
-    Remove ``path`` and what it holds (``shutil`` costs the launch path start-up).
+    Remove the directory ``path`` and what it holds (``shutil`` costs the launch path start-up).
 
     Walked by descriptor, never following a link, the top included: a run directory swapped
-    for a link after it was checked removes nothing outside it.
+    for a link after it was checked removes nothing outside it (:func:`_empty`).
     """
-    with contextlib.suppress(OSError):
-        for _, dirs, files, fd in os.fwalk(path, topdown=False, follow_symlinks=False):
-            for name in files:
-                with contextlib.suppress(OSError):
-                    os.unlink(name, dir_fd=fd)
-            for name in dirs:  # a link to a directory is listed here, and removed as a link
-                with contextlib.suppress(OSError):
-                    try:
-                        os.rmdir(name, dir_fd=fd)
-                    except NotADirectoryError:
-                        os.unlink(name, dir_fd=fd)
+    try:
+        fd = os.open(path, _DIRECTORY)
+    except OSError:
+        return
+    try:
+        _empty(fd, os.fstat(fd).st_dev)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
     with contextlib.suppress(OSError):
         os.rmdir(path)  # noqa: PTH106
 
 
-def supervisor_alive(path: str) -> bool:
+def _empty(top: int, device: int) -> None:
     """
-    Return whether the process that supervises the run in ``path`` still runs (same pid, same start time).
+    Remove what the directory open as ``top`` holds, by descriptor, without recursion.
 
-    A run supervised on another host (a shared home) cannot be told from here: it counts as alive.
+    A link is removed as a link; a directory on another file system (a mount) or deeper than
+    :data:`DEPTH` is left as it is, and so are the directories holding it.
     """
+    levels: list[tuple[int, str, set[str]]] = [(top, "", set())]  # (descriptor, name, subdirectories left alone)
     try:
-        with open(os.path.join(path, "supervisor"), encoding="utf-8") as file:  # noqa: PTH118, PTH123
-            pid_text, started, host = file.read().split()
-    except (OSError, ValueError):
-        return False
-    if host != os.uname().nodename:
-        return True
-    return pid_text.isdigit() and str(start_time(int(pid_text))) == started
+        while levels:
+            fd, name, kept = levels[-1]
+            below = _unlink_files(fd, kept)
+            if below is None:  # empty but for what is left alone: remove it from its parent
+                levels.pop()
+                if not levels:
+                    return
+                os.close(fd)
+                parent, _, parent_kept = levels[-1]
+                try:
+                    os.rmdir(name, dir_fd=parent)
+                except OSError:
+                    parent_kept.add(name)
+                continue
+            try:
+                child = os.open(below, _DIRECTORY, dir_fd=fd)
+            except OSError:
+                kept.add(below)
+                continue
+            if len(levels) >= DEPTH or os.fstat(child).st_dev != device:
+                os.close(child)
+                kept.add(below)
+                continue
+            levels.append((child, below, set()))
+    finally:
+        for fd, _, _ in levels[1:]:
+            os.close(fd)
+
+
+def _unlink_files(fd: int, kept: set[str]) -> str | None:
+    """Unlink every entry of the directory open as ``fd`` that is no directory; return a subdirectory's name, or None."""
+    below = None
+    with os.scandir(fd) as entries:
+        for entry in entries:
+            if entry.name in kept:
+                continue
+            try:
+                directory = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                directory = False
+            if directory:
+                below = below or entry.name
+                continue
+            with contextlib.suppress(OSError):
+                os.unlink(entry.name, dir_fd=fd)
+    return below
 
 
 def write_supervisor(path: str) -> None:
-    """Record this process as the run's supervisor (after ``--detach`` forked it off)."""
-    tmp = os.path.join(path, f".supervisor.{os.getpid()}")  # noqa: PTH118
-    _write_new(tmp, f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")
-    os.replace(tmp, os.path.join(path, "supervisor"))  # noqa: PTH118
+    """Record this process as the run's supervisor (after ``--detach`` forked it off): whole, replacing the last."""
+    _write_whole(os.path.join(path, "supervisor"), f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")  # noqa: PTH118

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import calendar
 import json
+import math
 import os
 import stat
 import time
@@ -26,7 +27,7 @@ from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.process import start_time
 from poprun.core.record import record
 from poprun.core.span import SourceSpan
-from poprun.runs.record import MARK, runs_directory
+from poprun.runs.record import run_order, runs_directory
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (see poprun.core.record)
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ JSON_LIMIT = 64 << 20  # plan.json of a large launch, report.json with every fai
 SMALL_LIMIT = 64 << 10  # the supervisor file, the first line of events.jsonl
 LAST = "last"  # the RUN that names the newest run
 CANDIDATES = 5  # how many run ids a diagnostic lists
+LATEST = 253402300799  # 9999-12-31 23:59:59 UTC: a time in a record after it is not one
 
 
 @record
@@ -71,6 +73,7 @@ class RunInfo:
     argv: tuple[str, ...] = ()
     backend: str = ""
     problem: str = ""
+    incomplete: str = ""  # why the record of an ended run stops short (a full disk); its report still says how it ended
 
     def duration(self, now: float) -> float | None:
         """Return how long it ran (until now while it runs), or None when its start is not known."""
@@ -141,6 +144,8 @@ def read_json(path: str, *, limit: int = JSON_LIMIT) -> Any:
         raise damaged(path, "not UTF-8 text") from exc
     except ValueError as exc:
         raise damaged(path, f"not JSON ({exc})") from exc
+    except RecursionError as exc:
+        raise damaged(path, "JSON nested too deeply") from exc
     if not isinstance(value, dict):
         raise damaged(path, f"a JSON {type(value).__name__}, not an object")
     return value
@@ -167,8 +172,8 @@ def run_ids(root: str) -> list[str]:
     """
     Return the ids of the runs under ``root``, oldest first: poprun's directories of this user.
 
-    Ids sort by the second they began; runs of one second by when their mark was made (the random
-    end of two ids says nothing of which began first).
+    The order of :func:`poprun.runs.record.run_order`, which pruning keeps too: ids sort by the
+    second they began; runs of one second by when their mark was made.
     """
     try:
         names = os.listdir(root)
@@ -176,18 +181,7 @@ def run_ids(root: str) -> list[str]:
         return []
     except OSError as exc:
         raise damaged(root, exc.strerror or str(exc)) from exc
-    uid = os.geteuid()
-    found: list[tuple[str, int, str]] = []
-    for name in names:
-        path = os.path.join(root, name)
-        try:
-            info = os.lstat(path)
-            mark = os.lstat(os.path.join(path, MARK))
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and stat.S_ISREG(mark.st_mode):
-            found.append((name[:15], mark.st_mtime_ns, name))
-    return [name for _, _, name in sorted(found)]
+    return run_order(root, names)
 
 
 def find_run(root: str, given: str) -> str:
@@ -225,8 +219,8 @@ def read_supervisor(path: str) -> Supervisor | None:
     if data is None:
         return None
     words = data.decode("utf-8", "replace").split()
-    if len(words) != 3 or not words[0].isdigit() or not words[1].isdigit():  # noqa: PLR2004 - pid, start, host
-        raise damaged(name, "not 'PID START HOST'")
+    if len(words) != 3 or not all(w.isascii() and w.isdigit() and len(w) < 19 for w in words[:2]):  # noqa: PLR2004
+        raise damaged(name, "not 'PID START HOST'")  # pid, start, host: the numbers in ASCII digits, in 64 bits
     return Supervisor(pid=int(words[0]), started=int(words[1]), host=words[2])
 
 
@@ -266,15 +260,26 @@ def _info(run_id: str, path: str) -> RunInfo:
     plan = read_json(os.path.join(path, "plan.json"))
     status = _typed(report, "status", int, path) if report is not None else None
     finished = _typed(report, "ended", (int, float), path) if report is not None else None
+    if finished is not None and not _a_time(finished):
+        raise damaged(os.path.join(path, "report.json"), "'ended' is not a time")
     started = report.get("started") if report is not None else None
-    if not isinstance(started, int | float) or isinstance(started, bool):
+    if not _a_time(started):
         started = _first_event_time(path)
     if state == "lost":
         finished = _mtime(os.path.join(path, "events.jsonl"))
+    incomplete = report.get("incomplete", "") if report is not None else ""
+    if not isinstance(incomplete, str):
+        raise damaged(os.path.join(path, "report.json"), "'incomplete' is not text")
     instances, hosts, argv, backend = _plan_summary(plan, os.path.join(path, "plan.json"))
     return RunInfo(id=run_id, path=path, state=state, status=status, started=started if started is not None
                    else _id_time(run_id), ended=finished, instances=instances, hosts=hosts, argv=argv,
-                   backend=backend)
+                   backend=backend, incomplete=incomplete)
+
+
+def _a_time(value: object) -> bool:
+    """Return whether ``value`` is a time (UNIX seconds) a record can hold: a finite number from 1970 to 9999."""
+    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+            and 0 <= value <= LATEST)
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:
@@ -311,14 +316,16 @@ def _first_event_time(path: str) -> float | None:
         return None
     try:
         line = os.read(fd, SMALL_LIMIT).split(b"\n", 1)[0]
+    except OSError:
+        return None
     finally:
         os.close(fd)
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     at = value.get("time") if isinstance(value, dict) else None
-    return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
+    return float(at) if isinstance(at, int | float) and _a_time(at) else None
 
 
 def _mtime(path: str) -> float | None:
@@ -418,8 +425,11 @@ def _check_recovery(data: dict[str, Any], name: str) -> None:
             raise damaged(name, f"$.attempts[{i}] is not an object")
         _check(attempt, _ATTEMPT_SHAPE, name, f"$.attempts[{i}]")
     stacks = data.get("stacks", {})
-    if not isinstance(stacks, dict) or not all(k.isdigit() and isinstance(v, str) for k, v in stacks.items()):
+    if not isinstance(stacks, dict) or not all(k.isascii() and k.isdigit() and len(k) < 10 and isinstance(v, str)  # noqa: PLR2004
+                                               for k, v in stacks.items()):
         raise damaged(name, "$.stacks is not an object of instance indices and text")
+    if not isinstance(data.get("incomplete", ""), str):
+        raise damaged(name, "$.incomplete is not text")
 
 
 def _check(data: dict[str, Any], shape: dict[str, tuple[type, ...]], name: str, where: str) -> None:

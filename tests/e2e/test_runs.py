@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -267,3 +269,102 @@ def test_a_runs_directory_that_is_a_symlink_is_refused(tmp_path: Path, marked: M
     shown = poprun(env, "ps")
 
     assert (2, "error[PR602]: run record unreadable") == (shown.returncode, shown.stderr.splitlines()[0])
+
+
+def _report_value(key: str, value: object) -> Callable[[Path], None]:
+    def spoil(path: Path) -> None:
+        data = json.loads(path.read_text())
+        data[key] = value
+        path.write_text(json.dumps(data))
+    return spoil
+
+
+def _plan_hosts(*hosts: str) -> Callable[[Path], None]:
+    def spoil(path: Path) -> None:
+        data = json.loads(path.read_text())
+        data["topology"]["hosts"] = list(hosts)
+        path.write_text(json.dumps(data))
+    return spoil
+
+
+def _nested(path: Path) -> None:
+    path.write_text("[" * 100_000)
+
+
+HOSTILE_VALUES = {
+    "report.json starts in the year 1e300": ("report.json", _report_value("started", 1e300)),
+    "report.json ends at infinity": ("report.json", _report_value("ended", float("inf"))),
+    "report.json ends at NaN": ("report.json", _report_value("ended", float("nan"))),
+    "report.json's stacks name instance ²": ("report.json", _report_value("stacks", {"²": "here"})),
+    "report.json's incomplete is a number": ("report.json", _report_value("incomplete", 7)),
+    "report.json is nested 100,000 deep": ("report.json", _nested),
+    "plan.json is nested 100,000 deep": ("plan.json", _nested),
+    "events.jsonl starts nested 100,000 deep": ("events.jsonl", _nested),
+    "events.jsonl starts in the year 1e300": ("events.jsonl", lambda p: p.write_text('{"time": 1e300}\n')),
+    "actual.json names instance ²": ("actual.json", lambda p: p.write_text('{"instances": {"²": {"verified": true}}}')),
+    "supervisor holds other digits": ("supervisor", lambda p: p.write_text(f"² 1 {os.uname().nodename}\n")),
+    "plan.json names hosts that are host lists": ("plan.json", _plan_hosts("pod[1-3]", "x,y")),
+    "plan.json names an empty host": ("plan.json", _plan_hosts("")),
+    "plan.json names a host with an escape": ("plan.json", _plan_hosts("a\x1b[2Jb")),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HOSTILE_VALUES))
+def test_a_hostile_value_in_a_record_is_never_a_traceback(tmp_path: Path, marked: Marked, case: str) -> None:
+    """Times out of range, non-ASCII digits, JSON nested without end: ps, report and logs say so (PR602) or go on."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    path = _a_run(env, tmp_path)
+    name, spoil = HOSTILE_VALUES[case]
+    if name == "supervisor":
+        (path / "report.json").unlink()
+    spoil(path / name)
+
+    # WHEN
+    shown = [poprun(env, *command, timeout=10) for command in (("ps",), ("ps", "--json"), ("report", "last"),
+                                                                ("logs", "last"))]
+
+    # THEN
+    for done in shown:
+        assert done.returncode in (0, 2), done.stderr
+        assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr
+    rows = json.loads(shown[1].stdout, parse_constant=lambda word: pytest.fail(f"ps --json printed {word}"))
+    assert [path.name] == [r["id"] for r in rows]
+    assert "\x1b" not in shown[0].stdout + shown[2].stdout
+
+
+def test_counts_beyond_64_bits_are_taken_as_everything_and_other_digits_are_refused(tmp_path: Path,
+                                                                                     marked: Marked) -> None:
+    """``--tail`` and ``--timeout`` of 20 or 5,000 digits mean 'no limit'; digits of another script are PR105."""
+    # GIVEN a run, and one that goes on (detached)
+    env = runs_env(marked, tmp_path)
+    launch(env, "echo hello", instances=1)
+    ended = json.loads(poprun(env, "ps", "--json").stdout)[0]["id"]
+    running = poprun(env, "--detach", "--num-instances", "2", "--num-replicas", "2", "sleep", "60").stdout.strip()
+
+    # WHEN
+    tails = [poprun(env, "logs", ended, "--tail", count) for count in ("9" * 20, "9" * 5000)]
+    other = poprun(env, "logs", ended, "--tail", "٣")
+    stopped = poprun(env, "stop", running, "--timeout", "9" * 5000)
+
+    # THEN
+    assert [(0, "hello\n", "")] * 2 == [(t.returncode, t.stdout, t.stderr) for t in tails]
+    assert (2, "error[PR105]: invalid value for --tail") == (other.returncode, other.stderr.splitlines()[0])
+    assert (0, f"poprun: stopped run {running}: it ended with status 143\n") == (stopped.returncode, stopped.stderr)
+
+
+def test_a_run_directory_named_with_control_characters_is_not_a_run(tmp_path: Path, marked: Marked) -> None:
+    """A copy of a record under a name with an escape sequence or a byte that is not UTF-8: never listed, never shown."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    path = _a_run(env, tmp_path)
+    for name in (b"2026\x1b[2J", b"2026\xff"):
+        shutil.copytree(path, tmp_path / "runs" / os.fsdecode(name))
+
+    # WHEN
+    listed, shown = poprun(env, "ps", "--all"), poprun(env, "report", "last")
+
+    # THEN
+    assert "\x1b" not in listed.stdout + shown.stdout
+    assert [path.name] == [line.split()[0] for line in listed.stdout.splitlines()[1:]]
+    assert shown.stdout.startswith(f"run {path.name}: ")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import jsonschema
@@ -124,7 +126,103 @@ def test_a_full_disk_stops_the_record_not_the_run(tmp_path: Path) -> None:
 
     assert (0, 4000) == (done.returncode, len(done.stdout.splitlines())), done.stderr
     assert done.stderr.startswith("poprun: warning: cannot write the run record "), done.stderr
-    assert done.stderr.endswith(": it stops here\n") and done.stderr.count("\n") == 1
+    assert done.stderr.endswith(" (No space left on device): it stops here, incomplete; its report.json keeps how "
+                                "the run ended\n") and done.stderr.count("\n") == 1
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """Return a 64 KiB file system (a tmpfs) to keep runs on, unmounted after."""
+    runs = tmp_path / "small"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(runs)], check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    yield runs
+    subprocess.run(["umount", "-l", str(runs)], check=False)
+
+
+@pytest.mark.parametrize("status", [0, 3])
+def test_a_record_cut_by_a_full_disk_keeps_the_exit_status_and_says_it_is_incomplete(tmp_path: Path,
+                                                                                     small_disk: Path,
+                                                                                     status: int) -> None:
+    """The disk fills up: the launch exits with the program's status; ps, report and logs say 'record incomplete'."""
+    # GIVEN
+    env = {"POPRUN_RUNS_DIR": str(small_disk)}
+    program = f"import sys; [sys.stdout.write('x' * 99 + '\\n') for _ in range(2000)]; sys.exit({status})"
+
+    # WHEN
+    done = poprun("--num-instances", "2", "--num-replicas", "2", sys.executable, "-c", program, cwd=tmp_path,
+                  env=env)
+    listed = poprun("ps", "--json", cwd=tmp_path, env=env)
+    table = poprun("ps", cwd=tmp_path, env=env)
+    report = poprun("report", "last", cwd=tmp_path, env=env)
+    logs = poprun("logs", "last", "--instance", "1", cwd=tmp_path, env=env)
+
+    # THEN the launch: its program's status, and one warning about the record
+    assert status == done.returncode
+    assert 4000 == len(done.stdout.splitlines()) or status  # (a failure stops the other instance)
+    assert 1 == done.stderr.count("poprun: warning: cannot write the run record ")
+    # ps: ended with that status, and why the record is incomplete
+    row = json.loads(listed.stdout)[0]
+    assert ("ended", status, "No space left on device", None, 2) == (row["state"], row["status"], row["incomplete"],
+                                                                     row["problem"], row["instances"])
+    assert f" ended {status}, record incomplete " in table.stdout.splitlines()[1]
+    # report and logs: said, never a diagnostic
+    assert (0, "") == (report.returncode, report.stderr)
+    assert report.stdout.splitlines()[0].endswith(f": ended with status {status}")
+    assert report.stdout.splitlines()[2].startswith("record incomplete (No space left on device): ")
+    assert 0 == logs.returncode
+    assert set(logs.stdout.splitlines()) <= {"x" * 99}
+    assert logs.stderr.startswith("poprun: record incomplete (No space left on device): ")
+    # every file whole: each event a line of JSON, the report valid
+    run = only_run(small_disk)
+    assert all(isinstance(e, dict) for e in lines(run / "events.jsonl"))
+    assert not (run / ".reserve").exists()
+
+
+def test_a_record_that_cannot_be_made_on_a_full_disk_leaves_nothing(tmp_path: Path, small_disk: Path) -> None:
+    """The runs directory is full before the launch: one warning, the run goes on, no half-made run is left."""
+    # GIVEN
+    env = {"POPRUN_RUNS_DIR": str(small_disk)}
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.close(fd)
+
+    # WHEN
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "echo", "ran", cwd=tmp_path, env=env)
+    listed = poprun("ps", "--all", "--json", cwd=tmp_path, env=env)
+
+    # THEN
+    assert (0, "ran\nran\n") == (done.returncode, done.stdout)
+    assert done.stderr.startswith("poprun: warning: cannot write the run record in ")
+    assert done.stderr.endswith(": No space left on device: this run is not recorded\n")
+    assert ([], ["filler"]) == (json.loads(listed.stdout), [p.name for p in small_disk.iterdir()])
+
+
+def test_a_detached_run_whose_supervisor_cannot_be_recorded_is_not_started(tmp_path: Path) -> None:
+    """A disk with room for the record but not one page more: --detach says why, exits 125, the report keeps it."""
+    # GIVEN 20 KiB: the supervisor's page and the report's room, nothing for the detached supervisor's own line
+    runs = tmp_path / "tiny"
+    runs.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20k", "tmpfs", str(runs)], check=False).returncode:
+        pytest.skip("cannot mount a small tmpfs here")
+    try:
+        env = {"POPRUN_RUNS_DIR": str(runs)}
+
+        # WHEN
+        done = poprun("--detach", "--num-instances", "2", "--num-replicas", "2", "sleep", "30", cwd=tmp_path, env=env)
+        listed = poprun("ps", "--json", cwd=tmp_path, env=env)
+    finally:
+        subprocess.run(["umount", "-l", str(runs)], check=False)
+
+    # THEN
+    assert (125, "") == (done.returncode, done.stdout)
+    assert done.stderr.startswith("poprun: cannot record the supervisor of run ")
+    assert done.stderr.endswith(" (No space left on device): a detached run that could not be found again is not "
+                                "started\n")
+    assert [("ended", 125)] == [(r["state"], r["status"]) for r in json.loads(listed.stdout)]
 
 
 def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) -> None:
@@ -141,6 +239,16 @@ def test_old_runs_are_pruned_but_never_what_poprun_did_not_make(tmp_path: Path) 
     recorded = sorted(p.name for p in runs.iterdir() if (p / ".poprun-run").exists() and not p.is_symlink())
     assert 2 == len(recorded)
     assert ("keep me", True) == ((runs / "0-mine" / "data").read_text(), (runs / "0-link").is_symlink())
+
+
+@pytest.mark.parametrize("keep", ["ten", "²", "-1"])
+def test_a_runs_keep_that_is_no_number_is_one_warning_and_the_default(tmp_path: Path, keep: str) -> None:
+    """POPRUN_RUNS_KEEP that is no whole number (other digits included): one warning, 100 kept, the run goes on."""
+    done = poprun("--num-instances", "2", "--num-replicas", "2", "echo", "ran", cwd=tmp_path,
+                  env={"POPRUN_RUNS_DIR": str(tmp_path / "runs"), "POPRUN_RUNS_KEEP": keep})
+
+    assert (0, "ran\nran\n") == (done.returncode, done.stdout)
+    assert f"poprun: warning: POPRUN_RUNS_KEEP is {keep!r}, not a whole number: 100 is used\n" == done.stderr
 
 
 def test_poprun_record_0_keeps_nothing(tmp_path: Path) -> None:
@@ -258,3 +366,37 @@ def test_removing_a_run_follows_no_link_not_even_a_swapped_top(tmp_path: Path) -
 
     assert (False, "keep me", ["keep"]) == (run.exists(), (outside / "keep").read_text(),
                                             [p.name for p in outside.iterdir()])
+
+
+def test_a_report_too_large_for_the_room_left_is_kept_short(tmp_path: Path, small_disk: Path) -> None:
+    """A full disk and the report of 5,000 failed instances: its short form (status, root cause) is still written."""
+    from poprun.core.events import Teardown
+    from poprun.runs.record import RunRecord
+
+    # GIVEN a record, then a full disk
+    record = RunRecord.create({"POPRUN_RUNS_DIR": str(small_disk)})
+    fd = os.open(small_disk / "filler", os.O_WRONLY | os.O_CREAT, 0o600)
+    with contextlib.suppress(OSError):
+        while os.write(fd, b"x" * 4096):
+            pass
+    os.close(fd)
+    failures = [{"index": i, "host": "localhost", "pid": 100 + i, "exit_code": 3 if i == 4321 else None,
+                 "signal": None if i == 4321 else 15, "stopped": i != 4321, "lost": False, "via": "",
+                 "tail": [f"line {k} of instance {i}" for k in range(10)]} for i in range(5000)]
+    report = {"v": 1, "run": record.id, "status": 3, "started": record.started, "ended": record.started + 1,
+              "statuses": [143] * 5000, "root_cause": 4321, "failures": failures, "signals": [], "error": None,
+              "phases": {"run": 1.0}, "truncated": {}}
+
+    # WHEN
+    record.event(Teardown())
+    record.instance_lines(0, "stdout", b"y" * 100_000 + b"\n")
+    record.finish(report)
+    shown = poprun("report", record.id, cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(small_disk)})
+
+    # THEN
+    assert (True, "No space left on device") == (record.reported, record.incomplete)
+    assert (0, "") == (shown.returncode, shown.stderr)
+    assert f"run {record.id}: ended with status 3\n" in shown.stdout
+    assert "Root cause: instance 4321 on localhost exited with status 3\n" in shown.stdout
+    assert "record incomplete (No space left on device)" in shown.stdout
+    assert os.path.getsize(Path(record.path) / "report.json") <= 16 << 10  # noqa: PTH202

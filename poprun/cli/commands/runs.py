@@ -95,11 +95,12 @@ def _count(given: dict[str, str], name: str, flag: str, *, least: int = 0) -> in
     text = given.get(name)
     if text is None:
         return None
-    if not text.strip().isdigit() or int(text) < least:
-        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{text}' is not a whole number"
-                                     + (f" of {least} or more" if least else ""), span=SourceSpan.flag(flag),
-                                     hint=f"write e.g. {flag}=10")])
-    return int(text)
+    digits = text.strip()
+    if not (digits.isascii() and digits.isdigit()) or int(digits[:19]) < least:
+        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{_printable(text[:40])}' is not "
+                                     "a whole number" + (f" of {least} or more" if least else ""),
+                                     span=SourceSpan.flag(flag), hint=f"write e.g. {flag}=10")])
+    return int(digits) if len(digits) < 19 else 10 ** 18  # noqa: PLR2004 - beyond any count or time: no int of a megabyte
 
 
 def _help(command: str) -> int:
@@ -137,7 +138,8 @@ def ps(args: list[str], _session: Session) -> int:
 
         rows = [{"id": r.id, "state": r.state, "status": r.status, "started": r.started, "ended": r.ended,
                  "duration": r.duration(now), "instances": r.instances, "hosts": list(r.hosts), "argv": list(r.argv),
-                 "backend": r.backend, "path": r.path, "problem": r.problem or None} for r in runs]
+                 "backend": r.backend, "path": r.path, "problem": r.problem or None,
+                 "incomplete": r.incomplete or None} for r in runs]
         sys.stdout.write(json.dumps(rows, indent=2) + "\n")
         return exitcode.OK
     sys.stdout.write(render_ps(runs, now))
@@ -151,14 +153,23 @@ def render_ps(runs: Iterable[store.RunInfo], now: float) -> str:
     rows = [("RUN", "STATE", "STARTED", "DURATION", "INSTANCES", "HOSTS", "PROGRAM")]
     for run in runs:
         state = f"ended {run.status}" if run.state == "ended" else run.state
+        state += ", record incomplete" if run.incomplete else ""
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started else "-"
         program = shlex.join(run.argv) if run.argv else (run.problem or "-")
         rows.append((run.id, state, started, _duration(run.duration(now)),
                      "-" if run.instances is None else str(run.instances),
-                     _printable(compress(run.hosts)) if run.hosts else "-", _printable(program)))
+                     _printable(_hosts(run.hosts, compress)) if run.hosts else "-", _printable(program)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
     return "".join("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=False)) + "  " + row[-1] + "\n"
                    for row in rows)
+
+
+def _hosts(hosts: tuple[str, ...], compress: Callable[[Iterable[str]], str]) -> str:
+    """Return ``hosts`` as a host list (``pod[1-4]``), or listed as they are when they are no host names (a record changed)."""
+    try:
+        return compress(hosts)
+    except ValueError:  # HostlistError
+        return ",".join(hosts)
 
 
 def _duration(seconds: float | None) -> str:
@@ -218,6 +229,7 @@ def logs(args: list[str], _session: Session) -> int:
             _follow(reader, out, path)
         else:
             _note_truncation(path, instance)
+        _note_incomplete(path)
     except BrokenPipeError:
         return BROKEN
     return exitcode.OK
@@ -298,6 +310,18 @@ def _note_truncation(path: str, instance: int | None) -> None:
         if (instance is None or key == str(instance)) and isinstance(sizes, dict):
             sys.stderr.write(f"poprun: instance {_printable(key)}'s output was cut at {sizes.get('kept')} bytes "
                              f"(POPRUN_RUN_LOG_LIMIT): {sizes.get('dropped')} bytes are not in the record\n")
+
+
+def _note_incomplete(path: str) -> None:
+    """Say on stderr when the record stops short of the run's end (a full disk): the output after that is not in it."""
+    why = store.run_info(os.path.dirname(path), os.path.basename(path)).incomplete  # noqa: PTH119, PTH120
+    if why:
+        sys.stderr.write(f"poprun: {_incomplete(why)}\n")
+
+
+def _incomplete(why: str) -> str:
+    return (f"record incomplete ({_printable(why)}): it stops where it could no longer be written; what came after "
+            "is not in it, but the report keeps how the run ended")
 
 
 def attach(args: list[str], session: Session) -> int:
@@ -424,7 +448,10 @@ def _verified(path: str) -> str:
     if not isinstance(instances, dict) or not instances:
         return ""
     lines, same, unread = [], 0, 0
-    for index, seen in sorted(instances.items(), key=lambda item: int(item[0]) if str(item[0]).isdigit() else -1):
+    def number(item: tuple[str, object]) -> int:
+        return int(item[0]) if item[0].isascii() and item[0].isdigit() and len(item[0]) < 10 else -1  # noqa: PLR2004
+
+    for index, seen in sorted(instances.items(), key=number):
         if not isinstance(seen, dict) or seen.get("verified") is not True:
             unread += 1
             continue
@@ -454,6 +481,8 @@ def _header(run_id: str, path: str, data: dict[str, object] | None) -> str:
         took = _duration(info.duration(time.time()))
         lines.append(f"started {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(info.started))}, "
                      f"{'running' if info.state == 'running' else 'ran'} {took}")
+    if info.incomplete:
+        lines.append(_incomplete(info.incomplete))
     if info.instances is not None:
         hosts = ", ".join(info.hosts) or "-"
         lines.append(f"{info.instances} instance{'' if info.instances == 1 else 's'} on {_printable(hosts)} "
