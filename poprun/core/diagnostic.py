@@ -62,6 +62,7 @@ CODES: dict[str, str] = {
     "PR222": "invalid exit status",
     "PR223": "restart settings without restarts",
     "PR224": "stall limit not below the time limit",
+    "PR230": "MPI program without an srun plugin that starts it",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",

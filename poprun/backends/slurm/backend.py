@@ -11,11 +11,11 @@ The step (:func:`srun_command`)::
 
     SLURM_HOSTFILE=<one host per instance, in index order> POPRUN_SLURM_LAUNCH=<the instances>
     srun --job-name=poprun-<random> --nodes=<hosts> --ntasks=<instances> --distribution=arbitrary
-         --label --kill-on-bad-exit=0 --input=0|none [--overcommit] <python> -I -S -c <WRAPPER>
+         --label --kill-on-bad-exit=0 --input=0|none [--mpi=PLUGIN] [--overcommit] <python> -I -S -c <WRAPPER>
 
 Task *i* is instance *i* on its planned host: ``--distribution=arbitrary`` places the tasks in
 the order of ``SLURM_HOSTFILE``, so ``SLURM_PROCID`` (and the MPI rank under ``--mpi=pmix``,
-chosen with ``SLURM_MPI_TYPE=pmix`` as for any srun) is the instance index. Every task runs
+which the plan chooses for a program that calls MPI: ``plan.mpi.srun_plugin``) is the instance index. Every task runs
 the same tiny wrapper (:data:`WRAPPER`, standard library only), which takes its instance's argv,
 working directory, environment (unset, then set) and CPU binding from
 ``POPRUN_SLURM_LAUNCH`` (the plan's instances as zlib-compressed JSON, in base64: the
@@ -155,6 +155,7 @@ def srun_command(plan: LaunchPlan, *, srun: str = "srun", python: str = sys.exec
     hosts = dict.fromkeys(i.host for i in plan.instances)
     return (srun, f"--job-name={name}", f"--nodes={len(hosts)}", f"--ntasks={len(plan.instances)}",
             "--distribution=arbitrary", "--label", "--kill-on-bad-exit=0", "--input=0" if stdin else "--input=none",
+            *([f"--mpi={plan.mpi.srun_plugin}"] if plan.mpi.srun_plugin else []),
             *(["--overcommit"] if overcommit else []), python, "-I", "-S", "-c", WRAPPER)
 
 
