@@ -92,6 +92,7 @@ CODES: dict[str, str] = {
     "PR421": "mpirun refused its arguments",
     "PR422": "mpirun could not start on a host",
     "PR423": "not enough slots for mpirun",
+    "PR425": "instance loads MPI without an MPI launcher",
     "PR430": "output files cannot be written safely",
     "PR440": "port already in use",
     "PR441": "popdist's hub port already in use",
