@@ -63,6 +63,7 @@ CODES: dict[str, str] = {
     "PR223": "restart settings without restarts",
     "PR224": "stall limit not below the time limit",
     "PR230": "MPI program without an srun plugin that starts it",
+    "PR231": "SLURM_MPI_TYPE names no MPI plugin of srun's",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",

@@ -6,6 +6,7 @@ Layer: ``poprun.planner``; each function records its decisions on the :class:`So
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from popdist import env as names
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 _SHOWN_HOSTS = 3
+_SRUN_PLUGIN = re.compile(r"[A-Za-z0-9_]{1,32}\Z")  # srun --mpi=NAME (as plancheck checks a saved plan's)
 
 def vipu(s: Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: str, default: T,
           convert: Callable[[str], T]) -> T:
@@ -278,11 +280,20 @@ def srun_mpi(s: Solver, backend: str, uses_mpi: str | None) -> str | None:
     if backend != "slurm" or uses_mpi is None:
         return None
     found = srun_mpi_plugin(s)
+    plugins = s.ctx.srun_mpi() if s.ctx.srun_mpi is not None else None
     if found is not None:
         plugin, why = found
-        source = SourceSpan.env("SLURM_MPI_TYPE") if why.startswith("taken") else SourceSpan.derived("srun mpi")
-        return s.decide("srun mpi", plugin, source, why)
-    plugins = s.ctx.srun_mpi() if s.ctx.srun_mpi is not None else None
+        if not why.startswith("taken"):
+            return s.decide("srun mpi", plugin, SourceSpan.derived("srun mpi"), why)
+        if _SRUN_PLUGIN.match(plugin) and (plugins is None or plugin in plugins):
+            return s.decide("srun mpi", plugin, SourceSpan.env("SLURM_MPI_TYPE"), why)
+        known = f"srun --mpi=list names {', '.join(plugins) or 'none'}" if plugins is not None else \
+            "an MPI plugin's name is letters, digits and '_'"
+        s.fail("PR231", "SLURM_MPI_TYPE names no MPI plugin of srun's",
+               detail=f"SLURM_MPI_TYPE is {plugin!r}, and {known}: srun would refuse the step",
+               span=SourceSpan.env("SLURM_MPI_TYPE"),
+               hint="set SLURM_MPI_TYPE to one of srun --mpi=list (pmix for Open MPI), or unset it to let poprun choose")
+        return None
     listed = ("srun --mpi=list gave no answer here" if plugins is None else
               f"srun --mpi=list names no pmix plugin (only {', '.join(plugins) or 'none'})")
     s.fail("PR230", "the program calls MPI but srun here has no MPI plugin that starts it",

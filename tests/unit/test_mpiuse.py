@@ -132,7 +132,9 @@ def _in_slurm(argv: list[str], *, plugins: tuple[str, ...] | None, mpirun: str |
     (["--host", "h1", "--num-instances", "1", "--num-replicas", "2", "python3", "mpi.py"], ("pmix",), None, {},
      ("slurm", "pmix", ())),
     # the user's SLURM_MPI_TYPE is theirs, whatever srun lists
-    (["--num-replicas", "6", "python3", "mpi.py"], ("none",), None, {"SLURM_MPI_TYPE": "pmi2"}, ("slurm", "pmi2", ())),
+    (["--num-replicas", "6", "python3", "mpi.py"], ("none", "pmi2"), None, {"SLURM_MPI_TYPE": "pmi2"},
+     ("slurm", "pmi2", ())),
+    (["--num-replicas", "6", "python3", "mpi.py"], None, None, {"SLURM_MPI_TYPE": "pmix_v4"}, ("slurm", "pmix_v4", ())),
     # no pmix, mpirun found: mpirun, which starts its daemons through Slurm
     (["--num-replicas", "6", "python3", "mpi.py"], ("none", "pmi2"), "/usr/bin/mpirun", {}, ("mpirun", None, ())),
     (["--num-replicas", "6", "python3", "mpi.py"], None, "/usr/bin/mpirun", {}, ("mpirun", None, ())),
@@ -170,3 +172,20 @@ def test_the_srun_plugin_is_explained() -> None:
     plan = solve(parse_flags(["--num-replicas", "6", "python3", "mpi.py"], environ=SLURM).spec, ctx).plan
 
     assert [("pmix", "derived")] == [(d.value, d.source.split(":")[0]) for d in plan.explanation if d.key == "srun mpi"]
+
+
+@pytest.mark.parametrize(("value", "plugins"), [
+    ("pmix --export=NONE", None),  # not a plugin's name: it would reach srun's argv as one word
+    ("pmix;id", ("pmix",)),
+    ("pmi3", ("none", "pmix", "pmi2")),  # a name srun does not list
+])
+def test_slurm_mpi_type_that_names_no_plugin_is_pr231_before_the_launch(value: str,
+                                                                        plugins: tuple[str, ...] | None) -> None:
+    """The user's SLURM_MPI_TYPE for an MPI program must be one of srun's plugins: else PR231, nothing starts."""
+    env = SLURM | {"SLURM_MPI_TYPE": value}
+    ctx = Context(environ=env, cwd="/app", mpi_probe=lambda _a, _cwd: "mpi.py imports mpi4py", mpirun=lambda: None,
+                  srun_mpi=lambda: plugins)
+    with pytest.raises(DiagnosticError) as raised:
+        solve(parse_flags(["--num-replicas", "6", "python3", "mpi.py"], environ=env).spec, ctx)
+
+    assert ["PR231"] == [d.code for d in raised.value.diagnostics if d.is_error]
