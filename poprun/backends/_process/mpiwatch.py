@@ -27,7 +27,7 @@ _LIBRARY = re.compile(rb"[ \t](/[^\n]*/lib(?:mpi|mpich)\.so[.0-9]*)$", re.MULTIL
 _FIRST_S = 0.1  # the first look, after the start; each next one twice as late, up to _EVERY_S apart
 _EVERY_S = 30.0
 _MAPS_MAX = 16 << 20  # bytes of one process's maps read at most
-_PROCESSES_MAX = 64  # processes of one instance looked at, at most (the instance's own first)
+_PROCESSES_MAX = 8  # processes of one instance looked at, at most (the instance's own first: sh, then python)
 
 
 def mpi_library(pid: int) -> str | None:
@@ -62,6 +62,8 @@ def _mapped(pid: int) -> str | None:
         with Path(f"/proc/{pid}/maps").open("rb") as maps:
             data = maps.read(_MAPS_MAX)
     except OSError:  # gone, or not ours
+        return None
+    if b"/libmpi" not in data:  # the common case, at memchr's speed
         return None
     found = _LIBRARY.search(data)
     return found[1].decode(errors="replace") if found else None
