@@ -12,7 +12,8 @@ will call MPI, found by looking at them without running anything:
 - a Python program (``python3 script.py``, ``python3 -m module``, ``python3 -c code``) whose
   code imports ``mpi4py`` or ``horovod`` (a statement at a line's start or after ``;``, also
   in an ``import`` list), or that runs ``-m mpi4py``;
-- a compiled program linked with Open MPI's library (``libmpi.so`` among its needed libraries).
+- a compiled program linked with Open MPI's library (``libmpi.so`` among its needed libraries);
+- an executable Python script (``./train.py``, whose ``#!`` line runs Python) that imports them.
 
 Reads are bounded (:data:`_MAX_BYTES`), only of regular files, and never follow a program's own
 imports: a program that reaches MPI only through a module of its own is not seen, and runs
@@ -35,6 +36,7 @@ _PYTHON = re.compile(r"python[0-9.]*\Z")
 # list of an "import" ("import os, mpi4py.MPI as M").
 _IMPORT = re.compile(rb"(?:^|;)[ \t]*(?:from[ \t]+|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*)"
                      rb"(mpi4py|horovod)\b", re.MULTILINE)
+_SHEBANG = re.compile(rb"#![ \t]*(?:\S*/env[ \t]+(?:-\S+[ \t]+)*|\S*/)?python[0-9.]*(?:[ \t]|\r?\n|\Z)")
 _PLUGIN = re.compile(r"[a-z][a-z0-9_]{0,31}")  # an MPI plugin's name as srun lists it
 _SRUN_S = 10.0  # how long srun --mpi=list may take
 _VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # python options that take the next word
@@ -58,6 +60,9 @@ def probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | 
     head = _read(program)
     if head.startswith(b"\x7fELF") and b"libmpi.so" in head:
         return f"{argv[0]} is linked with Open MPI's libmpi"
+    if _SHEBANG.match(head):  # ./train.py, run by Python through its #! line
+        found = _IMPORT.search(head)
+        return f"{argv[0]} imports {found.group(1).decode()}" if found else None
     return None
 
 

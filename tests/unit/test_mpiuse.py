@@ -34,6 +34,21 @@ def test_a_python_script_calls_mpi_when_it_imports_mpi4py_or_horovod(tmp_path: P
     assert expected == probe(("python3", "-u", "train.py", "--epochs", "3"), str(tmp_path), PATH)
 
 
+@pytest.mark.parametrize(("first_line", "expected"), [
+    ("#!/usr/bin/env python3", "./train.py imports mpi4py"),
+    ("#!/usr/bin/python3.11 -u", "./train.py imports mpi4py"),
+    ("#!/bin/sh", None),  # a shell script that mentions mpi4py is no Python
+])
+def test_an_executable_python_script_with_a_shebang_is_read_as_python(tmp_path: Path, first_line: str,
+                                                                      expected: str | None) -> None:
+    """``./train.py`` run by its ``#!`` line: a Python interpreter there makes it a Python program, read as one."""
+    script = tmp_path / "train.py"
+    script.write_text(f"{first_line}\nfrom mpi4py import MPI\n")
+    script.chmod(0o755)
+
+    assert expected == probe(("./train.py", "--epochs", "3"), str(tmp_path), PATH)
+
+
 @pytest.mark.parametrize(("argv", "expected"), [
     (("python3", "-m", "mpi4py", "train.py"), "it runs the module mpi4py"),
     (("python3", "-m", "mpi4py.bench", "helloworld"), "it runs the module mpi4py.bench"),
