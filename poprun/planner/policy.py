@@ -221,7 +221,10 @@ def backend_name(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) ->
     why = uses_mpi
     job = s.ctx.environ.get("SLURM_JOB_ID")  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
     if why is not None and job and not is_on(s.spec.offline_mode):
-        if srun_mpi_plugin(s) or s.ctx.mpirun is None or not s.ctx.mpirun():
+        if (found := srun_mpi_plugin(s)) is not None:
+            return "slurm", (f"inside Slurm job {job}: the instances start as one srun step, with srun's MPI plugin "
+                             f"{found[0]} (the program calls MPI: {why})")
+        if s.ctx.mpirun is None or not s.ctx.mpirun():
             return "slurm", f"inside Slurm job {job}: the instances start as one srun step"
         return "mpirun", (f"inside Slurm job {job}, the program calls MPI ({why}) and srun here has no pmix plugin: "
                           "mpirun starts the instances through Slurm as one MPI world (--backend chooses another)")

@@ -39,6 +39,7 @@ def test_explain_shows_the_srun_plugin_chosen_for_an_mpi_program(slurm_hosts: Te
     done = salloc(slurm_hosts, "plan", "--explain", "--num-replicas", "6", PY, "probe.py", cwd=tmp_path, env=env)
 
     assert 0 == done.returncode, done.stderr
-    assert "backend: slurm (inside Slurm job " in done.stdout
+    assert re.search(r"^backend: slurm \(inside Slurm job \d+: the instances start as one srun step, with srun's MPI "
+                     r"plugin pmix \(the program calls MPI: probe.py imports mpi4py\)\)$", done.stdout, re.MULTILINE), done.stdout
     assert re.search(r"^ *srun mpi +pmix +derived +the program calls MPI and srun here has the pmix plugin", done.stdout,
                      re.MULTILINE), done.stdout
