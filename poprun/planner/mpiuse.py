@@ -38,7 +38,7 @@ _IMPORT = re.compile(rb"(?:^|;)[ \t]*(?:from[ \t]+|import[ \t]+(?:[\w.]+(?:[ \t]
                      rb"(mpi4py|horovod)\b", re.MULTILINE)
 _SHEBANG = re.compile(rb"#![ \t]*(?:\S*/env[ \t]+(?:-\S+[ \t]+)*|\S*/)?python[0-9.]*(?:[ \t]|\r?\n|\Z)")
 _PLUGIN = re.compile(r"[a-z][a-z0-9_]{0,31}")  # an MPI plugin's name as srun lists it
-_SRUN_S = 10.0  # how long srun --mpi=list may take
+_SRUN_S = 5.0  # how long srun --mpi=list may take (it reads the local configuration only)
 _VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # python options that take the next word
 
 
