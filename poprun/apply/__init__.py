@@ -58,6 +58,7 @@ from poprun.core.events import (
     LaunchRunning,
     LaunchStarting,
     LimitReached,
+    MpiWithoutLauncher,
     RunEnded,
     RunStarted,
     StacksCollected,
@@ -184,6 +185,7 @@ class _Relay:
         self.released = threading.Event()  # set by a stop: no hold any more
         self.watch: LimitWatch | None = None
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
+        self.notes: list[Diagnostic] = []  # warnings told as the run went on (PR425), for the report
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
             self.instance_lines = self._instance_lines
         if plan.recovery.stall_timeout_ms:
@@ -208,6 +210,13 @@ class _Relay:
             self._sink.write(stream, data)
 
     def event(self, event: Event) -> None:
+        if isinstance(event, MpiWithoutLauncher):  # told once, and only when it is news (see poprun.apply.mpicheck)
+            from poprun.apply.mpicheck import mpi_warning
+
+            told = mpi_warning(self.plan, event)
+            if told is None or self.notes:
+                return
+            self.notes.append(told)
         if isinstance(event, InstanceStarted) and 0 <= event.index < len(self.plan.instances):
             instance = self.plan.instances[event.index]
             event = event if event.host else evolve(event, host=instance.host)
@@ -345,7 +354,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             record.close()
         raise
     control._finished = True  # noqa: SLF001
-    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings), relay,
+    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings,
+                          notes=result.notes + tuple(relay.notes)), relay,
                    record, clock)
 
 

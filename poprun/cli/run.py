@@ -40,6 +40,7 @@ from poprun.core.events import (
     LaunchRunning,
     LaunchStarting,
     LimitReached,
+    MpiWithoutLauncher,
     PartitionAcquiring,
     PhaseEnded,
     RunStarted,
@@ -106,6 +107,13 @@ class _Reporter:
                               + (f" ({event.detail})" if event.detail else ""))
         elif isinstance(event, HostConnected):
             self._connected(event)
+        elif isinstance(event, MpiWithoutLauncher):  # passed on by apply only when it is to be told (PR425)
+            from poprun.apply.mpicheck import mpi_warning
+            from poprun.render.diagnostics import render_diagnostics
+
+            told = mpi_warning(self._plan, event)
+            if told is not None:
+                self._console.log(render_diagnostics((told,), {}))
 
     def _connected(self, event: HostConnected) -> None:
         tries = f", {event.attempts} attempts" if event.attempts > 1 else ""

@@ -201,6 +201,21 @@ class InstanceOutputTruncated:
 
 
 @record
+class MpiWithoutLauncher:
+    """
+    Instance ``index`` has an MPI library loaded (``library``, its path) though no MPI launcher started it.
+
+    Its MPI world is itself alone (the local and offline backends start no MPI launcher): told
+    once per launch, for the first instance found; ``--backend mpirun`` makes them one world.
+    """
+
+    kind: ClassVar[str] = "mpi-without-launcher"
+
+    index: int
+    library: str
+
+
+@record
 class Teardown:
     """Every instance has ended; what the launch made is being undone (the cache, the partition)."""
 
@@ -295,11 +310,11 @@ class StacksCollected:
 
 Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
-         | AttemptStarted | AttemptEnded | LimitReached | StacksCollected)
+         | AttemptStarted | AttemptEnded | LimitReached | StacksCollected | MpiWithoutLauncher)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, LimitReached, StacksCollected)}
+    AttemptStarted, AttemptEnded, LimitReached, StacksCollected, MpiWithoutLauncher)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

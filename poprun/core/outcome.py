@@ -116,6 +116,7 @@ class ApplyResult:
     error: ApplyError | None = None  # poprun's own failure (then statuses is empty): nothing ran, or the backend failed
     signals: tuple[int, ...] = ()  # what stopped poprun, in order (SIGPIPE when an output stream was closed)
     warnings: tuple[Diagnostic, ...] = ()  # what to tell at the very end (releasing the partition)
+    notes: tuple[Diagnostic, ...] = ()  # warnings told on stderr while the run went on (PR425): for the report
     run: str | None = None  # the id of the run's record, when one was kept
     attempts: tuple[Attempt, ...] = ()  # every attempt, when the plan allows restarts (the last is this result's)
     limit: str = ""  # the time limit that ended the run: "timeout" or "stall" (then poprun's status is 124)

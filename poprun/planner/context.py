@@ -46,6 +46,8 @@ class Context:
     # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
     mpi_probe: Callable[[tuple[str, ...], str], str | None] | None = field(default=None, eq=False)
     mpirun: Callable[[], str | None] | None = field(default=None, eq=False)
+    # srun's MPI plugins (``srun --mpi=list``; None: no srun, or no answer), asked only inside an allocation.
+    srun_mpi: Callable[[], tuple[str, ...] | None] | None = field(default=None, eq=False)
     # The host name ssh connects to for a name (ssh_config's HostName, by ``ssh -G``: local, no network).
     ssh_hostname: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
     # Slurm's address of a node (NodeAddr, by ``scontrol``); a launch only, since it asks the Slurm controller.
@@ -81,6 +83,7 @@ class Context:
                    slurm_node_address=address.slurm_node_address if probe_hosts else None,
                    resolves=address.resolves if probe_hosts else None,
                    mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
+                   srun_mpi=_once(lambda: _srun_mpi(environ)),
                    local_names=local_names(), vipu_config=config, vipu_config_file=where)
 
 
@@ -94,6 +97,24 @@ def _mpirun(environ: Mapping[str, str]) -> str | None:
     from poprun.planner.mpiuse import mpirun_path
 
     return mpirun_path(environ)
+
+
+def _once(ask: Callable[[], tuple[str, ...] | None]) -> Callable[[], tuple[str, ...] | None]:
+    """Return ``ask``, asked at most once: its first answer is kept."""
+    kept: list[tuple[str, ...] | None] = []
+
+    def answer() -> tuple[str, ...] | None:
+        if not kept:
+            kept.append(ask())
+        return kept[0]
+
+    return answer
+
+
+def _srun_mpi(environ: Mapping[str, str]) -> tuple[str, ...] | None:
+    from poprun.planner.mpiuse import srun_mpi_plugins
+
+    return srun_mpi_plugins(environ)
 
 
 def _cwd() -> str:

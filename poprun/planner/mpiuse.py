@@ -10,12 +10,16 @@ backends are faster and need no MPI, so the solver picks ``mpirun`` only for pro
 will call MPI, found by looking at them without running anything:
 
 - a Python program (``python3 script.py``, ``python3 -m module``, ``python3 -c code``) whose
-  code imports ``mpi4py`` or ``horovod`` (or that runs ``-m mpi4py``);
-- a compiled program linked with Open MPI's library (``libmpi.so`` among its needed libraries).
+  code imports ``mpi4py`` or ``horovod`` (a statement at a line's start or after ``;``, also
+  in an ``import`` list), or that runs ``-m mpi4py``;
+- a compiled program linked with Open MPI's library (``libmpi.so`` among its needed libraries);
+- an executable Python script (``./train.py``, whose ``#!`` line runs Python) that imports them.
 
 Reads are bounded (:data:`_MAX_BYTES`), only of regular files, and never follow a program's own
 imports: a program that reaches MPI only through a module of its own is not seen, and runs
-with ``--backend mpirun`` (or ``backend = "mpirun"``) as before.
+with ``--backend mpirun`` (or ``backend = "mpirun"``) as before. Inside a Slurm allocation
+:func:`srun_mpi_plugins` asks ``srun --mpi=list`` (local, no controller) which MPI plugins
+srun has, for the solver's choice of ``--mpi=``.
 """
 
 from __future__ import annotations
@@ -23,11 +27,18 @@ from __future__ import annotations
 import os
 import re
 import stat
+import subprocess
 from collections.abc import Mapping
 
 _MAX_BYTES = 4 << 20  # read at most this much of a script or a binary
 _PYTHON = re.compile(r"python[0-9.]*\Z")
-_IMPORT = re.compile(rb"^[ \t]*(?:import|from)[ \t]+(mpi4py|horovod)\b", re.MULTILINE)
+# A statement that imports mpi4py or horovod: at the start of a line or after a ";", as "from X ..." or in the
+# list of an "import" ("import os, mpi4py.MPI as M").
+_IMPORT = re.compile(rb"(?:^|;)[ \t]*(?:from[ \t]+|import[ \t]+(?:[\w.]+(?:[ \t]+as[ \t]+\w+)?[ \t]*,[ \t]*)*)"
+                     rb"(mpi4py|horovod)\b", re.MULTILINE)
+_SHEBANG = re.compile(rb"#![ \t]*(?:\S*/env[ \t]+(?:-\S+[ \t]+)*|\S*/)?python[0-9.]*(?:[ \t]|\r?\n|\Z)")
+_PLUGIN = re.compile(r"[a-z][a-z0-9_]{0,31}")  # an MPI plugin's name as srun lists it
+_SRUN_S = 5.0  # how long srun --mpi=list may take (it reads the local configuration only)
 _VALUED = frozenset({"-W", "-X", "--check-hash-based-pycs"})  # python options that take the next word
 
 
@@ -49,12 +60,41 @@ def probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | 
     head = _read(program)
     if head.startswith(b"\x7fELF") and b"libmpi.so" in head:
         return f"{argv[0]} is linked with Open MPI's libmpi"
+    if _SHEBANG.match(head):  # ./train.py, run by Python through its #! line
+        found = _IMPORT.search(head)
+        return f"{argv[0]} imports {found.group(1).decode()}" if found else None
     return None
 
 
 def mpirun_path(environ: Mapping[str, str]) -> str | None:
     """Return the ``mpirun`` that ``environ``'s PATH finds, or None."""
     return _find("mpirun", "/", environ.get("PATH", os.defpath), search_cwd=False)
+
+
+def srun_mpi_plugins(environ: Mapping[str, str], *, timeout_s: float = _SRUN_S) -> tuple[str, ...] | None:
+    """
+    Return the MPI plugins ``srun --mpi=list`` names (``pmix``, ``pmix_v4``, ``none``...), or None without an answer.
+
+    srun lists the plugins installed on this machine (a shared Slurm installation: the nodes'),
+    without asking the controller; a srun that is missing, fails or takes over ``timeout_s`` is
+    no answer.
+    """
+    srun = _find("srun", "/", environ.get("PATH", os.defpath), search_cwd=False)
+    if srun is None:
+        return None
+    try:
+        done = subprocess.run([srun, "--mpi=list"], env=dict(environ), stdin=subprocess.DEVNULL,  # noqa: S603
+                              capture_output=True, timeout=timeout_s, check=False)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    text = (done.stdout + done.stderr).decode(errors="replace")
+    if done.returncode != 0:
+        return None
+    names = [line.strip() for line in text.splitlines() if line[:1] in ("\t", " ") and _PLUGIN.fullmatch(line.strip())]
+    for line in text.splitlines():  # "specific pmix plugin versions available: pmix_v4"
+        if "versions available:" in line:
+            names += [n for n in line.split(":", 1)[1].replace(",", " ").split() if _PLUGIN.fullmatch(n)]
+    return tuple(dict.fromkeys(names))
 
 
 def _python(args: tuple[str, ...], cwd: str) -> str | None:

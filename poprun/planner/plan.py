@@ -154,6 +154,8 @@ class Mpi:
     allow_run_as_root: bool
     # The hosts with more instances than CPUs: their MPI processes yield when idle (mpi_yield_when_idle).
     crowded_hosts: tuple[str, ...] = ()
+    # srun's MPI plugin (--mpi=) for a program that calls MPI under the slurm backend; None: srun's default.
+    srun_plugin: str | None = None
 
 
 @record

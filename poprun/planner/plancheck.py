@@ -40,6 +40,7 @@ _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
 _BACKEND = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*\Z")
 _CPU_LIST = re.compile(r"\d{1,6}(-\d{1,6})?(,\d{1,6}(-\d{1,6})?)*\Z")
 _WORD = re.compile(r"[a-z][a-z0-9_-]{0,63}\Z")
+_PLUGIN = re.compile(r"[A-Za-z0-9_]{1,32}\Z")  # srun --mpi=NAME
 _CACHE_MODES = ("disabled", "user", "temporary")
 _HOST_MAX = 253
 
@@ -241,6 +242,8 @@ class _Checker:
     def rest(self, plan: p.LaunchPlan) -> None:
         if not _BACKEND.match(plan.backend.name):
             self.fail("$.backend.name", f"is {plan.backend.name!r}, not a backend name")
+        if plan.mpi.srun_plugin is not None and not _PLUGIN.match(plan.mpi.srun_plugin):
+            self.fail("$.mpi.srun_plugin", f"is {plan.mpi.srun_plugin!r}, not the name of srun's MPI plugin")
         if plan.ssh_keys.key_type is not None and plan.ssh_keys.key_type not in SSH_KEY_TYPES:
             self.fail("$.ssh_keys.key_type", f"is {plan.ssh_keys.key_type!r}, not one of {', '.join(SSH_KEY_TYPES)}")
         for k, name in enumerate(plan.mask):

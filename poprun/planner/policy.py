@@ -6,6 +6,7 @@ Layer: ``poprun.planner``; each function records its decisions on the :class:`So
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 
 from popdist import env as names
@@ -22,6 +23,7 @@ if TYPE_CHECKING:
 
     T = TypeVar("T")
 _SHOWN_HOSTS = 3
+_SRUN_PLUGIN = re.compile(r"[A-Za-z0-9_]{1,32}\Z")  # srun --mpi=NAME (as plancheck checks a saved plan's)
 
 def vipu(s: Solver, key: str, given: Sourced[T] | None, *, env_name: str, hcl: str, default: T,
           convert: Callable[[str], T]) -> T:
@@ -193,7 +195,7 @@ def backend(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> p.Ba
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
         return p.BackendChoice(name=name, reason="as given")
     name, reason = backend_name(s, topo, uses_mpi=uses_mpi)
-    if name != "mpirun" and (why := uses_mpi) is not None:
+    if name not in ("mpirun", "slurm") and (why := uses_mpi) is not None:  # slurm: srun_mpi (PR230)
         instead = ("offline mode runs the instances of other hosts here, where mpirun would start them there"
                    if _offline_elsewhere(s, topo) else "Open MPI's mpirun is not on PATH")
         s.warn("PR313", "the program calls MPI but will not run under mpirun",
@@ -217,6 +219,15 @@ def backend_name(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) ->
     if s.spec.backend is not None:
         return s.spec.backend.value, "as given"
     why = uses_mpi
+    job = s.ctx.environ.get("SLURM_JOB_ID")  # poprun.planner.slurm.JOB_ID, not imported outside an allocation
+    if why is not None and job and not is_on(s.spec.offline_mode):
+        if (found := srun_mpi_plugin(s)) is not None:
+            return "slurm", (f"inside Slurm job {job}: the instances start as one srun step, with srun's MPI plugin "
+                             f"{found[0]} (the program calls MPI: {why})")
+        if s.ctx.mpirun is None or not s.ctx.mpirun():
+            return "slurm", f"inside Slurm job {job}: the instances start as one srun step"
+        return "mpirun", (f"inside Slurm job {job}, the program calls MPI ({why}) and srun here has no pmix plugin: "
+                          "mpirun starts the instances through Slurm as one MPI world (--backend chooses another)")
     if why is not None and not _offline_elsewhere(s, topo) and s.ctx.mpirun is not None and s.ctx.mpirun():
         return "mpirun", (f"the program calls MPI ({why}): mpirun starts the instances as one MPI world, as PopRun "
                           "did (--backend chooses another)")
@@ -232,10 +243,68 @@ def backend_name(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) ->
 
 
 def mpi_use(s: Solver, topo: p.Topology, argv: tuple[str, ...], cwd: str) -> str | None:
-    """Return why the program of several instances will call MPI (outside Slurm), or None."""
-    if s.ctx.mpi_probe is None or topo.num_instances < 2 or s.ctx.environ.get("SLURM_JOB_ID"):  # noqa: PLR2004
+    """
+    Return why the program will call MPI, or None: outside Slurm only for several instances.
+
+    Inside an allocation even one instance counts: a task of an srun step that calls MPI needs
+    an MPI plugin of srun's (:func:`srun_mpi`), or Open MPI stops it in ``MPI_Init``.
+    """
+    if s.ctx.mpi_probe is None or (topo.num_instances < 2 and not s.ctx.environ.get("SLURM_JOB_ID")):  # noqa: PLR2004
         return None
     return s.ctx.mpi_probe(argv, cwd)
+
+
+def srun_mpi_plugin(s: Solver) -> tuple[str, str] | None:
+    """
+    Return srun's MPI plugin for a program that calls MPI, and why; None when there is none that works.
+
+    ``SLURM_MPI_TYPE`` when the user set it (srun's own variable: their choice), else ``pmix``
+    when this machine's srun lists it (``srun --mpi=list``): Open MPI, as Debian builds it,
+    starts under srun only with PMIx (it has no PMI2), and Slurm's default (``MpiDefault``,
+    ``none`` unless the site set it) stops it in ``MPI_Init``.
+    """
+    given = s.ctx.environ.get("SLURM_MPI_TYPE", "").strip()
+    if given:
+        return given, "taken from SLURM_MPI_TYPE"
+    plugins = s.ctx.srun_mpi() if s.ctx.srun_mpi is not None else None
+    if plugins and "pmix" in plugins:
+        return "pmix", ("the program calls MPI and srun here has the pmix plugin: the tasks form one MPI world "
+                        "(Open MPI starts under srun with PMIx; Slurm's default plugin would stop it in MPI_Init)")
+    return None
+
+
+def srun_mpi(s: Solver, backend: str, uses_mpi: str | None) -> str | None:
+    """
+    Return the MPI plugin the slurm backend gives srun (``--mpi=``) for a program that calls MPI; None otherwise.
+
+    PR230 when the program calls MPI and no plugin that works is known: the launch would stop
+    in ``MPI_Init`` (``OMPI was not built with SLURM's PMI support``).
+    """
+    if backend != "slurm" or uses_mpi is None:
+        return None
+    found = srun_mpi_plugin(s)
+    plugins = s.ctx.srun_mpi() if s.ctx.srun_mpi is not None else None
+    if found is not None:
+        plugin, why = found
+        if not why.startswith("taken"):
+            return s.decide("srun mpi", plugin, SourceSpan.derived("srun mpi"), why)
+        if _SRUN_PLUGIN.match(plugin) and (plugins is None or plugin in plugins):
+            return s.decide("srun mpi", plugin, SourceSpan.env("SLURM_MPI_TYPE"), why)
+        known = f"srun --mpi=list names {', '.join(plugins) or 'none'}" if plugins is not None else \
+            "an MPI plugin's name is letters, digits and '_'"
+        s.fail("PR231", "SLURM_MPI_TYPE names no MPI plugin of srun's",
+               detail=f"SLURM_MPI_TYPE is {plugin!r}, and {known}: srun would refuse the step",
+               span=SourceSpan.env("SLURM_MPI_TYPE"),
+               hint="set SLURM_MPI_TYPE to one of srun --mpi=list (pmix for Open MPI), or unset it to let poprun choose")
+        return None
+    listed = ("srun --mpi=list gave no answer here" if plugins is None else
+              f"srun --mpi=list names no pmix plugin (only {', '.join(plugins) or 'none'})")
+    s.fail("PR230", "the program calls MPI but srun here has no MPI plugin that starts it",
+           detail=f"{uses_mpi}, and {listed}: under the slurm backend each task would stop in MPI_Init",
+           span=s.origin("backend") if s.spec.backend is not None else SourceSpan.derived("backend"),
+           hint="run with --backend mpirun (inside the allocation mpirun starts its daemons through Slurm), install "
+                "Slurm's pmix plugin (Debian: libpmix-dev), or set SLURM_MPI_TYPE to a plugin that works here")
+    return None
 
 
 def _offline_elsewhere(s: Solver, topo: p.Topology) -> bool:

@@ -84,7 +84,8 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),
                 allow_run_as_root=bool(root) or "--allow-run-as-root" in policy.mpi_global(s),
-                crowded_hosts=policy.crowded_hosts(s, topology, instances, backend.name))
+                crowded_hosts=policy.crowded_hosts(s, topology, instances, backend.name),
+                srun_plugin=policy.srun_mpi(s, backend.name, uses_mpi))
     keys = p.SshKeyDistribution(enabled=is_on(s.spec.distribute_ssh_key),
                                 key_path=value_of(s.spec.distribute_ssh_key_path),
                                 key_type=value_of(s.spec.distribute_ssh_key_type))

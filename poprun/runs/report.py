@@ -29,9 +29,10 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
     master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
-    "stacks": {index: TEXT}, "launch_phases": {name: seconds}, "slow_hosts": [{host, seconds, attempts}]}``
-    (``attempts`` to ``stacks`` added with restarts and time limits, the last two with the launch's own phases:
-    older reports lack them).
+    "stacks": {index: TEXT}, "launch_phases": {name: seconds}, "slow_hosts": [{host, seconds, attempts}],
+    "warnings": [{code, summary, detail, hint}]}`` (``attempts`` to ``stacks`` added with restarts and time
+    limits, ``launch_phases`` and ``slow_hosts`` with the launch's own phases, ``warnings`` (PR425, told as the
+    run went on, and the end's) later: older reports lack them).
     """
     error = result.error
     return {
@@ -55,6 +56,8 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
                       "master_port": a.master_port, "next": a.next, "cause": a.cause} for a in result.attempts],
         "gave_up": result.gave_up, "limit": result.limit, "limit_text": result.limit_text,
         "stacks": {str(i): text for i, text in result.stacks},
+        "warnings": [{"code": d.code, "summary": d.summary, "detail": d.detail, "hint": d.hint}
+                     for d in (*result.notes, *result.warnings)],
     }
 
 

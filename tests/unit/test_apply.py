@@ -211,6 +211,7 @@ SAMPLES = [
                         reason="instance 1 exited with 3 on h1; restart 1 of 3 in 1 s"),
     events.LimitReached(limit="signal", after_ms=50_000, signal=10),
     events.StacksCollected(instances=(0, 2), how="py-spy"),
+    events.MpiWithoutLauncher(index=1, library="/usr/lib/x86_64-linux-gnu/libmpi.so.40"),
 ]
 
 

@@ -69,6 +69,8 @@ CASES = [
     (("mask",), ["NOT A NAME"], "$.mask[0]"),
     (("cache",), {"mode": "user", "path": "/tmp/x", "per_host": False, "remove_at_exit": True}, "$.cache"),
     (("backend", "name"), "a b", "$.backend.name"),
+    (("mpi", "srun_plugin"), "pmix --export=NONE", "$.mpi.srun_plugin"),
+    (("mpi", "srun_plugin"), "", "$.mpi.srun_plugin"),
     (("instances",), [], "$.instances"),
     (("topology",), _DELETE, "$.topology"),
     (("recovery", "scope"), "some", "$.recovery.scope"),
@@ -131,6 +133,14 @@ def test_plan_without_recovery_written_before_it_existed_loads(plan_data):
     plan = from_json(json.dumps(data), file="old.json")
 
     assert (0, 0, False) == (plan.recovery.max_restarts, plan.recovery.timeout_ms, plan.recovery.choose_port)
+
+
+def test_plan_without_srun_plugin_written_before_it_existed_loads(plan_data):
+    """Older plans lack mpi.srun_plugin; they load with srun's default (None)."""
+    data = copy.deepcopy(plan_data)
+    del data["mpi"]["srun_plugin"]
+
+    assert from_json(json.dumps(data), file="old.json").mpi.srun_plugin is None
 
 
 def test_solver_plans_round_trip(plan_data):

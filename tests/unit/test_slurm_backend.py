@@ -16,6 +16,7 @@ from poprun.backends.slurm.backend import (
     parse_task_ends,
     srun_command,
 )
+from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.flags import parse_flags
 from poprun.planner.plan import LaunchPlan
@@ -75,6 +76,17 @@ def test_srun_step_places_task_i_on_instance_is_host():
         plan, python="py", name="step", overcommit=True)
     assert (True, False) == (needs_overcommit(plan, INSIDE.environ),
                              needs_overcommit(plan, {**INSIDE.environ, "SLURM_JOB_CPUS_PER_NODE": "2(x3)"}))
+
+
+def test_srun_step_reads_stdin_for_task_0_and_takes_the_plans_mpi_plugin():
+    """Forwarded stdin: --input=0 (task 0 alone); the plan's srun plugin: --mpi=NAME before the program."""
+    plan = plan_of("--num-replicas=6", "--num-instances=6", "true")
+    with_mpi = evolve(plan, mpi=evolve(plan.mpi, srun_plugin="pmix"))
+
+    argv = srun_command(with_mpi, python="py", name="step", stdin=True)
+
+    assert ("--input=0", "--mpi=pmix", "py") == (argv[7], argv[8], argv[9])
+    assert not any(word.startswith("--mpi") for word in srun_command(plan, python="py", name="step"))
 
 
 def test_wrapper_runs_its_instance_with_the_plans_environment(tmp_path):

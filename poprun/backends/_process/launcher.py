@@ -62,12 +62,15 @@ _READ = 1 << 18  # bytes read from a pipe at once
 
 def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: Mapping[str, str],
                    remove: tuple[str, ...], router: Router, cleanup: tuple[str, ...] = (),
-                   executable: str | None = None) -> tuple[subprocess.Popen[bytes], Watchdog]:
+                   executable: str | None = None, stdin: int | None = None) -> tuple[subprocess.Popen[bytes], Watchdog]:
     """
     Start the launcher ``argv`` with ``env`` in the group of a new watchdog (which removes ``remove`` should poprun die).
 
     ``executable``, when given, is the file run, ``argv[0]`` then being only the name the
-    launcher sees itself called by.
+    launcher sees itself called by. ``stdin``: the descriptor the launcher reads as its
+    standard input (poprun's, from :func:`~poprun.backends._process.instance.forwarded_stdin`,
+    which the launcher passes on to instance 0 alone: mpirun's ``--stdin`` default, srun's
+    ``--input=0``); None: ``/dev/null``.
 
     Raises:
         LaunchError: when the watchdog or the launcher cannot start; then nothing is left: the
@@ -80,7 +83,8 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
         remove_directories(list(cleanup))
         raise LaunchError(str(exc.strerror)) from exc
     try:
-        proc = subprocess.Popen(argv, executable=executable, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+        proc = subprocess.Popen(argv, executable=executable, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
+                                stdin=subprocess.DEVNULL if stdin is None else stdin,
                                 stderr=subprocess.PIPE, env=dict(env), process_group=watchdog.group)
         watchdog.await_ready()
     except (OSError, WatchdogError) as exc:

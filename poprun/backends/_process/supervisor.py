@@ -44,6 +44,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from poprun.backends._process.files import remove_directories
 from poprun.backends._process.instance import start_supervising
+from poprun.backends._process.mpiwatch import MpiWatch
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog, kill_adopted
 from poprun.backends.base import (
@@ -57,6 +58,7 @@ from poprun.backends.base import (
     Restarter,
     Stream,
 )
+from poprun.core.events import MpiWithoutLauncher
 from poprun.planner.plan import LaunchPlan
 
 _READ = 1 << 18  # bytes read from a pipe at once
@@ -123,6 +125,8 @@ class LocalLaunch:
         os.set_blocking(self._wake_r, False)
         os.set_blocking(self._wake_w, False)
         self._selector = selectors.DefaultSelector()
+        # Instances of this machine that load MPI though no MPI launcher runs them (see mpiwatch): told once
+        self._mpi = MpiWatch() if len(self._procs) > 1 and len(self._remote) < len(self._procs) else None
         self._done = threading.Event()
         self._result: ApplyResult | None = None
         self._error: BaseException | None = None
@@ -231,7 +235,8 @@ class LocalLaunch:
         """Forward output and note each end until every instance has ended."""
         while self._live or self._held:
             kill_at = self._kill_at
-            due = [at for at in (kill_at, *self._due.values()) if at is not None]  # the kill, the restarts' delays
+            look_at = self._mpi.due() if self._mpi is not None else None
+            due = [at for at in (kill_at, look_at, *self._due.values()) if at is not None]  # the kill, the restarts' delays
             timeout = max(0.0, min(due) - time.monotonic()) if due else None
             registered = self._selector.get_map()
             for key, _ in self._selector.select(timeout):
@@ -242,6 +247,15 @@ class LocalLaunch:
                 self._restart_step()
             if kill_at is not None and time.monotonic() >= kill_at:
                 self.terminate(0)
+            if look_at is not None and time.monotonic() >= look_at:
+                self._look_for_mpi()
+
+    def _look_for_mpi(self) -> None:
+        """Tell the first running instance of this machine found with an MPI library loaded (once)."""
+        assert self._mpi is not None
+        found = self._mpi.look((i, self._procs[i].pid) for i in sorted(self._live - self._remote))
+        if found is not None:
+            self._event(MpiWithoutLauncher(index=found[0], library=found[1]))
 
     def _restart_step(self) -> None:
         """Start the preparation of restarts now due; take the new processes; give up every restart once stopping."""

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from poprun.backends._process import watchdog as watchdog_module
 from poprun.backends._process.files import which
-from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove
+from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
 from poprun.backends._process.launcher import LauncherLaunch, start_launcher
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog
@@ -402,8 +402,9 @@ class MpirunBackend:
             raise
         env = source | settings.env | {RELAY_VARIABLE: relay.variable}
         try:
+            # mpirun passes its stdin on to rank 0 (instance 0) alone, and /dev/null to the others
             proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
-                                            executable=mpirun)
+                                            executable=mpirun, stdin=forwarded_stdin())
         except BaseException:
             relay.close(lambda *_: None)
             raise

@@ -18,7 +18,10 @@ no child of the program (a shell's ``wait`` does not wait for it), out of reach 
 that stop the instance's group, and it ends when every writer of the pipes has closed them or
 when poprun closes the connection. The program is then mpirun's child exactly as before (same
 pid, same signals, same exit status); only its output goes to poprun directly, whole and
-once, however OpenMPI handles output.
+once, however OpenMPI handles output. The relay also holds the instance's original stdout and
+stderr (mpirun's pipes) until the program itself ends (a pidfd): OpenMPI stops forwarding
+stdin to a process once both are closed, so without them instance 0 would get only the first
+64 KiB of poprun's stdin.
 
 Where the wrapper finds poprun: on an instance of this machine at ``127.0.0.1``; on another
 host at the address its ssh connection came from (``SSH_CONNECTION``, which mpirun's ssh
@@ -60,9 +63,10 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # STREAMS is "12" (a connection each for stdout and stderr) or "1" (one for both: --merge-stderr-to-stdout).
 # The program's stdout and stderr are pipes, as under plain mpirun; a relay process, a grandchild
 # in a session of its own (no child of the program, out of reach of signals to the instance's
-# group, holding no descriptor of mpirun's), copies each pipe to its connection until every
-# writer has closed it, or until poprun closes the connection (the socket becomes readable:
-# poprun never writes after its "k").
+# group), copies each pipe to its connection until every writer has closed it, or until poprun
+# closes the connection (the socket becomes readable: poprun never writes after its "k"). It
+# holds mpirun's own stdout and stderr of the instance until the program's pid ends (pidfd;
+# without pidfd_open, not at all): mpirun forwards stdin only while they are open.
 WRAPPER = r"""import os, select, socket, sys
 def addresses(given):
     found = [a for a in given.split(",") if a]
@@ -92,21 +96,36 @@ def keep(s):
             s.setsockopt(socket.IPPROTO_TCP, o, v)
     except (OSError, AttributeError):
         pass
-def relay(pairs):
+def relay(pairs, held, pid):
     os.setsid()
+    watch = None
+    try:
+        watch = os.pidfd_open(pid)
+    except (AttributeError, OSError):
+        pass
+    if watch is None:
+        held = []
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    keep = sorted([r for r, _ in pairs] + [s.fileno() for _, s in pairs])
+    keep = sorted([r for r, _ in pairs] + [s.fileno() for _, s in pairs] + held + ([watch] if held else []))
     low = 3
     for fd in keep + [1 << 20]:
         os.closerange(low, min(fd, 1 << 20))
         low = fd + 1
     back = {s.fileno(): (r, s) for r, s in pairs}
     ends = dict((r, s) for r, s in pairs)
-    while ends:
-        ready = select.select(list(ends) + list(back), [], [])[0]
+    if not held:
+        watch = None
+    while ends or watch is not None:
+        ready = select.select(list(ends) + list(back) + ([watch] if watch is not None else []), [], [])[0]
         for fd in ready:
+            if fd == watch:
+                for h in held:
+                    os.close(h)
+                os.close(watch)
+                watch = None
+                continue
             if fd in back:
                 r, s = back.pop(fd)
                 ends.pop(r, None)
@@ -128,6 +147,8 @@ def main():
     port, _, token = os.environ.pop("%(variable)s", "").partition(":")
     places = addresses(given)
     pairs = []
+    pid = os.getpid()
+    held = [os.dup(1), os.dup(2)]
     for fd in (1, 2)[:len(streams)]:
         s = connect(places, int(port or 0), token, index, "stdout" if fd == 1 else "stderr")
         if s is None:
@@ -145,13 +166,15 @@ def main():
         if child == 0:
             try:
                 if os.fork() == 0:
-                    relay(pairs)
+                    relay(pairs, held, pid)
             finally:
                 os._exit(0)
         os.waitpid(child, 0)
         for r, s in pairs:
             os.close(r)
             s.close()
+    for h in held:
+        os.close(h)
     try:
         os.execvp(program[0], program)
     except OSError as e:

@@ -11,11 +11,11 @@ The step (:func:`srun_command`)::
 
     SLURM_HOSTFILE=<one host per instance, in index order> POPRUN_SLURM_LAUNCH=<the instances>
     srun --job-name=poprun-<random> --nodes=<hosts> --ntasks=<instances> --distribution=arbitrary
-         --label --kill-on-bad-exit=0 --input=none [--overcommit] <python> -I -S -c <WRAPPER>
+         --label --kill-on-bad-exit=0 --input=0|none [--mpi=PLUGIN] [--overcommit] <python> -I -S -c <WRAPPER>
 
 Task *i* is instance *i* on its planned host: ``--distribution=arbitrary`` places the tasks in
 the order of ``SLURM_HOSTFILE``, so ``SLURM_PROCID`` (and the MPI rank under ``--mpi=pmix``,
-chosen with ``SLURM_MPI_TYPE=pmix`` as for any srun) is the instance index. Every task runs
+which the plan chooses for a program that calls MPI: ``plan.mpi.srun_plugin``) is the instance index. Every task runs
 the same tiny wrapper (:data:`WRAPPER`, standard library only), which takes its instance's argv,
 working directory, environment (unset, then set) and CPU binding from
 ``POPRUN_SLURM_LAUNCH`` (the plan's instances as zlib-compressed JSON, in base64: the
@@ -66,7 +66,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from poprun.backends._process.files import private_directory, which
-from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove
+from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
 from poprun.backends._process.launcher import LauncherLaunch, start_launcher
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog
@@ -145,11 +145,17 @@ _SIGNALS = {signal.strsignal(s) or s.name: int(s) for s in signal.Signals}
 
 
 def srun_command(plan: LaunchPlan, *, srun: str = "srun", python: str = sys.executable, name: str = "poprun",
-                 overcommit: bool = False) -> tuple[str, ...]:
-    """Return the argv of the one ``srun`` step that runs ``plan`` (see the module docstring)."""
+                 overcommit: bool = False, stdin: bool = False) -> tuple[str, ...]:
+    """
+    Return the argv of the one ``srun`` step that runs ``plan`` (see the module docstring).
+
+    ``stdin``: srun's own stdin is poprun's, for task 0 alone (``--input=0``; the other tasks
+    read ``/dev/null``); else no task reads any (``--input=none``).
+    """
     hosts = dict.fromkeys(i.host for i in plan.instances)
     return (srun, f"--job-name={name}", f"--nodes={len(hosts)}", f"--ntasks={len(plan.instances)}",
-            "--distribution=arbitrary", "--label", "--kill-on-bad-exit=0", "--input=none",
+            "--distribution=arbitrary", "--label", "--kill-on-bad-exit=0", "--input=0" if stdin else "--input=none",
+            *([f"--mpi={plan.mpi.srun_plugin}"] if plan.mpi.srun_plugin else []),
             *(["--overcommit"] if overcommit else []), python, "-I", "-S", "-c", WRAPPER)
 
 
@@ -410,12 +416,14 @@ class SlurmBackend:
         folder = private_directory("poprun-slurm-")
         hostfile = Path(folder, "hosts")
         hostfile.write_text("".join(f"{i.host}\n" for i in plan.instances), encoding="utf-8")
-        argv = srun_command(plan, srun=srun, name=name, overcommit=needs_overcommit(plan, source))
+        stdin = forwarded_stdin()
+        argv = srun_command(plan, srun=srun, name=name, overcommit=needs_overcommit(plan, source),
+                            stdin=stdin is not None)
         env = source | {"SLURM_HOSTFILE": str(hostfile), LAUNCH: payload}
         remove = (*directories_to_remove(cache), folder)
         router = Router(plan, sink)
         proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
-                                        cleanup=(folder,))
+                                        cleanup=(folder,), stdin=stdin)
         return SlurmLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
                            step=(job, name), env=source, remove=remove)
 
