@@ -13,9 +13,11 @@ target when the command line does not (``poprun apply PLAN.json`` takes no optio
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import select
+import stat
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -188,11 +190,20 @@ def open_stream(given: Sourced[str] | None, environ: Mapping[str, str]) -> Event
     try:  # O_NONBLOCK: a FIFO with no reader is refused, not waited on
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         os.set_blocking(fd, True)
+        _private(fd)
     except OSError as exc:
         why = "a FIFO with no reader" if exc.errno == errno.ENXIO else (exc.strerror or str(exc))
         raise _cannot(target, why, span, "check the directory exists and is writable (or start the FIFO's "
                       "reader first)") from exc
     return EventStream(fd, target, owned=True)
+
+
+def _private(fd: int) -> None:
+    """Make the opened target 0600 when it is a regular file of this user's (never a device, a FIFO or another's file)."""
+    info = os.fstat(fd)
+    if stat.S_ISREG(info.st_mode) and info.st_uid == os.geteuid() and stat.S_IMODE(info.st_mode) != 0o600:  # noqa: PLR2004
+        with contextlib.suppress(OSError):  # a file system that keeps its own modes: written as it is
+            os.fchmod(fd, 0o600)
 
 
 def _cannot(target: str, detail: str, span: SourceSpan, hint: str) -> DiagnosticError:
