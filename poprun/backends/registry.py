@@ -8,9 +8,12 @@ new one on every call, never a global cache, so tests can make their own.
 
 Built-ins are listed here. Third parties add backends through the entry-point group
 ``poprun.backends`` (``mybackend = "pkg.mod:MyBackend"``, a class or function that returns a
-backend when called with no argument), as submitit does. A plugin that fails to import becomes
-a PR401 warning and the rest works; a name declared twice is refused with PR402 when it is
-asked for; ``POPRUN_NO_PLUGINS=1`` skips discovery, like ``HYPOTHESIS_NO_PLUGINS``.
+backend when called with no argument), as submitit does. A plugin that fails to import (even
+by ``sys.exit()``) becomes a PR401 warning and the rest works; one named like a built-in is a
+PR463 warning and the built-in stays; a name two plugins declare is refused with PR402 when it
+is asked for; a plugin's backend that fails once made is PR460-PR462 naming it
+(:mod:`poprun.backends._plugin`); ``POPRUN_NO_PLUGINS=1`` skips discovery, like
+``HYPOTHESIS_NO_PLUGINS``.
 
 The helpers :func:`describe`, :func:`find_format` and :func:`topology_prober` reach the
 optional protocol methods of :mod:`poprun.backends.base` (``describe``, ``formats``,
@@ -131,24 +134,32 @@ class BackendRegistry:
         Add the backend that ``entry_point`` declares, importing its module now.
 
         Diagnostics:
-            PR401 (kept in :attr:`warnings`) when it fails to load; PR402 (raised by :meth:`get`
-            for that name) when the name is already taken.
+            PR401 (kept in :attr:`warnings`) when it fails to load; PR463 (a warning too, the plugin
+            never imported) when the name is a built-in's; PR402 (raised by :meth:`get` for that
+            name) when another plugin has the name. The backends it makes are guarded
+            (:mod:`poprun.backends._plugin`: PR460-PR462).
         """
+        from poprun.backends import _plugin
+
         source = _plugin_source(entry_point)
         known = self._sources.get(entry_point.name)
+        if known is not None and known.origin == BUILT_IN:
+            self._broken.append(_shadowing(entry_point.name, known, source))
+            return
         if known is not None:
             self._clashes.setdefault(entry_point.name, _clash(entry_point.name, known, source))
             return
         try:
-            loaded = entry_point.load()
+            loaded = _plugin.load(entry_point)
             if not callable(loaded):
                 msg = f"{entry_point.value} is a {type(loaded).__name__}, not a class or function"
-                raise TypeError(msg)  # noqa: TRY301 - reported like an import error
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop poprun
+                raise TypeError(msg)
+        except _plugin.CAUGHT as exc:  # a broken plugin must not stop poprun, even one that calls sys.exit()
             self._broken.append(_broken(entry_point, source, exc))
             self._sources[entry_point.name] = source
             return
-        self._sources[entry_point.name] = evolve(source, factory=loaded)
+        plugin = _plugin.Plugin(entry_point.name, source.origin, source.distribution)
+        self._sources[entry_point.name] = evolve(source, factory=lambda: _plugin.make(loaded, plugin))
 
     @property
     def warnings(self) -> tuple[Diagnostic, ...]:
@@ -263,7 +274,7 @@ def _span(name: str) -> SourceSpan:
     return SourceSpan.environment(f"entry point {GROUP}:{name}")
 
 
-def _broken(entry_point: EntryPoint, source: _Source, exc: Exception) -> Diagnostic:
+def _broken(entry_point: EntryPoint, source: _Source, exc: BaseException) -> Diagnostic:
     """Return the PR401 warning of a plugin that failed to load."""
     who = f"'{source.distribution}'" if source.distribution else "the plugin"
     return warning("PR401", f"backend plugin '{entry_point.name}' failed to load",
@@ -272,6 +283,16 @@ def _broken(entry_point: EntryPoint, source: _Source, exc: Exception) -> Diagnos
                    span=_span(entry_point.name),
                    hint=f"reinstall or fix {who}, or set {NO_PLUGINS}=1 to skip plugins; "
                         "the other backends still work")
+
+
+def _shadowing(name: str, built_in: _Source, plugin: _Source) -> Diagnostic:
+    """Return the PR463 warning of a plugin named like a built-in backend (the built-in is used)."""
+    who = f"'{plugin.distribution}'" if plugin.distribution else "the plugin"
+    return warning("PR463", f"backend plugin '{name}' is ignored: the name is a built-in backend's",
+                   detail=f"'{name}' is {built_in.origin} and also {plugin.origin}; the built-in is used",
+                   span=_span(name),
+                   hint=f"ask the authors of {who} to give their backend a name of its own, or uninstall it; "
+                        f"{NO_PLUGINS}=1 skips plugins")
 
 
 def _clash(name: str, first: _Source, second: _Source) -> Diagnostic:
