@@ -9,7 +9,8 @@ never mixes its words into ``poprun plan --format json``; and it catches what th
 raises, ``SystemExit``, ``KeyboardInterrupt`` and ``GeneratorExit`` included (poprun's own stop,
 ``Stopped``, is none of them and passes). The backend it makes is a :class:`GuardedBackend`:
 its ``launch`` and its launch's ``wait`` are checked, so that a plugin whose constructor,
-``launch`` or ``wait`` raises, or returns something else than the protocol says, is PR460,
+``launch`` or ``wait`` raises, or returns something else than the protocol says (a
+``LaunchError`` status poprun cannot exit with, a result blaming no instance), is PR460,
 PR461 or PR462 naming the entry point and its distribution (exit 125, the run record ended
 as any launch that failed), with ``POPRUN_NO_PLUGINS=1`` as the way out.
 """
@@ -35,6 +36,7 @@ NO_PLUGINS = "POPRUN_NO_PLUGINS"
 # What a plugin's code may raise that poprun turns into a diagnostic: every exception, and the
 # BaseExceptions a plugin raises itself (poprun's own stop, apply's Stopped, is none of these and passes on)
 CAUGHT = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
+_LAUNCH_STATUSES = (125, 126, 127)  # what LaunchError may carry (design.md section 3)
 
 
 def span(name: str) -> SourceSpan:
@@ -103,6 +105,9 @@ def make(factory: Callable[[], object], plugin: Plugin) -> Backend:
     if not callable(getattr(backend, "launch", None)):
         raise DiagnosticError([plugin.failed("PR460", f"making it returned {_kind(backend)}, not a backend "
                                                       "(no launch)")])
+    declared: object = getattr(backend, "capabilities", frozenset())
+    if not isinstance(declared, set | frozenset | tuple | list) or not all(isinstance(c, str) for c in declared):
+        raise DiagnosticError([plugin.failed("PR460", f"its capabilities is {_kind(declared)}, not a set of names")])
     return GuardedBackend(backend, plugin)  # type: ignore[return-value] # the protocol's methods, by __getattr__
 
 
@@ -132,7 +137,10 @@ class GuardedBackend:
         """
         try:
             launch = self._backend.launch(plan, **arguments)  # type: ignore[attr-defined]
-        except LaunchError:
+        except LaunchError as exc:
+            if exc.status not in _LAUNCH_STATUSES or isinstance(exc.status, bool):  # 0 would say it ran and succeeded
+                raise self._failed(f"its launch() raised LaunchError with status {exc.status!r}, not 125, 126 or "
+                                   "127") from exc
             raise
         except CAUGHT as exc:
             raise self._failed(f"its launch() raised {raised(exc)}") from exc
@@ -166,10 +174,15 @@ class GuardedLaunch:
             result = self._launch.wait()
         except CAUGHT as exc:
             raise DiagnosticError([self._plugin.failed("PR462", f"its wait() raised {raised(exc)}")]) from exc
-        if not isinstance(result, ApplyResult) or not all(
+        if not isinstance(result, ApplyResult) or not isinstance(result.statuses, tuple) or not all(
                 isinstance(status, int) and not isinstance(status, bool) for status in result.statuses):
             raise DiagnosticError([self._plugin.failed("PR462", f"its wait() returned {_kind(result)}, not an "
                                                                 "ApplyResult")])
+        cause = result.root_cause
+        if cause is not None and (not isinstance(cause, int) or not 0 <= cause < len(result.statuses)):
+            raise DiagnosticError([self._plugin.failed(
+                "PR462", f"its wait() returned an ApplyResult whose root_cause {cause!r} is not one of its "
+                         f"{len(result.statuses)} statuses")])
         if self._broke is not None:  # the instances may not have been stopped as poprun asked
             raise DiagnosticError([self._plugin.failed("PR462", self._broke)])
         return result

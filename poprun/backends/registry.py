@@ -333,6 +333,24 @@ def _created(registry: BackendRegistry, name: str) -> Backend | None:
         return None
 
 
+def _asked(registry: BackendRegistry, name: str, method: Callable[[], object]) -> object:
+    """
+    Return what an optional method of backend ``name`` answers (a plugin's: None when it raises).
+
+    A plugin's answer is asked for with its prints sent to standard error, and what it raises
+    (``sys.exit()`` too) is taken as no answer: a view of the plan never breaks on a plugin.
+    """
+    if registry._sources[name].origin == BUILT_IN:  # noqa: SLF001 - this module's
+        return method()
+    from poprun.backends import _plugin
+
+    try:
+        with _plugin.stdout_to_stderr():
+            return method()
+    except _plugin.CAUGHT:
+        return None
+
+
 def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
     """
     Return the text the plan's backend adds to ``poprun plan`` (its ``describe``), or ``""``.
@@ -341,7 +359,7 @@ def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
     """
     backend = _created(registry, plan.backend.name)
     method = getattr(backend, "describe", None)
-    return str(method(plan)) if method is not None else ""
+    return str(_asked(registry, plan.backend.name, lambda: method(plan)) or "") if method is not None else ""
 
 
 def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
@@ -354,9 +372,10 @@ def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
     built_in = [n for n in registry.names() if registry._sources[n].origin == BUILT_IN]  # noqa: SLF001 - this module's
     for backend_name in [*built_in, *(n for n in registry.names() if n not in built_in)]:
         method = getattr(_created(registry, backend_name), "formats", None)
-        view: PlanFormat | None = method().get(name) if method is not None else None
+        views = _asked(registry, backend_name, method) if method is not None else None
+        view = views.get(name) if isinstance(views, Mapping) else None
         if view is not None:
-            return view
+            return view  # type: ignore[no-any-return] # a plugin's mapping holds what it holds
     return None
 
 

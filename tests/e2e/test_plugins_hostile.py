@@ -189,3 +189,63 @@ def test_poprun_no_plugins_is_the_way_out(tmp_path: Path) -> None:
                   env={"POPRUN_NO_PLUGINS": "1"})
 
     assert (0, "ran\nran\n", "") == (done.returncode, done.stdout, done.stderr)
+
+
+@pytest.mark.parametrize(("status", "expected"), [("0", 125), ("'x'", 125), ("127", 127)])
+def test_a_launch_error_with_a_status_poprun_cannot_exit_with_is_pr461(tmp_path: Path, status: str,
+                                                                        expected: int) -> None:
+    """LaunchError(status=0) would say a launch that ran nothing succeeded: PR461, 125; 127 is the plugin's to say."""
+    install(tmp_path / "site", module=backend(
+        launch=f"from poprun.backends import LaunchError; raise LaunchError('no GPU', status={status})"))
+
+    done = poprun("--backend", "gpu", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert expected == done.returncode, done.stderr
+    assert ("error[PR461]: backend plugin 'gpu' failed\n" in done.stderr) == (expected == 125)
+
+
+def test_a_result_whose_root_cause_is_no_instance_is_pr462(tmp_path: Path) -> None:
+    """wait() returns an ApplyResult blaming instance 7 of 2: PR462, 125, never an internal error."""
+    install(tmp_path / "site", module=backend(
+        wait="from poprun.core.outcome import ApplyResult; return ApplyResult(statuses=(0, 1), root_cause=7)"))
+
+    done = poprun("--backend", "gpu", "--num-instances", "2", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 125 == done.returncode, done.stderr
+    assert "(gpu_backend:Gpu); its wait() returned an ApplyResult whose root_cause 7 is not one of its 2 statuses\n" \
+        in done.stderr
+
+
+def test_capabilities_that_are_no_set_of_names_are_pr460(tmp_path: Path) -> None:
+    """A backend class whose capabilities is 5: PR460 when it is made, not an internal error in apply."""
+    install(tmp_path / "site", module=backend().replace('name = "gpu"', 'name = "gpu"\n    capabilities = 5'))
+
+    done = poprun("--backend", "gpu", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 125 == done.returncode, done.stderr
+    assert "(gpu_backend:Gpu); its capabilities is int, not a set of names\n" in done.stderr
+
+
+@pytest.mark.parametrize("describe", ["raise RuntimeError('boom')", "print('noise'); return 'prefix: nice\\n'"])
+def test_a_plugin_describe_that_raises_or_prints_leaves_the_plan_whole(tmp_path: Path, describe: str) -> None:
+    """`poprun plan` asks the plugin to describe itself: raising shows the plan without it; its prints go to stderr."""
+    install(tmp_path / "site", module=backend().replace(
+        "    def launch(", f"    def describe(self, plan):\n        {describe}\n\n    def launch("))
+
+    done = poprun("plan", "--backend", "gpu", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert "noise" not in done.stdout
+    assert "internal error" not in done.stderr
+    assert ("prefix: nice" in done.stdout) == ("print" in describe)
+
+
+def test_a_plugin_formats_that_raises_is_passed_over(tmp_path: Path) -> None:
+    """A plugin whose formats() raises: an unknown --format is still PR-coded, not an internal error."""
+    install(tmp_path / "site", module=backend().replace(
+        "    def launch(", "    def formats(self):\n        raise RuntimeError('boom')\n\n    def launch("))
+
+    done = poprun("plan", "--format", "nosuch", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 2 == done.returncode, done.stderr
+    assert "internal error" not in done.stderr
