@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import select
 import stat
@@ -183,19 +184,35 @@ def open_stream(given: Sourced[str] | None, environ: Mapping[str, str]) -> Event
         try:
             os.fstat(int(number))
             os.set_inheritable(int(number), False)  # noqa: FBT003 - the instances do not inherit the events
-        except OSError as exc:
-            raise _cannot(target, f"descriptor {number} is not open ({exc.strerror})", span,
+            mode = fcntl.fcntl(int(number), fcntl.F_GETFL) & os.O_ACCMODE
+        except (OSError, OverflowError) as exc:  # OverflowError: a number no descriptor can have
+            why = getattr(exc, "strerror", None) or "Bad file descriptor"
+            raise _cannot(target, f"descriptor {number} is not open ({why})", span,
                           f"open it in the shell: {number}>events.jsonl") from exc
+        if mode == os.O_RDONLY:
+            raise _cannot(target, f"descriptor {number} is open for reading only", span,
+                          f"open it for writing in the shell: {number}>events.jsonl")
         return EventStream(int(number), target, owned=False)
     try:  # O_NONBLOCK: a FIFO with no reader is refused, not waited on
         fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC | os.O_NONBLOCK, 0o600)
         os.set_blocking(fd, True)
         _private(fd)
     except OSError as exc:
-        why = "a FIFO with no reader" if exc.errno == errno.ENXIO else (exc.strerror or str(exc))
+        why = _why_not(target, exc)
         raise _cannot(target, why, span, "check the directory exists and is writable (or start the FIFO's "
                       "reader first)") from exc
     return EventStream(fd, target, owned=True)
+
+
+def _why_not(target: str, exc: OSError) -> str:
+    """Return why ``target`` cannot be opened for the events: ENXIO is a FIFO with no reader, or a socket."""
+    if exc.errno != errno.ENXIO:
+        return exc.strerror or str(exc)
+    try:
+        is_socket = stat.S_ISSOCK(os.stat(target).st_mode)  # noqa: PTH116 - pathlib costs start-up
+    except OSError:
+        is_socket = False
+    return "a socket: events go to a file, a FIFO or a descriptor (fd:N)" if is_socket else "a FIFO with no reader"
 
 
 def _private(fd: int) -> None:

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -235,3 +236,33 @@ def test_a_reader_too_far_behind_is_dropped_at_once(monkeypatch: pytest.MonkeyPa
         assert "the reader of the pipe fell more than 4096 bytes behind: the events stop there" == stream.warning
     finally:
         os.close(read_end)
+
+
+def test_a_socket_is_refused_as_what_it_is(tmp_path: Path) -> None:
+    """--events naming a Unix socket: PR113 says it is a socket, not 'a FIFO with no reader'."""
+    with socket.socket(socket.AF_UNIX) as listening:
+        listening.bind(str(tmp_path / "sock"))
+
+        status, _, err = finish(launch("--events", "sock", "--offline-mode=1", "true", cwd=tmp_path))
+
+    assert 2 == status, err
+    assert "^^^^ a socket: events go to a file, a FIFO or a descriptor (fd:N)\n" in err, err
+
+
+@pytest.mark.parametrize(("target", "why"), [
+    ("fd:99999999999999999999", "descriptor 99999999999999999999 is not open"),
+    ("fd:READ", "descriptor {fd} is open for reading only"),
+])
+def test_a_descriptor_that_cannot_take_events_is_pr113(tmp_path: Path, target: str, why: str) -> None:
+    """fd:N too large to be a descriptor, or open for reading only: PR113 before anything starts, never a traceback."""
+    readable = os.open(tmp_path, os.O_RDONLY)  # a directory: open, and for reading only
+    try:
+        target = target.replace("READ", str(readable))
+        status, out, err = finish(launch("--events", target, "--offline-mode=1", "echo", "ran", cwd=tmp_path,
+                                         pass_fds=(readable,)))
+    finally:
+        os.close(readable)
+
+    assert (2, "") == (status, out), err
+    assert err.startswith(f"error[PR113]: cannot write the events to '{target}'\n"), err
+    assert why.format(fd=readable) in err
