@@ -56,9 +56,14 @@ def stdout_to_stderr() -> Iterator[None]:
         sys.stdout.flush()  # what poprun wrote before stays before
     try:
         saved = os.dup(1)
-        os.dup2(2, 1)
-    except OSError:  # no descriptor 1 or 2 to speak of: Python's level only
+    except OSError:  # no descriptor 1 to speak of: Python's level only
         saved = -1
+    else:
+        try:
+            os.dup2(2, 1)
+        except OSError:  # no descriptor 2: Python's level only
+            os.close(saved)
+            saved = -1
     try:
         with contextlib.redirect_stdout(sys.stderr):
             yield

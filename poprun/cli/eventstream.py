@@ -31,6 +31,7 @@ from poprun.planner.spec import Sourced
 VARIABLE = "POPRUN_EVENTS"
 BUFFER = 8 << 20  # bytes of events that wait for a slow reader before it is dropped
 DRAIN_S = 5.0  # once the run has ended, a reader that takes nothing for this long is dropped
+DRAIN_MAX_S = 30.0  # and one still behind this long after the run ended (a trickle) too
 _POLL_S = 0.1  # how often the writer, waiting on a reader, looks whether it should go on
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -86,16 +87,22 @@ class EventStream:
 
     def drain(self, *, stop: Callable[[], bool] = lambda: False) -> None:
         """
-        Wait until every queued line is written, or the reader took nothing for :data:`DRAIN_S` s, or ``stop()``.
+        Wait until every queued line is written; not past :data:`DRAIN_S` s of an idle reader, :data:`DRAIN_MAX_S` s, or ``stop()``.
 
         What is left unread then is dropped, with the warning.
         """
+        deadline = time.monotonic() + DRAIN_MAX_S
         while True:
             with self._ready:
                 self._closing = True
                 if self._ended or not self._pending:
                     return
-                idle = time.monotonic() - self._progress
+                now = time.monotonic()
+                if now >= deadline:
+                    self._give_up(f"the reader of {self.name} was still {len(self._pending)} bytes behind "
+                                  f"{DRAIN_MAX_S:g} s after the run ended: those events were dropped")
+                    return
+                idle = now - self._progress
                 if idle >= DRAIN_S:
                     self._give_up(f"the reader of {self.name} took nothing for {DRAIN_S:g} s: the last "
                                   f"{len(self._pending)} bytes of events were dropped")

@@ -18,6 +18,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -266,3 +267,36 @@ def test_a_descriptor_that_cannot_take_events_is_pr113(tmp_path: Path, target: s
     assert (2, "") == (status, out), err
     assert err.startswith(f"error[PR113]: cannot write the events to '{target}'\n"), err
     assert why.format(fd=readable) in err
+
+
+def test_a_reader_that_trickles_is_dropped_after_the_longest_drain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader taking a byte now and then is never idle for DRAIN_S, yet the drain ends at DRAIN_MAX_S."""
+    # GIVEN a one-page pipe full of events, read a byte every 0.1 s, and a longest drain of 1 s
+    monkeypatch.setattr(eventstream, "DRAIN_MAX_S", 1.0)
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)
+    stream = eventstream.EventStream(write_end, "the pipe", owned=True)
+    for _ in range(200):
+        stream.event(LaunchRunning())
+    done = threading.Event()
+
+    def trickle() -> None:
+        while not done.wait(0.1):
+            os.read(read_end, 1)
+
+    reader = threading.Thread(target=trickle)
+    reader.start()
+    try:
+        # WHEN the run has ended and poprun drains the stream
+        started = time.monotonic()
+        stream.drain()
+        stream.close()
+        # THEN it gave up after about a second, with the warning
+        assert time.monotonic() - started < 30  # a generous bound; the warning says which limit ended it
+        assert stream.warning is not None
+        assert stream.warning.startswith("the reader of the pipe was still ")
+        assert stream.warning.endswith(" bytes behind 1 s after the run ended: those events were dropped")
+    finally:
+        done.set()
+        reader.join()
+        os.close(read_end)
