@@ -80,7 +80,7 @@ class EventStream:
                 return
             self._pending += data
             self._ready.notify_all()
-            if self._writer is None:
+            if self._writer is None or not self._writer.is_alive():  # none yet, or not in this process (a fork)
                 self._progress = time.monotonic()
                 self._writer = threading.Thread(target=self._write, name="poprun-events", daemon=True)
                 self._writer.start()
