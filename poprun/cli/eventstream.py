@@ -141,6 +141,8 @@ class EventStream:
     def _write(self) -> None:
         """Write the buffer out as the target takes it (the writer thread); end once ended, or closing and empty."""
         try:
+            writable = select.poll()  # not select(): a descriptor may be numbered 1024 or more
+            writable.register(self.fd, select.POLLOUT)
             while True:
                 with self._ready:
                     while not self._pending and not self._ended and not self._closing:
@@ -148,7 +150,7 @@ class EventStream:
                     if self._ended or not self._pending:
                         return
                     chunk, fd = bytes(self._pending[:select.PIPE_BUF]), self.fd
-                if not select.select([], [fd], [], _POLL_S)[1]:
+                if not writable.poll(_POLL_S * 1000):
                     continue  # not writable yet: look again whether to go on
                 written = os.write(fd, chunk)  # at most PIPE_BUF bytes once writable: a pipe takes them at once
                 with self._ready:

@@ -300,3 +300,19 @@ def test_a_reader_that_trickles_is_dropped_after_the_longest_drain(monkeypatch: 
         done.set()
         reader.join()
         os.close(read_end)
+
+
+def test_a_descriptor_numbered_past_1023_gets_every_event(tmp_path: Path) -> None:
+    """--events fd:1500 (a shell's 1500>events.jsonl): every event is written, as on a low number."""
+    target = os.open(tmp_path / "events.jsonl", os.O_WRONLY | os.O_CREAT, 0o600)
+    os.dup2(target, 1500)
+    os.close(target)
+    try:
+        status, _, err = finish(launch("--events", "fd:1500", "--offline-mode=1", "--num-instances", "2",
+                                       "--num-replicas", "2", "true", cwd=tmp_path, pass_fds=(1500,)))
+    finally:
+        os.close(1500)
+
+    assert (0, "") == (status, err)
+    assert recorded(tmp_path / "runs") == [json.loads(line)["event"]
+                                           for line in (tmp_path / "events.jsonl").read_text().splitlines()]
