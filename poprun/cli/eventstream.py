@@ -149,10 +149,10 @@ class EventStream:
                         self._ready.wait()
                     if self._ended or not self._pending:
                         return
-                    chunk, fd = bytes(self._pending[:select.PIPE_BUF]), self.fd
+                    chunk, fd = _whole_lines(self._pending), self.fd
                 if not writable.poll(_POLL_S * 1000):
                     continue  # not writable yet: look again whether to go on
-                written = os.write(fd, chunk)  # at most PIPE_BUF bytes once writable: a pipe takes them at once
+                written = os.write(fd, chunk)  # whole lines, at most PIPE_BUF bytes when they fit: taken at once
                 with self._ready:
                     del self._pending[:written]
                     self._progress = time.monotonic()
@@ -170,6 +170,17 @@ class EventStream:
                 self._ended = True
                 self._ready.notify_all()
                 self._release()
+
+
+def _whole_lines(pending: bytearray) -> bytes:
+    """
+    Return the first whole lines of ``pending`` that fit in PIPE_BUF bytes (else its first line).
+
+    A pipe takes a write of at most PIPE_BUF bytes at once and whole, never mixed with another
+    writer's (``fd:N`` may be a pipe the shell shares: ``3>&1``), so each write ends a line.
+    """
+    end = pending.rfind(b"\n", 0, select.PIPE_BUF) + 1 or pending.find(b"\n") + 1 or len(pending)
+    return bytes(pending[:end])
 
 
 def open_stream(given: Sourced[str] | None, environ: Mapping[str, str]) -> EventStream | None:

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from poprun.cli import eventstream
-from poprun.core.events import LaunchRunning
+from poprun.core.events import InstanceStarted, LaunchRunning
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -316,3 +316,24 @@ def test_a_descriptor_numbered_past_1023_gets_every_event(tmp_path: Path) -> Non
     assert (0, "") == (status, err)
     assert recorded(tmp_path / "runs") == [json.loads(line)["event"]
                                            for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+
+
+def test_each_write_holds_whole_lines() -> None:
+    """Events written to a pipe others may write to too (fd:N, 3>&1): every write ends a line, so none is cut."""
+    # GIVEN a pipe in packet mode (each read returns one write), and far more events than one write takes
+    read_end, write_end = os.pipe2(os.O_DIRECT)
+    stream = eventstream.EventStream(write_end, "the pipe", owned=True)
+    for index in range(100):
+        stream.event(InstanceStarted(index=index, pid=1000 + index, host="a-host-with-a-long-name-" * 3))
+    # WHEN every line has been written
+    stream.drain()
+    stream.close()
+    packets = []
+    with contextlib.suppress(BlockingIOError):
+        os.set_blocking(read_end, False)
+        while packet := os.read(read_end, 65536):
+            packets.append(packet)
+    os.close(read_end)
+    # THEN
+    assert (None, 100) == (stream.warning, sum(p.count(b"\n") for p in packets))
+    assert [] == [p[-40:] for p in packets if not p.endswith(b"\n")]
