@@ -45,8 +45,8 @@ def span(name: str) -> SourceSpan:
 
 
 def raised(exc: BaseException) -> str:
-    """Return ``Type: message`` of what a plugin raised."""
-    return f"{type(exc).__name__}: {exc}"
+    """Return ``Type: message`` of what a plugin raised (``Type`` alone without a message)."""
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
 
 
 @contextlib.contextmanager

@@ -276,10 +276,11 @@ def _span(name: str) -> SourceSpan:
 
 def _broken(entry_point: EntryPoint, source: _Source, exc: BaseException) -> Diagnostic:
     """Return the PR401 warning of a plugin that failed to load."""
+    from poprun.backends import _plugin
+
     who = f"'{source.distribution}'" if source.distribution else "the plugin"
     return warning("PR401", f"backend plugin '{entry_point.name}' failed to load",
-                   detail=f"'{entry_point.name}' is {source.origin}; loading it raised "
-                          f"{type(exc).__name__}: {exc}",
+                   detail=f"'{entry_point.name}' is {source.origin}; loading it raised {_plugin.raised(exc)}",
                    span=_span(entry_point.name),
                    hint=f"reinstall or fix {who}, or set {NO_PLUGINS}=1 to skip plugins; "
                         "the other backends still work")
