@@ -337,3 +337,19 @@ def test_each_write_holds_whole_lines() -> None:
     # THEN
     assert (None, 100) == (stream.warning, sum(p.count(b"\n") for p in packets))
     assert [] == [p[-40:] for p in packets if not p.endswith(b"\n")]
+
+
+def test_a_stop_during_the_drain_ends_it_at_once() -> None:
+    """poprun told to stop (a signal) while a stalled reader is behind: the drain ends at once, with the warning."""
+    read_end, write_end = os.pipe()
+    fcntl.fcntl(write_end, F_SETPIPE_SZ, 4096)
+    stream = eventstream.EventStream(write_end, "the pipe", owned=True)
+    for _ in range(200):
+        stream.event(LaunchRunning())
+
+    stream.drain(stop=lambda: True)
+    stream.close()
+    os.close(read_end)
+
+    assert stream.warning is not None
+    assert stream.warning.startswith("poprun was stopped while the reader of the pipe was "), stream.warning
