@@ -36,6 +36,7 @@ NO_PLUGINS = "POPRUN_NO_PLUGINS"
 # What a plugin's code may raise that poprun turns into a diagnostic: every exception, and the
 # BaseExceptions a plugin raises itself (poprun's own stop, apply's Stopped, is none of these and passes on)
 CAUGHT = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
+_ASKED_BEFORE_LAUNCH = ("prepare", "run_on_host")  # optional methods apply calls before launch (the port plan)
 _LAUNCH_STATUSES = (125, 126, 127)  # what LaunchError may carry (design.md section 3)
 
 
@@ -127,7 +128,26 @@ class GuardedBackend:
         self._backend, self._plugin = backend, plugin
 
     def __getattr__(self, attribute: str) -> object:
-        return getattr(self._backend, attribute)
+        found = getattr(self._backend, attribute)
+        if attribute in _ASKED_BEFORE_LAUNCH and callable(found):
+            return self._asked(attribute, found)
+        return found
+
+    def _asked(self, name: str, method: Callable[..., object]) -> Callable[..., object]:
+        """Return ``method`` (prepare, run_on_host) guarded: what it raises is PR461, but a LaunchError of run_on_host."""
+
+        def guarded(*arguments: object, **keywords: object) -> object:
+            try:
+                return method(*arguments, **keywords)
+            except LaunchError as exc:
+                if name == "run_on_host":  # a host it cannot reach: a reason, as the protocol says
+                    raise
+                diagnostics = exc.diagnostics or (self._plugin.failed("PR461", f"its {name}() raised {raised(exc)}"),)
+                raise DiagnosticError(list(diagnostics)) from exc
+            except CAUGHT as exc:
+                raise DiagnosticError([self._plugin.failed("PR461", f"its {name}() raised {raised(exc)}")]) from exc
+
+        return guarded
 
     @property  # type: ignore[misc] # isinstance() sees the plugin's class, as unittest.mock's spec does
     def __class__(self) -> type:

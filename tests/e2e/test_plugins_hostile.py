@@ -249,3 +249,19 @@ def test_a_plugin_formats_that_raises_is_passed_over(tmp_path: Path) -> None:
 
     assert 2 == done.returncode, done.stderr
     assert "internal error" not in done.stderr
+
+
+@pytest.mark.parametrize(("method", "signature"), [("prepare", "plan, *, environ"),
+                                                   ("run_on_host", "host, script, *, environ, timeout_s")])
+def test_a_plugin_method_asked_before_the_launch_that_raises_is_pr461(tmp_path: Path, method: str,
+                                                                      signature: str) -> None:
+    """prepare() or run_on_host() (read before instance 0's host is launched on) raises: PR461, 125, the record ends."""
+    install(tmp_path / "site", module=backend().replace(
+        "    def launch(", f"    def {method}(self, {signature}):\n        raise RuntimeError('no cluster')\n\n"
+                          "    def launch("))
+
+    done = poprun("--backend", "gpu", "--host", "pod1", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 125 == done.returncode, done.stderr
+    assert f"(gpu_backend:Gpu); its {method}() raised RuntimeError: no cluster\n" in done.stderr
+    assert [125] == [report["status"] for report in reports(tmp_path / "runs")]
