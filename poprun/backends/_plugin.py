@@ -138,7 +138,7 @@ class GuardedBackend:
 
         def guarded(*arguments: object, **keywords: object) -> object:
             try:
-                return method(*arguments, **keywords)
+                answer = method(*arguments, **keywords)
             except LaunchError as exc:
                 if name == "run_on_host":  # a host it cannot reach: a reason, as the protocol says
                     raise
@@ -146,6 +146,11 @@ class GuardedBackend:
                 raise DiagnosticError(list(diagnostics)) from exc
             except CAUGHT as exc:
                 raise DiagnosticError([self._plugin.failed("PR461", f"its {name}() raised {raised(exc)}")]) from exc
+            if name == "run_on_host" and not (isinstance(answer, tuple) and len(answer) == 2  # noqa: PLR2004
+                                              and isinstance(answer[0], int) and isinstance(answer[1], bytes)):
+                raise DiagnosticError([self._plugin.failed("PR461", f"its run_on_host() returned {_kind(answer)}, "
+                                                                    "not (status, output)")])
+            return answer
 
         return guarded
 

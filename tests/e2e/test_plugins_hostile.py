@@ -265,3 +265,15 @@ def test_a_plugin_method_asked_before_the_launch_that_raises_is_pr461(tmp_path: 
     assert 125 == done.returncode, done.stderr
     assert f"(gpu_backend:Gpu); its {method}() raised RuntimeError: no cluster\n" in done.stderr
     assert [125] == [report["status"] for report in reports(tmp_path / "runs")]
+
+
+def test_a_run_on_host_that_answers_garbage_is_pr461(tmp_path: Path) -> None:
+    """run_on_host() returns None instead of (status, output): PR461, 125, never an internal error."""
+    install(tmp_path / "site", module=backend().replace(
+        "    def launch(", "    def run_on_host(self, host, script, *, environ, timeout_s):\n        return None\n\n"
+                          "    def launch("))
+
+    done = poprun("--backend", "gpu", "--host", "pod1", "--num-replicas", "2", "true", cwd=tmp_path)
+
+    assert 125 == done.returncode, done.stderr
+    assert "(gpu_backend:Gpu); its run_on_host() returned None, not (status, output)\n" in done.stderr
