@@ -316,10 +316,10 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
                            instances=len(plan.instances), hosts=plan.topology.hosts))
     try:
         backend = (registry or default_registry()).get(plan.backend.name)
-    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both
-        message = str(exc.args[0]) if isinstance(exc, KeyError) else str(exc)
-        return _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=message)), relay,
-                       record, clock)
+    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
+        failed = ApplyError(status=CANNOT_LAUNCH, message=str(exc.args[0])) if isinstance(exc, KeyError) else \
+            ApplyError(status=CANNOT_LAUNCH, message=str(exc), diagnostics=tuple(exc.diagnostics))
+        return _finish(ApplyResult(statuses=(), error=failed), relay, record, clock)
     control._tell = relay  # noqa: SLF001 - the control and the step are one piece
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     try:

@@ -8,9 +8,12 @@ new one on every call, never a global cache, so tests can make their own.
 
 Built-ins are listed here. Third parties add backends through the entry-point group
 ``poprun.backends`` (``mybackend = "pkg.mod:MyBackend"``, a class or function that returns a
-backend when called with no argument), as submitit does. A plugin that fails to import becomes
-a PR401 warning and the rest works; a name declared twice is refused with PR402 when it is
-asked for; ``POPRUN_NO_PLUGINS=1`` skips discovery, like ``HYPOTHESIS_NO_PLUGINS``.
+backend when called with no argument), as submitit does. A plugin that fails to import (even
+by ``sys.exit()``) becomes a PR401 warning and the rest works; one named like a built-in is a
+PR463 warning and the built-in stays; a name two plugins declare is refused with PR402 when it
+is asked for; a plugin's backend that fails once made is PR460-PR462 naming it
+(:mod:`poprun.backends._plugin`); ``POPRUN_NO_PLUGINS=1`` skips discovery, like
+``HYPOTHESIS_NO_PLUGINS``.
 
 The helpers :func:`describe`, :func:`find_format` and :func:`topology_prober` reach the
 optional protocol methods of :mod:`poprun.backends.base` (``describe``, ``formats``,
@@ -131,24 +134,32 @@ class BackendRegistry:
         Add the backend that ``entry_point`` declares, importing its module now.
 
         Diagnostics:
-            PR401 (kept in :attr:`warnings`) when it fails to load; PR402 (raised by :meth:`get`
-            for that name) when the name is already taken.
+            PR401 (kept in :attr:`warnings`) when it fails to load; PR463 (a warning too, the plugin
+            never imported) when the name is a built-in's; PR402 (raised by :meth:`get` for that
+            name) when another plugin has the name. The backends it makes are guarded
+            (:mod:`poprun.backends._plugin`: PR460-PR462).
         """
+        from poprun.backends import _plugin
+
         source = _plugin_source(entry_point)
         known = self._sources.get(entry_point.name)
+        if known is not None and known.origin == BUILT_IN:
+            self._broken.append(_shadowing(entry_point.name, known, source))
+            return
         if known is not None:
             self._clashes.setdefault(entry_point.name, _clash(entry_point.name, known, source))
             return
         try:
-            loaded = entry_point.load()
+            loaded = _plugin.load(entry_point)
             if not callable(loaded):
                 msg = f"{entry_point.value} is a {type(loaded).__name__}, not a class or function"
-                raise TypeError(msg)  # noqa: TRY301 - reported like an import error
-        except Exception as exc:  # noqa: BLE001 - a broken plugin must not stop poprun
+                raise TypeError(msg)
+        except _plugin.CAUGHT as exc:  # a broken plugin must not stop poprun, even one that calls sys.exit()
             self._broken.append(_broken(entry_point, source, exc))
             self._sources[entry_point.name] = source
             return
-        self._sources[entry_point.name] = evolve(source, factory=loaded)
+        plugin = _plugin.Plugin(entry_point.name, source.origin, source.distribution)
+        self._sources[entry_point.name] = evolve(source, factory=lambda: _plugin.make(loaded, plugin))
 
     @property
     def warnings(self) -> tuple[Diagnostic, ...]:
@@ -263,15 +274,26 @@ def _span(name: str) -> SourceSpan:
     return SourceSpan.environment(f"entry point {GROUP}:{name}")
 
 
-def _broken(entry_point: EntryPoint, source: _Source, exc: Exception) -> Diagnostic:
+def _broken(entry_point: EntryPoint, source: _Source, exc: BaseException) -> Diagnostic:
     """Return the PR401 warning of a plugin that failed to load."""
+    from poprun.backends import _plugin
+
     who = f"'{source.distribution}'" if source.distribution else "the plugin"
     return warning("PR401", f"backend plugin '{entry_point.name}' failed to load",
-                   detail=f"'{entry_point.name}' is {source.origin}; loading it raised "
-                          f"{type(exc).__name__}: {exc}",
+                   detail=f"'{entry_point.name}' is {source.origin}; loading it raised {_plugin.raised(exc)}",
                    span=_span(entry_point.name),
                    hint=f"reinstall or fix {who}, or set {NO_PLUGINS}=1 to skip plugins; "
                         "the other backends still work")
+
+
+def _shadowing(name: str, built_in: _Source, plugin: _Source) -> Diagnostic:
+    """Return the PR463 warning of a plugin named like a built-in backend (the built-in is used)."""
+    who = f"'{plugin.distribution}'" if plugin.distribution else "the plugin"
+    return warning("PR463", f"backend plugin '{name}' is ignored: the name is a built-in backend's",
+                   detail=f"'{name}' is {built_in.origin} and also {plugin.origin}; the built-in is used",
+                   span=_span(name),
+                   hint=f"ask the authors of {who} to give their backend a name of its own, or uninstall it; "
+                        f"{NO_PLUGINS}=1 skips plugins")
 
 
 def _clash(name: str, first: _Source, second: _Source) -> Diagnostic:
@@ -312,6 +334,24 @@ def _created(registry: BackendRegistry, name: str) -> Backend | None:
         return None
 
 
+def _asked(registry: BackendRegistry, name: str, method: Callable[[], object]) -> object:
+    """
+    Return what an optional method of backend ``name`` answers (a plugin's: None when it raises).
+
+    A plugin's answer is asked for with its prints sent to standard error, and what it raises
+    (``sys.exit()`` too) is taken as no answer: a view of the plan never breaks on a plugin.
+    """
+    if registry._sources[name].origin == BUILT_IN:  # noqa: SLF001 - this module's
+        return method()
+    from poprun.backends import _plugin
+
+    try:
+        with _plugin.stdout_to_stderr():
+            return method()
+    except _plugin.CAUGHT:
+        return None
+
+
 def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
     """
     Return the text the plan's backend adds to ``poprun plan`` (its ``describe``), or ``""``.
@@ -320,7 +360,7 @@ def describe(registry: BackendRegistry, plan: LaunchPlan) -> str:
     """
     backend = _created(registry, plan.backend.name)
     method = getattr(backend, "describe", None)
-    return str(method(plan)) if method is not None else ""
+    return str(_asked(registry, plan.backend.name, lambda: method(plan)) or "") if method is not None else ""
 
 
 def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
@@ -333,9 +373,10 @@ def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
     built_in = [n for n in registry.names() if registry._sources[n].origin == BUILT_IN]  # noqa: SLF001 - this module's
     for backend_name in [*built_in, *(n for n in registry.names() if n not in built_in)]:
         method = getattr(_created(registry, backend_name), "formats", None)
-        view: PlanFormat | None = method().get(name) if method is not None else None
+        views = _asked(registry, backend_name, method) if method is not None else None
+        view = views.get(name) if isinstance(views, Mapping) else None
         if view is not None:
-            return view
+            return view  # type: ignore[no-any-return] # a plugin's mapping holds what it holds
     return None
 
 

@@ -247,6 +247,9 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         with _handling_signals(control):
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
                            record=record)
+            if events is not None:  # a reader that is behind gets a little while, not the run's signals
+                stops = len(control.signals)
+                events.drain(stop=lambda: len(control.signals) > stops)
     finally:
         console.close()
         if events is not None:

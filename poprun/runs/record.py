@@ -39,7 +39,7 @@ never a FIFO, at most a few KiB; it removes a run by descriptor, never following
 leaving its file system, at a bounded depth.
 """
 
-# ruff: noqa: PTH103, PTH105, PTH108, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
+# ruff: noqa: PTH105, PTH108, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +50,7 @@ import time
 from collections.abc import Iterable, Mapping
 
 from poprun.core.events import Event
+from poprun.core.private import make_directories
 from poprun.core.process import start_time
 from poprun.core.record import fields
 from poprun.planner.plan import Instance, LaunchPlan
@@ -99,9 +100,9 @@ def new_id(now: float) -> str:
 
 
 def _user_directory(path: str) -> None:
-    """Make ``path`` and its missing parents (0o700); refuse a link or another user's directory at its end."""
+    """Make ``path`` and its missing parents (each 0o700, whatever the umask); refuse a link or another user's directory at its end."""
     try:
-        os.makedirs(path, mode=0o700, exist_ok=True)
+        make_directories(path, exist_ok=True)
         info = os.lstat(path)
     except OSError as exc:
         raise RecordError(exc.errno, f"cannot make {path}: {exc.strerror}") from exc

@@ -26,6 +26,7 @@ import time
 
 from poprun.backends.base import LaunchError, OutputSink, Stream
 from poprun.core.events import PhaseEnded
+from poprun.core.private import make_directories
 from poprun.planner.plan import LaunchPlan
 
 TAIL_LINES = 20  # lines of each instance's output kept for the failure report
@@ -244,9 +245,9 @@ _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC
 
 
 def _user_directory(path: str) -> int:
-    """Return a descriptor of ``path`` (made 0o700 if missing); it must belong to this user."""
+    """Return a descriptor of ``path`` (made 0o700 with its missing parents); it must belong to this user."""
     with contextlib.suppress(FileExistsError):
-        os.makedirs(path, 0o700)  # noqa: PTH103 - pathlib is slower here
+        make_directories(path)
     fd = os.open(path, _DIR_FLAGS)
     _check_owner(fd, path)
     return fd

@@ -19,6 +19,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from poprun.backends.base import LaunchError
+from poprun.core.private import make_directories
 from poprun.planner.plan import SshKeyDistribution
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa", "dsa")
@@ -38,7 +39,7 @@ def key_to_distribute(keys: SshKeyDistribution, *, home: str) -> Path:
     if keys.key_type is not None:
         private = folder / f"id_{keys.key_type}"
         if not private.exists():
-            folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_directories(str(folder), exist_ok=True)  # each one made 0o700, whatever the umask
             done = subprocess.run(["ssh-keygen", "-q", "-t", keys.key_type, "-N", "", "-f", str(private)],  # noqa: S603, S607
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
             if done.returncode != 0:
