@@ -2,7 +2,7 @@
 A saved plan is untrusted input: whatever is done to its JSON, poprun refuses it with a diagnostic, or shows what apply runs.
 
 Each example mutates a valid plan (deleted keys, values of another type, hostile strings, huge
-numbers, duplicated, removed or swapped instances) and loads it through the real CLI
+numbers, keys no plan has at any depth, duplicated, removed or swapped instances) and loads it through the real CLI
 (``poprun plan PLAN.json --explain``, what ``poprun apply`` reads). A refusal is exit 2 with a
 coded diagnostic and no traceback; an accepted plan round-trips through JSON, and its explain
 text names every instance's host and program, so explain and apply cannot disagree.
@@ -65,12 +65,18 @@ def _paths(data: object, path: tuple = ()) -> list[tuple]:
     return found
 
 
+def _at(data: object, path: tuple) -> object:
+    for step in path:
+        data = data[step]  # type: ignore[index]
+    return data
+
+
 @st.composite
 def mutated(draw: st.DrawFn, base: dict) -> dict:
     """Return ``base`` with one to three mutations."""
     data = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "duplicate", "remove", "swap"]))
+        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add", "duplicate", "remove", "swap"]))
         instances = data.get("instances") if isinstance(data, dict) else None
         if kind in ("duplicate", "remove", "swap") and isinstance(instances, list) and instances:
             i = draw(st.integers(0, len(instances) - 1))
@@ -81,6 +87,10 @@ def mutated(draw: st.DrawFn, base: dict) -> dict:
                 del instances[i]
             else:
                 instances[i], instances[j] = instances[j], instances[i]
+            continue
+        if kind == "add":  # a key the object does not have, in any object (the root too)
+            objects = [p for p in _paths(data) if isinstance(_at(data, p), dict)]
+            _at(data, draw(st.sampled_from(objects)))[draw(st.sampled_from(["surprise", "Env", "argv "]))] = 1
             continue
         paths = [p for p in _paths(data) if p]
         if not paths:
