@@ -4,7 +4,9 @@ The LaunchPlan as versioned, deterministic JSON, and back.
 Layer: ``poprun.planner``; imports cattrs and the plan model.
 
 Same plan, same bytes: keys are sorted, lists keep their order. An instance's ``env`` is
-the object of values set at plan time; ``env_forward`` and ``env_unset`` list names.
+the object of values set at plan time; ``env_forward`` and ``env_unset`` list names. A string
+holding bytes that are not UTF-8 (a Latin-1 file name in argv) is ``{"$bytes": BASE64}``
+(:mod:`poprun.core.rawbytes`), so the text is UTF-8 and apply gets the exact bytes.
 """
 
 from __future__ import annotations
@@ -171,8 +173,10 @@ def converter() -> cattrs.Converter:
 
 
 def to_dict(plan: p.LaunchPlan) -> dict[str, Any]:
-    """Return the plan as JSON-ready data."""
-    data: dict[str, Any] = converter().unstructure(plan)
+    """Return the plan as JSON-ready data (strings holding bytes that are not UTF-8 as ``{"$bytes": BASE64}``)."""
+    from poprun.core.rawbytes import to_json_data
+
+    data: dict[str, Any] = to_json_data(converter().unstructure(plan))  # type: ignore[assignment]
     return data
 
 
@@ -251,7 +255,8 @@ def _parse(text: str, file: str) -> Any:
 
     Diagnostics:
         PR114 when it is not JSON, nests deeper than any plan, holds a number no plan holds (an
-        integer of thousands of digits, a float beyond the largest) or an object names a key twice.
+        integer of thousands of digits, a float beyond the largest), an object names a key twice, a
+        ``$bytes`` object is not one or a string holds a lone surrogate.
     """
     try:
         data = json.loads(text, object_pairs_hook=_pairs)
@@ -265,7 +270,12 @@ def _parse(text: str, file: str) -> Any:
     if duplicated:
         path, key = duplicated
         raise _invalid(file, path, f"{path}: key {_quoted(key)} appears twice (which one counts is not clear)")
-    return data
+    from poprun.core.rawbytes import RawBytesError, from_json_data
+
+    try:
+        return from_json_data(data)
+    except RawBytesError as exc:
+        raise _invalid(file, exc.path, str(exc)) from exc
 
 
 def _quoted(key: str) -> str:

@@ -236,5 +236,7 @@ def render_diff_json(diff: Diff, *, old_name: str, new_name: str) -> str:
     """Return the diff as deterministic JSON (sorted keys, two-space indent, final newline)."""
     import json
 
-    return json.dumps(to_diff_dict(diff, old_name=old_name, new_name=new_name), indent=2, sort_keys=True,
-                      ensure_ascii=False) + "\n"
+    from poprun.core.rawbytes import to_json_data
+
+    return json.dumps(to_json_data(to_diff_dict(diff, old_name=old_name, new_name=new_name)), indent=2,
+                      sort_keys=True, ensure_ascii=False) + "\n"

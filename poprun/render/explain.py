@@ -167,10 +167,10 @@ def render_program(instances: Sequence[Instance]) -> str:
     One line when every instance runs the same (as the solver plans), else one line per instance:
     the text shows exactly what apply runs, so a word that was swallowed or changed is seen.
     """
-    import shlex
+    from poprun.core.rawbytes import shell_join
 
     def argv(instance: Instance) -> str:
-        return shlex.join(instance.argv) if instance.argv else "(no program)"
+        return shell_join(instance.argv) if instance.argv else "(no program)"
 
     first = instances[0]
     if all(i.argv == first.argv and i.cwd == first.cwd for i in instances):

@@ -277,7 +277,9 @@ def event_line(event: Event, at: float) -> str:
 
 def plan_data(plan: LaunchPlan) -> object:
     """Return the plan as JSON-ready data, exactly as ``poprun.planner.serde.to_dict`` (a test holds them equal)."""
-    return _plain(plan)
+    from poprun.core.rawbytes import to_json_data
+
+    return to_json_data(_plain(plan))
 
 
 def _plain(value: object) -> object:

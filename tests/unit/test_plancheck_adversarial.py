@@ -121,3 +121,62 @@ def test_an_unknown_key_reaches_the_cli_as_one_line_and_exit_2(plan_text, tmp_pa
     assert 2 == done.returncode
     assert done.stderr.startswith("error[PR114]: invalid plan file\n  --> plan.json  ($.instances[0].placement)\n")
     assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize(("argv1", "where", "detail"), [
+    ({"$bytes": "not base64!"}, "$.instances[0].argv[1]", '"$bytes" is not base64'),
+    ({"$bytes": "eA==", "also": 1}, "$.instances[0].argv[1]", "exactly one base64 string"),
+    ({"$bytes": 5}, "$.instances[0].argv[1]", "exactly one base64 string"),
+    ("caf\udce9.txt", "$.instances[0].argv[1]", "holds the lone surrogate \\udce9"),
+    ("\ud800", "$.instances[0].argv[1]", "holds the lone surrogate \\ud800"),
+])
+def test_bytes_that_are_not_utf8_are_only_read_as_a_bytes_object(plan_text, argv1, where, detail):
+    """A broken ``{"$bytes": ...}`` or a lone surrogate escape (``"\\udce9"``) is PR114 at its path."""
+    data = json.loads(plan_text)
+    data["instances"][0]["argv"][1] = argv1
+
+    with pytest.raises(DiagnosticError) as caught:
+        from_json(json.dumps(data), file="plan.json")
+
+    [found] = caught.value.diagnostics
+    assert ("PR114", where) == (found.code, found.span.key_path)
+    assert detail in found.detail
+
+
+def test_a_bytes_object_loads_as_those_exact_bytes_and_round_trips(plan_text):
+    """``{"$bytes": "Y2Fm6Q=="}`` is the argument b'caf\\xe9'; the plan writes it back the same way."""
+    from poprun.planner.serde import to_json
+
+    data = json.loads(plan_text)
+    data["instances"][0]["argv"][1] = {"$bytes": "Y2Fm6Q=="}
+    data["instances"][1]["argv"][1] = {"$bytes": "Y2Fm6Q=="}
+
+    plan = from_json(json.dumps(data), file="plan.json")
+
+    assert b"caf\xe9" == plan.instances[0].argv[1].encode("utf-8", "surrogateescape")
+    assert plan == from_json(to_json(plan), file="again.json")
+    assert '"$bytes": "Y2Fm6Q=="' in to_json(plan)
+    to_json(plan).encode("utf-8")  # strict: every character is text
+
+
+def test_a_dsl_string_with_half_a_surrogate_pair_is_pr108(tmp_path):
+    """``set A = "\\ud800"`` decodes to no character: PR108 at the escape, not an internal error at launch."""
+    (tmp_path / "job.pop").write_text('run python3 x.py\nset A = "\\ud800"\n')
+
+    status, _, err = _run(["plan", str(tmp_path / "job.pop")])
+
+    assert 2 == status
+    assert "error[PR108]: invalid escape in quoted string" in err
+    assert "\\ud800 alone is half of a surrogate pair, not a character" in err
+
+
+def test_run_records_write_bytes_that_are_not_utf8_as_json_escapes():
+    """events.jsonl and report.json lines are UTF-8 however a string came in; json reads the same string back."""
+    from poprun.runs.jsontext import dumps
+
+    value = {"argv": ["caf\udce9.txt", "\ud800"]}
+
+    text = dumps(value)
+
+    assert '{"argv":["caf\\udce9.txt","\\ud800"]}' == text
+    assert value == json.loads(text.encode("utf-8").decode("utf-8"))
