@@ -7,6 +7,10 @@ the CLI's logs and a backend's ``describe`` (the mpirun command) mask by this on
 
 from __future__ import annotations
 
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import re
+
 # Words that make a variable's name look secret (a substring, any case): masking one too many is
 # the safe side (KEYBOARD_LAYOUT is masked too). SESSION is left out: most such names (DBUS_SESSION_BUS_ADDRESS,
 # XDG_SESSION_ID) are not secrets; --mask names any other variable.
@@ -26,3 +30,32 @@ def is_secret(name: str, mask: tuple[str, ...] = ()) -> bool:
         return True
     upper = name.upper()
     return any(word in upper for word in SECRET_WORDS)
+
+
+MASK = "****"  # what stands for a URL's password in text output
+_URL_PASSWORD: re.Pattern[str] | None = None  # the pattern, compiled on first use (start-up: ``re`` is not imported on a plain launch)
+
+
+def mask_urls(text: str, *, same_length: bool = False) -> str:
+    """
+    Return ``text`` with the password of every URL in it masked: ``postgres://u:****@h/db``.
+
+    A URL's password (``scheme://user:password@host``) is a secret whatever the variable or
+    argument that holds it is called. The password runs to the last ``@`` before the host's
+    ``/`` or a space, so one holding ``@`` is masked whole; a URL without a password is unchanged.
+    ``same_length``: one ``*`` per character, so that a caret under a later column still points
+    at its word (diagnostics).
+    """
+    if "://" not in text:
+        return text
+    global _URL_PASSWORD  # noqa: PLW0603 - compiled once, lazily
+    if _URL_PASSWORD is None:
+        import re
+
+        _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@'\"]*):(?P<password>[^\s/'\"]*)@")
+    def masked(match: re.Match[str]) -> str:
+        if not match["password"]:
+            return match[0]
+        return f"{match['head']}:{'*' * len(match['password']) if same_length else MASK}@"
+
+    return _URL_PASSWORD.sub(masked, text)

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from poprun.core.hostlist import compress
 from poprun.core.record import evolve, fields, record
+from poprun.core.secret import mask_urls
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
@@ -181,7 +182,7 @@ def render_diff(diff: Diff, *, old_name: str, new_name: str) -> str:
         if changes:
             lines.append(f"{section}:")
             lines.extend(line for change in changes for line in _change_lines(change, diff.mask))
-    return "\n".join(lines) + "\n"
+    return mask_urls("\n".join(lines) + "\n")
 
 
 def _change_lines(change: Change, mask: tuple[str, ...]) -> list[str]:
@@ -229,7 +230,9 @@ def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, objec
 
 
 def _json(value: Value) -> object:
-    return list(value) if isinstance(value, tuple) else value
+    if isinstance(value, tuple):
+        return [mask_urls(item) for item in value]
+    return mask_urls(value) if isinstance(value, str) else value
 
 
 def render_diff_json(diff: Diff, *, old_name: str, new_name: str) -> str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from poprun.core.secret import mask_urls
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
 
@@ -201,6 +202,9 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     """
     Return the text view of a plan (``poprun plan``), with derivations when ``explain``.
 
+    Values of variables whose names look secret or are in the plan's ``mask`` show as
+    ``********``, and the password of every URL (``postgres://u:****@h/db``) as ``****``.
+
     ``backend_text`` is what the plan's backend adds, after the program (its ``describe``:
     :func:`poprun.backends.registry.describe`); ``""`` adds nothing.
     """
@@ -220,4 +224,4 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
         parts.append(backend_text)
     if plan.warnings:
         parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
-    return "\n".join(parts)
+    return mask_urls("\n".join(parts))  # a URL's password, in a value, an argument or a decision
