@@ -19,9 +19,9 @@ DEBUG = 2  # the verbosity at which [D] lines show too
 
 def format_line(level: str, message: str, *, now: float, pid: int) -> str:
     """Return one log line (with its newline): ``04:22:59.948 3905692 POPRUN [I] message`` (URLs' passwords masked)."""
-    from poprun.core.secret import mask_urls
+    from poprun.core.secret import mask_text
 
-    message = mask_urls(message)
+    message = mask_text(message)
     clock = time.localtime(now)
     millis = int(now * 1000) % 1000
     return f"{clock.tm_hour:02d}:{clock.tm_min:02d}:{clock.tm_sec:02d}.{millis:03d} {pid} POPRUN [{level}] {message}\n"

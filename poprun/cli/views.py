@@ -94,10 +94,10 @@ def _toml(shown: Shown) -> str:
 
 def _dot(shown: Shown) -> str:
     from poprun.core.rawbytes import visible
-    from poprun.core.secret import mask_urls
+    from poprun.core.secret import mask_text
     from poprun.render.graph import render_dot
 
-    return visible(mask_urls(render_dot(shown.plan, expand=shown.expand)))
+    return visible(mask_text(render_dot(shown.plan, expand=shown.expand)))
 
 
 def _sbatch(shown: Shown) -> str:

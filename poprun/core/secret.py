@@ -59,3 +59,39 @@ def mask_urls(text: str, *, same_length: bool = False) -> str:
         return f"{match['head']}:{'*' * len(match['password']) if same_length else MASK}@"
 
     return _URL_PASSWORD.sub(masked, text)
+
+
+_ASSIGNMENTS: tuple[re.Pattern[str], ...] = ()
+_NAME = r"(?P<name>-{0,2}[A-Za-z_][A-Za-z0-9_.-]*)"
+
+
+def mask_text(text: str, mask: tuple[str, ...] = (), *, same_length: bool = False) -> str:
+    """
+    Return ``text`` for people, its secrets masked.
+
+    URLs' passwords are masked (:func:`mask_urls`), and so are the values of ``NAME=VALUE`` words
+    whose name looks secret or is in ``mask`` (``API_TOKEN=****``, ``--password=****``,
+    ``'--password=a b'``, ``-x HF_TOKEN=****`` in a quoted command line).
+
+    ``same_length``: one ``*`` per character (diagnostics, whose carets point at later columns).
+    A secret given as a separate word (``--password hunter2``) is not recognised.
+    """
+    text = mask_urls(text, same_length=same_length)
+    if "=" not in text:
+        return text
+    global _ASSIGNMENTS  # noqa: PLW0603 - compiled once, lazily
+    if not _ASSIGNMENTS:
+        import re
+
+        _ASSIGNMENTS = (re.compile(rf"(?<='){_NAME}=(?P<value>[^'\n]+)(?=')"),  # a word quoted whole: 'NAME=a b'
+                        re.compile(rf"(?<![^\s'\"]){_NAME}=(?P<value>\"[^\"\n]*\"|'[^'\n]*'|[^\s'\"]+)"))
+
+    def masked(match: re.Match[str]) -> str:
+        name = match["name"].lstrip("-")
+        if not is_secret(name.replace("-", "_"), mask) or set(match["value"]) == {"*"}:
+            return match[0]
+        return f"{match['name']}={'*' * len(match['value']) if same_length else MASK}"
+
+    for pattern in _ASSIGNMENTS:
+        text = pattern.sub(masked, text)
+    return text

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from poprun.core.hostlist import compress
 from poprun.core.record import evolve, fields, record
-from poprun.core.secret import mask_urls
+from poprun.core.secret import mask_text
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
@@ -182,7 +182,7 @@ def render_diff(diff: Diff, *, old_name: str, new_name: str) -> str:
         if changes:
             lines.append(f"{section}:")
             lines.extend(line for change in changes for line in _change_lines(change, diff.mask))
-    return mask_urls("\n".join(lines) + "\n")
+    return mask_text("\n".join(lines) + "\n", diff.mask)
 
 
 def _change_lines(change: Change, mask: tuple[str, ...]) -> list[str]:
@@ -231,8 +231,8 @@ def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, objec
 
 def _json(value: Value) -> object:
     if isinstance(value, tuple):
-        return [mask_urls(item) for item in value]
-    return mask_urls(value) if isinstance(value, str) else value
+        return [mask_text(item) for item in value]
+    return mask_text(value) if isinstance(value, str) else value
 
 
 def render_diff_json(diff: Diff, *, old_name: str, new_name: str) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from poprun.core.secret import mask_urls
+from poprun.core.secret import mask_text
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
 
@@ -203,7 +203,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     Return the text view of a plan (``poprun plan``), with derivations when ``explain``.
 
     Values of variables whose names look secret or are in the plan's ``mask`` show as
-    ``********``, and the password of every URL (``postgres://u:****@h/db``) as ``****``.
+    ``********``; the password of every URL (``postgres://u:****@h/db``) and the value of every
+    ``NAME=VALUE`` word whose name looks secret (``--password=****``) as ``****``.
 
     ``backend_text`` is what the plan's backend adds, after the program (its ``describe``:
     :func:`poprun.backends.registry.describe`); ``""`` adds nothing.
@@ -224,4 +225,4 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
         parts.append(backend_text)
     if plan.warnings:
         parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
-    return mask_urls("\n".join(parts))  # a URL's password, in a value, an argument or a decision
+    return mask_text("\n".join(parts), plan.mask)  # a URL's password, --password=..., in an argument or a decision

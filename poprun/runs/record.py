@@ -38,7 +38,7 @@ from collections.abc import Mapping
 from poprun.core.events import Event
 from poprun.core.process import start_time
 from poprun.core.record import fields
-from poprun.core.secret import mask_urls
+from poprun.core.secret import mask_text
 from poprun.planner.plan import Instance, LaunchPlan
 from poprun.runs.jsontext import dumps
 
@@ -148,7 +148,7 @@ class RunRecord:
         if self._closed:
             return
         self._time(event)
-        line = event_line(event, time.time()) if data is None else mask_urls(dumps(dict(data))) + "\n"
+        line = event_line(event, time.time()) if data is None else mask_text(dumps(dict(data))) + "\n"
         self._guard(lambda: os.write(self._events, line.encode(errors="surrogateescape")))
 
     def _time(self, event: Event) -> None:
@@ -272,7 +272,7 @@ def event_line(event: Event, at: float) -> str:
     from poprun.core.events import to_dict
     data = to_dict(event)
     data = {"v": data.pop("v"), "event": data.pop("event"), "time": round(at, 6), **data}
-    return mask_urls(dumps(data)) + "\n"  # a URL's password in a reason or a variable (the pre-restart command)
+    return mask_text(dumps(data)) + "\n"  # a URL's password in a reason or a variable (the pre-restart command)
 
 
 def plan_data(plan: LaunchPlan) -> object:

@@ -112,3 +112,16 @@ def test_a_diagnostic_masks_the_password_and_keeps_its_caret_in_place(tmp_path: 
     caret = lines[lines.index(quoted) + 1]
     assert "postgres://u:********@db.example/app" in quoted
     assert quoted.index(" -q ") + 1 == caret.index("^")
+
+
+def test_a_secret_looking_assignment_is_masked_in_a_diagnostic_and_in_explain(tmp_path: Path) -> None:
+    """'-x API_TOKEN=abc123' quoted by a PR101 diagnostic, and a program's --password=hunter2 in explain, are masked."""
+    refused = poprun("plan", "--mpi-local-args=-x API_TOKEN=abc123", "-q", "python3", "x.py", cwd=tmp_path)
+    explained = poprun("plan", "--explain", "python3", "x.py", "--password=hunter2", cwd=tmp_path)
+
+    assert 2 == refused.returncode
+    assert "abc123" not in refused.stderr
+    assert "-x API_TOKEN=******' -q" in refused.stderr
+    assert 0 == explained.returncode
+    assert "hunter2" not in explained.stdout
+    assert "program: python3 x.py --password=****\n" in explained.stdout

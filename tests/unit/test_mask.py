@@ -133,3 +133,19 @@ def test_mask_urls_hides_every_url_password_and_nothing_else(text, shown):
     from poprun.core.secret import mask_urls
 
     assert shown == mask_urls(text)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("poprun plan '--mpi-local-args=-x API_TOKEN=abc123' -q", "poprun plan '--mpi-local-args=-x API_TOKEN=****' -q"),
+    ("python3 x.py --password=hunter2 --epochs=3", "python3 x.py --password=**** --epochs=3"),
+    ("x '--password=a b' y", "x '--password=****' y"),
+    ('a=b KEY="x y" z', "a=b KEY=**** z"),
+    ("SET=1 OTHER=2", "SET=**** OTHER=2"),  # SET is in the plan's mask
+    ("  HF_TOKEN=********", "  HF_TOKEN=********"),
+    ("python3 x.py --password hunter2", "python3 x.py --password hunter2"),  # a separate word: not recognised
+])
+def test_mask_text_hides_values_of_secret_looking_assignments(text, shown):
+    """NAME=VALUE words whose name looks secret (or is masked) show ****, wherever they stand in a line."""
+    from poprun.core.secret import mask_text
+
+    assert shown == mask_text(text, ("SET",))
