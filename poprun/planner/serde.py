@@ -249,6 +249,20 @@ def _duplicated_at(data: Any, path: str = "$") -> tuple[str, str] | None:
     return None
 
 
+_MAX_DEPTH = 32  # a plan nests 5 deep
+
+
+def _depth(data: Any) -> int:
+    """Return how deep arrays and objects nest in ``data``, without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth <= _MAX_DEPTH and isinstance(value, dict | list):
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
 def _parse(text: str, file: str) -> Any:
     """
     Return the JSON data of ``text``.
@@ -266,6 +280,8 @@ def _parse(text: str, file: str) -> Any:
         raise _invalid(file, "$", "arrays or objects nested too deeply: not a plan") from exc
     except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
         raise _invalid(file, "$", "a number with thousands of digits: not a plan") from exc
+    if _depth(data) > _MAX_DEPTH:  # the checks below walk the data recursively
+        raise _invalid(file, "$", f"arrays or objects nested more than {_MAX_DEPTH} deep: not a plan")
     duplicated = _duplicated_at(data)
     if duplicated:
         path, key = duplicated

@@ -180,3 +180,15 @@ def test_run_records_write_bytes_that_are_not_utf8_as_json_escapes():
 
     assert '{"argv":["caf\\udce9.txt","\\ud800"]}' == text
     assert value == json.loads(text.encode("utf-8").decode("utf-8"))
+
+
+@pytest.mark.parametrize("depth", [40, 900, 980])
+def test_arrays_nested_deeper_than_any_plan_are_pr114(plan_text, depth):
+    """Arrays nested hundreds deep inside a value (that json itself still parses) are PR114, not a RecursionError."""
+    text = plan_text.replace('"numa_aware": false', '"numa_aware": ' + "[" * depth + "]" * depth, 1)
+
+    with pytest.raises(DiagnosticError) as caught:
+        from_json(text, file="plan.json")
+
+    assert "PR114" == caught.value.diagnostics[0].code
+    assert "nested" in caught.value.diagnostics[0].detail
