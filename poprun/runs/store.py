@@ -141,6 +141,8 @@ def read_json(path: str, *, limit: int = JSON_LIMIT) -> Any:
         raise damaged(path, "not UTF-8 text") from exc
     except ValueError as exc:
         raise damaged(path, f"not JSON ({exc})") from exc
+    except RecursionError as exc:  # no record nests so deep
+        raise damaged(path, "arrays or objects nested too deeply") from exc
     if not isinstance(value, dict):
         raise damaged(path, f"a JSON {type(value).__name__}, not an object")
     return value
@@ -321,7 +323,7 @@ def _first_event_time(path: str) -> float | None:
         os.close(fd)
     try:
         value = json.loads(line)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None
     at = value.get("time") if isinstance(value, dict) else None
     return float(at) if isinstance(at, int | float) and not isinstance(at, bool) else None
