@@ -112,3 +112,15 @@ def test_formats_that_cannot_hold_such_bytes_refuse_them(tmp_path: Path, args: t
     assert 2 == done.returncode
     assert done.stderr.startswith(b"error[PR119]: " + what + b" cannot hold bytes that are not UTF-8\n"), done.stderr
     assert not (tmp_path / "job.conf").exists()
+
+
+@pytest.mark.parametrize(("args", "code"), [(("--host", os.fsdecode(b"h\xe9")), b"PR103"),
+                                            (("--mpi-local-args=-x " + os.fsdecode(b"N\xe9=1"),), b"PR105")])
+def test_a_host_or_variable_name_holding_such_bytes_is_refused(tmp_path: Path, args: tuple[str, ...],
+                                                               code: bytes) -> None:
+    """Host and variable names are ASCII words: one holding 0xe9 is a diagnostic, exit 2, shown escaped."""
+    done = poprun("plan", *args, "python3", "x.py", cwd=tmp_path)
+
+    assert 2 == done.returncode
+    assert done.stderr.startswith(b"error[" + code + b"]"), done.stderr
+    assert b"\xe9" not in done.stderr
