@@ -11,7 +11,6 @@ text names every instance's host and program, so explain and apply cannot disagr
 import copy
 import io
 import json
-import shlex
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from poprun.cli.main import main
 from poprun.core.diagnostic import DiagnosticError
+from poprun.core.rawbytes import shell_join
 from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.serde import from_json, to_json
@@ -31,7 +31,8 @@ CTX = Context(environ={"PATH": "/bin"}, cwd="/w")
 
 HOSTILE = [None, True, False, 0, -1, 1, 2, 1.5, 10**30, -(10**30), "", "\0", "a\0b", "-oProxyCommand=x", "$(id)",
            "`id`", "a b", "a\nb", "a;b", "'\"", "\\", "0-4000000000", "4000000000", "x" * 5000, [], [""], ["-x"],
-           {}, {"A": "b"}, {"A-B": "c"}, {"": ""}, "pod1", "localhost", "1", "true", "ÿ"]
+           {}, {"A": "b"}, {"A-B": "c"}, {"": ""}, "pod1", "localhost", "1", "true", "ÿ", float("nan"),
+           float("inf"), 1e308, {"$bytes": "cG9kMg=="}, {"$bytes": "6Q=="}, {"$bytes": "!"}, "\udce9", "\ud800"]
 BASE_ARGV = ["plan", "--format", "json", "--host", "localhost,pod2,pod3", "--num-instances", "3", "--num-replicas",
              "6", "--mpi-local-args=-x FORWARDED -x SET=1", "--mask", "SET", "--backend", "offline",
              "python3", "train.py", "--epochs", "3"]
@@ -126,7 +127,7 @@ def test_mutated_plan_is_refused_or_explained_as_applied(base_plan, tmp_path, mo
     assert plan == from_json(to_json(plan), file="again.json")
     for instance in plan.instances:
         assert instance.host in out
-        assert (shlex.join(instance.argv) if instance.argv else "(no program)") in out
+        assert (shell_join(instance.argv) if instance.argv else "(no program)") in out
 
 
 def test_the_unmutated_plan_is_explained_with_its_program(base_plan, tmp_path, monkeypatch):
