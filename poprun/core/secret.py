@@ -1,8 +1,10 @@
 """
-Which variables' values text output masks.
+Which variables' values text output masks, and the secrets it masks in any text.
 
 Layer: ``poprun.core``; the standard library only. The planner's explanation, the renderers,
-the CLI's logs and a backend's ``describe`` (the mpirun command) mask by this one rule.
+the CLI's logs and a backend's ``describe`` (the mpirun command) mask by this one rule; text
+for people (explain, diff, logs, diagnostics, ``ps``, events) also goes through
+:func:`mask_text`: URLs' passwords and secret-looking ``NAME=VALUE`` words, whatever holds them.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ def mask_urls(text: str, *, same_length: bool = False) -> str:
         import re
 
         _URL_PASSWORD = re.compile(r"(?P<head>\b[A-Za-z][A-Za-z0-9+.\-]*://[^\s/:@'\"]*):(?P<password>[^\s/'\"]*)@")
+
     def masked(match: re.Match[str]) -> str:
         if not match["password"]:
             return match[0]
