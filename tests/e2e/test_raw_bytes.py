@@ -124,3 +124,17 @@ def test_a_host_or_variable_name_holding_such_bytes_is_refused(tmp_path: Path, a
     assert 2 == done.returncode
     assert done.stderr.startswith(b"error[" + code + b"]"), done.stderr
     assert b"\xe9" not in done.stderr
+
+
+@pytest.mark.parametrize("args", [("plan", "--format", "sbatch"), ("submit", "--dry-run")])
+def test_a_working_directory_with_a_newline_cannot_add_lines_to_a_batch_script(tmp_path: Path,
+                                                                              args: tuple[str, ...]) -> None:
+    """'#SBATCH --chdir=DIR' ends at a newline: a directory named 'a\\n#SBATCH ...\\necho hi' is PR119, no script."""
+    where = tmp_path / "a\n#SBATCH --output=elsewhere.out\necho injected"
+    where.mkdir()
+
+    done = poprun(*args, "python3", "x.py", cwd=where)
+
+    assert 2 == done.returncode
+    assert done.stderr.startswith(b"error[PR119]: the sbatch view cannot hold this working directory\n"), done.stderr
+    assert b"" == done.stdout
