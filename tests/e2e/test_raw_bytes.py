@@ -138,3 +138,19 @@ def test_a_working_directory_with_a_newline_cannot_add_lines_to_a_batch_script(t
     assert 2 == done.returncode
     assert done.stderr.startswith(b"error[PR119]: the sbatch view cannot hold this working directory\n"), done.stderr
     assert b"" == done.stdout
+
+
+def test_a_spec_file_with_a_latin1_name_is_read_and_named_escaped(tmp_path: Path) -> None:
+    """A spec called caf\\xe9.pop plans (its JSON stays UTF-8), and a diagnostic in it names the file escaped."""
+    name = os.fsdecode(b"caf\xe9.pop")
+    (tmp_path / name).write_text("run python3 x.py\n")
+    (tmp_path / ("bad-" + name)).write_text("run python3 x.py\nbad statement\n")
+
+    planned = poprun("plan", "--format", "json", name, cwd=tmp_path)
+    refused = poprun("plan", "bad-" + name, cwd=tmp_path, env={"PYTHONIOENCODING": "utf-8:strict"})
+
+    assert 0 == planned.returncode, planned.stderr
+    sources = [d["source"] for d in json.loads(planned.stdout.decode("utf-8"))["explanation"]]
+    assert [b"caf\xe9.pop:1:5"] == [base64.b64decode(s["$bytes"]) for s in sources if isinstance(s, dict)]
+    assert 2 == refused.returncode
+    assert b"  --> bad-caf\\xe9.pop:2:1  (statement)\n" in refused.stderr
