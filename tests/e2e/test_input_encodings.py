@@ -77,3 +77,29 @@ def test_a_utf16_or_utf32_spec_is_pr118_naming_its_encoding(tmp_path: Path, enco
     assert 2 == done.returncode
     assert done.stderr.startswith(f"error[PR118]: 'train.pop' is {shown} text, not UTF-8\n"), done.stderr
     assert f"= hint: save the file as UTF-8 text (iconv -f {shown} -t UTF-8 train.pop)" in done.stderr
+
+
+TOPOLOGY = b'{"numa_nodes": [{"index": 0, "socket": 0, "cores": [[0], [1]]}]}'
+
+
+@pytest.mark.parametrize(("given", "expected"), [
+    ("/dev/zero", "'/dev/zero' is a character device; poprun reads only regular files"),
+    ("fifo", "is a FIFO (named pipe); poprun reads only regular files"),
+    ("topology.json", None),  # with a byte-order mark: read
+])
+def test_the_host_topology_file_is_read_with_the_same_bounds(tmp_path: Path, given: str, expected: str | None) -> None:
+    """POPRUN_HOST_TOPOLOGY=/dev/zero (or a FIFO nobody writes) is PR307 at once, not a read without end."""
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "topology.json").write_bytes(BOM + TOPOLOGY)
+    path = given if given.startswith("/") else str(tmp_path / given)
+
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "plan", "--numa-aware", "yes", "python3", "x.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60, check=False,
+                          env=os.environ | {"POPRUN_HOST_TOPOLOGY": path}, stdin=subprocess.DEVNULL)
+
+    if expected is None:
+        assert (0, "") == (done.returncode, done.stderr)
+        return
+    assert 2 == done.returncode
+    assert done.stderr.startswith("error[PR307]: cannot read the host topology\n"), done.stderr
+    assert expected in done.stderr
