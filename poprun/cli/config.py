@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
+from poprun.core.rawbytes import check_exact
 from poprun.planner.spec import Sourced, Spec
 
 
@@ -33,7 +34,8 @@ def export_config(spec: Spec, target: Sourced[str], *, overwrite: bool) -> tuple
                          span=target.origin, hint="add --overwrite-config=yes to replace the file"),)
         path = stamped
     try:
-        path.write_text(to_toml(spec), encoding="utf-8")
+        path.write_text(check_exact(to_toml(spec), what="a TOML spec", span=target.origin,
+                                    hint="rename the file or directory to a UTF-8 name"), encoding="utf-8")
     except OSError as exc:
         raise DiagnosticError([error("PR113", f"cannot write '{path}'", detail=exc.strerror or str(exc),
                                      span=target.origin, hint="check the directory exists and is writable")]) from exc

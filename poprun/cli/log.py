@@ -1,7 +1,7 @@
 """
 poprun's log lines, in real poprun's format: ``HH:MM:SS.mmm PID POPRUN [I] message``.
 
-Layer: ``poprun.cli``; standard library only. ``-v`` (verbosity 1, the plan's
+Layer: ``poprun.cli``; the standard library and ``poprun.core.secret``. ``-v`` (verbosity 1, the plan's
 ``output.verbosity``) shows ``[I]`` lines, ``-vv`` (2) also ``[D]`` lines; verbosity 0 shows
 none. Lines go to the ``write`` function given (the console's stderr, which clears the status
 line first), each written whole.
@@ -18,7 +18,10 @@ DEBUG = 2  # the verbosity at which [D] lines show too
 
 
 def format_line(level: str, message: str, *, now: float, pid: int) -> str:
-    """Return one log line (with its newline): ``04:22:59.948 3905692 POPRUN [I] message``."""
+    """Return one log line (with its newline): ``04:22:59.948 3905692 POPRUN [I] message`` (URLs' passwords masked)."""
+    from poprun.core.secret import mask_text
+
+    message = mask_text(message)
     clock = time.localtime(now)
     millis = int(now * 1000) % 1000
     return f"{clock.tm_hour:02d}:{clock.tm_min:02d}:{clock.tm_sec:02d}.{millis:03d} {pid} POPRUN [{level}] {message}\n"

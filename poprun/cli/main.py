@@ -67,11 +67,22 @@ def entry() -> None:
             os.open(os.devnull, os.O_RDWR)  # the lowest free number: this one
         if getattr(sys, name) is None:  # Python found it closed
             setattr(sys, name, open(fd, "w" if fd else "r", closefd=False))  # noqa: SIM115 - kept for good
+    _visible_streams()
     status = main()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing more can reach it
             stream.flush()
     os._exit(status)
+
+
+def _visible_streams() -> None:
+    r"""Write a byte that is not UTF-8 (read from argv with ``surrogateescape``) as ``\xHH``, never raw, never a crash."""
+    from poprun.core.rawbytes import VISIBLE, register
+
+    register()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(AttributeError, ValueError, OSError):  # not a text file of ours
+            stream.reconfigure(errors=VISIBLE)  # type: ignore[union-attr]
 
 
 def _dispatch(args: list[str], session: Session) -> int:

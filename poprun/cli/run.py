@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import sys
 import threading
@@ -47,6 +46,7 @@ from poprun.core.events import (
     Stopping,
 )
 from poprun.core.outcome import exit_status, signal_name
+from poprun.core.rawbytes import shell_join, shell_quote
 from poprun.core.secret import is_secret
 from poprun.planner.plan import LaunchPlan
 
@@ -133,7 +133,7 @@ class _Reporter:
         instance = self._plan.instances[event.index]
         if isinstance(event, InstanceStarted):
             self._running += 1
-            self.verbose.info(f"Instance {event.index} (PID {event.pid}) on {instance.host}: {shlex.join(instance.argv)}")
+            self.verbose.info(f"Instance {event.index} (PID {event.pid}) on {instance.host}: {shell_join(instance.argv)}")
             if self._running == len(self._plan.instances):
                 self._waiting()
         else:
@@ -203,7 +203,7 @@ def _log_plan(plan: LaunchPlan, starting: LaunchStarting, verbose: Log) -> None:
     cache = plan.instances[0].env.get(EXECUTABLE_CACHE_PATH) if plan.instances else None
     verbose.debug(f"Executable cache: {cache or 'none'} ({plan.cache.mode})")
     for instance in plan.instances:
-        values = " ".join(f"{k}={'****' if is_secret(k, plan.mask) else shlex.quote(v)}" for k, v in instance.env.set)
+        values = " ".join(f"{k}={'****' if is_secret(k, plan.mask) else shell_quote(v)}" for k, v in instance.env.set)
         verbose.debug(f"Instance {instance.index} environment: {values}; forwarded: "
                       f"{', '.join(instance.env.forward) or 'none'}; unset: {', '.join(instance.env.unset) or 'none'}")
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from poprun.core.rawbytes import check_exact
 from poprun.core.record import record
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -52,15 +54,20 @@ class View:
     outside_allocation: bool = False
 
 
+_EXACT_HINT = ("rename the file or directory to a UTF-8 name; 'poprun plan --format json' and 'poprun apply' "
+               "keep such bytes exactly")
+
+
 def text(shown: Shown) -> str:
     """Return the plan as text (``poprun plan``), with derivations when ``explain``, after the topology table when asked."""
     from poprun.backends.registry import default_registry, describe
+    from poprun.core.rawbytes import visible
     from poprun.render.explain import render_plan
 
     out = render_plan(shown.plan, explain=shown.explain, backend_text=describe(default_registry(), shown.plan))
     if shown.plan.output.print_topology:
         out = topology(shown.plan) + "\n" + out
-    return out
+    return visible(out)  # a byte that is not UTF-8 (a Latin-1 file name) as \xHH
 
 
 def topology(plan: LaunchPlan) -> str:
@@ -82,13 +89,15 @@ def _toml(shown: Shown) -> str:
     from poprun.planner.tomlspec import to_toml
 
     assert shown.spec is not None  # not a view of saved plans
-    return to_toml(shown.spec)
+    return check_exact(to_toml(shown.spec), what="a TOML spec", span=SourceSpan.flag("--format"), hint=_EXACT_HINT)
 
 
 def _dot(shown: Shown) -> str:
+    from poprun.core.rawbytes import visible
+    from poprun.core.secret import mask_text
     from poprun.render.graph import render_dot
 
-    return render_dot(shown.plan, expand=shown.expand)
+    return visible(mask_text(render_dot(shown.plan, expand=shown.expand)))
 
 
 def _sbatch(shown: Shown) -> str:
@@ -102,13 +111,15 @@ def backend_format(name: str, plan: LaunchPlan, *, command: tuple[str, ...], hos
 
     view = find_format(default_registry(), name)
     assert view is not None, f"no backend offers --format {name}"  # a built-in's: always there
-    return view(plan, FormatRequest(command=command, hosts=hosts))
+    return check_exact(view(plan, FormatRequest(command=command, hosts=hosts)), what=f"the {name} view",
+                       span=SourceSpan.flag("--format"), hint=_EXACT_HINT)
 
 
 def _diff_text(diff: Diff, old_name: str, new_name: str) -> str:
+    from poprun.core.rawbytes import visible
     from poprun.render.diff import render_diff
 
-    return render_diff(diff, old_name=old_name, new_name=new_name)
+    return visible(render_diff(diff, old_name=old_name, new_name=new_name))
 
 
 def _diff_json(diff: Diff, old_name: str, new_name: str) -> str:

@@ -37,6 +37,7 @@ CODES: dict[str, str] = {
     "PR116": "not a regular file",
     "PR117": "file too large",
     "PR118": "file is not UTF-8 text",
+    "PR119": "a format that cannot hold a value exactly",
     "PR200": "value must be a positive integer",
     "PR201": "--export-config and --import-config together",
     "PR202": "two executable caches",

@@ -7,7 +7,9 @@ Every file poprun reads on the user's word goes through :func:`read_text_file`, 
 can make it grow memory without end or block: a file that is not a regular file (``/dev/zero``,
 a FIFO, a directory, a terminal) is refused before it is read (it is opened without blocking,
 then checked), a file larger than :data:`MAX_BYTES` is refused without reading more than that,
-and text that is not UTF-8, or holds a NUL character, is refused naming its line.
+and text that is not UTF-8, or holds a NUL character, is refused naming its line. A UTF-8
+byte-order mark, as some editors write, is read past; UTF-16 and UTF-32 text (with a byte-order
+mark, or ASCII text with every other byte NUL) is refused naming its encoding.
 """
 
 from __future__ import annotations
@@ -20,6 +22,11 @@ from poprun.core.span import SourceSpan
 
 MAX_BYTES = 4 * 1024 * 1024  # 4 MiB: a spec, plan or host file of a 100,000-host Pod fits many times over
 _CHUNK = 1 << 16
+_UTF8_BOM = b"\xef\xbb\xbf"
+# Byte-order marks of the encodings an editor may save in instead of UTF-8 (UTF-32 first: its
+# little-endian mark starts with UTF-16's).
+_WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
+              (b"\xfe\xff", "UTF-16"))
 
 
 def read_text_file(path: str, *, key: str, span: SourceSpan | None = None, name: str | None = None,
@@ -90,7 +97,37 @@ def _kind(mode: int) -> str:
     return next((name for test, name in kinds if test(mode)), "not a regular file")
 
 
+def _wide_encoding(data: bytes) -> tuple[str, str] | None:
+    """Return ("UTF-16" or "UTF-32", how it shows) when ``data`` is text in that encoding, else None."""
+    for mark, name in _WIDE_BOMS:
+        if data.startswith(mark):
+            return name, f"it starts with a {name} byte-order mark"
+    found = _wide_by_nuls(data[:256]) if 0 in data[:256] else None
+    return (found, "NUL bytes stand between its characters") if found else None
+
+
+def _wide_by_nuls(head: bytes) -> str | None:
+    """Return the encoding of ASCII text in UTF-32 or UTF-16 without a mark: NUL bytes around each character."""
+    for width, name in ((4, "UTF-32"), (2, "UTF-16")):
+        whole = len(head) - len(head) % width
+        for at in (0, width - 1):  # the character's byte: little-endian first, big-endian last
+            if whole >= 2 * width and all(head[i] for i in range(at, whole, width)) \
+                    and not any(head[i] for i in range(whole) if i % width != at):
+                return name
+    return None
+
+
 def _decode(data: bytes, path: str, key: str) -> str:
+    wide = _wide_encoding(data)
+    if wide:
+        import shlex
+
+        name, how = wide
+        span = SourceSpan(file=path, key_path=key, line=1, column=1, end_line=1, end_column=2)
+        raise DiagnosticError([error("PR118", f"'{path}' is {name} text, not UTF-8",
+                                     detail=f"{how}; poprun reads UTF-8 text only", span=span,
+                                     hint=f"save the file as UTF-8 text (iconv -f {name} -t UTF-8 {shlex.quote(path)})")])
+    data = data.removeprefix(_UTF8_BOM)  # as some editors write it
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -178,9 +178,13 @@ def load(source: str) -> HostTopology:
     """
     import json  # here, not at the top: only topology files need it (start-up stays lean)
 
+    from poprun.core.diagnostic import DiagnosticError
+    from poprun.core.textfile import read_text_file
+
     path = Path(source) if source not in RECORDED else TOPOLOGIES / f"{source}.json"
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
+        # bounded like every file poprun reads: /dev/zero or a FIFO is refused, not read without end
+        data = json.loads(read_text_file(str(path), key="POPRUN_HOST_TOPOLOGY"))
         nodes = tuple(NumaNode(int(n["index"]), int(n["socket"]), tuple(tuple(int(c) for c in core) for core in n["cores"]))
                       for n in data["numa_nodes"])
         cpuset = data.get("cpuset")
@@ -188,8 +192,12 @@ def load(source: str) -> HostTopology:
         return HostTopology(name=str(data.get("name", path.stem)), numa_nodes=nodes,
                             cpuset=None if cpuset is None else parse_cpulist(str(cpuset)),
                             mems=None if mems is None else parse_cpulist(str(mems)))
-    except OSError as exc:
-        msg = f"cannot read {path}: {exc.strerror}"
+    except DiagnosticError as exc:
+        problem = exc.diagnostics[0]
+        msg = f"cannot read {path}: {problem.detail}" if problem.code == "PR113" else problem.detail
+        raise ValueError(msg) from exc
+    except RecursionError as exc:
+        msg = f"{path} is not a host topology: arrays nested too deeply"
         raise ValueError(msg) from exc
     except (ValueError, KeyError, TypeError) as exc:
         msg = f"{path} is not a host topology: {type(exc).__name__}: {exc}"

@@ -4,7 +4,9 @@ The LaunchPlan as versioned, deterministic JSON, and back.
 Layer: ``poprun.planner``; imports cattrs and the plan model.
 
 Same plan, same bytes: keys are sorted, lists keep their order. An instance's ``env`` is
-the object of values set at plan time; ``env_forward`` and ``env_unset`` list names.
+the object of values set at plan time; ``env_forward`` and ``env_unset`` list names. A string
+holding bytes that are not UTF-8 (a Latin-1 file name in argv) is ``{"$bytes": BASE64}``
+(:mod:`poprun.core.rawbytes`), so the text is UTF-8 and apply gets the exact bytes.
 """
 
 from __future__ import annotations
@@ -171,8 +173,10 @@ def converter() -> cattrs.Converter:
 
 
 def to_dict(plan: p.LaunchPlan) -> dict[str, Any]:
-    """Return the plan as JSON-ready data."""
-    data: dict[str, Any] = converter().unstructure(plan)
+    """Return the plan as JSON-ready data (strings holding bytes that are not UTF-8 as ``{"$bytes": BASE64}``)."""
+    from poprun.core.rawbytes import to_json_data
+
+    data: dict[str, Any] = to_json_data(converter().unstructure(plan))  # type: ignore[assignment]
     return data
 
 
@@ -190,12 +194,7 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
         or breaks a rule the solver keeps (:mod:`poprun.planner.plancheck`): one diagnostic per
         problem, each naming its JSON path.
     """
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
-    except RecursionError as exc:  # arrays or objects nested deeper than any plan's
-        raise _invalid(file, "$", "arrays or objects nested too deeply: not a plan") from exc
+    data = _parse(text, file)
     if not isinstance(data, dict):
         raise _invalid(file, "$", "a plan is a JSON object")
     version = data.get("format_version")
@@ -208,8 +207,8 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
         raise DiagnosticError(found)
     try:
         plan: p.LaunchPlan = converter().structure(data, p.LaunchPlan)
-    except (cattrs.BaseValidationError, KeyError, TypeError, ValueError) as exc:
-        if not isinstance(exc, cattrs.BaseValidationError):
+    except (cattrs.BaseValidationError, ForbiddenExtraKeysError, KeyError, TypeError, ValueError) as exc:
+        if not isinstance(exc, cattrs.BaseValidationError | ForbiddenExtraKeysError):  # the root's extra keys too
             raise _invalid(file, "$", str(exc)) from exc
         raise DiagnosticError([_invalid_at(file, message) for message in cattrs.transform_error(exc, path="$", format_exception=_reason)]
                               [:20]) from exc
@@ -217,6 +216,86 @@ def from_json(text: str, *, file: str = "<plan>") -> p.LaunchPlan:
     if found:
         raise DiagnosticError(found)
     return plan
+
+
+class _Duplicated(dict[str, Any]):
+    """An object of the plan's text that names a key twice (``json`` keeps the last; a reader sees the first)."""
+
+    duplicated = ""
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    data = dict(pairs)
+    if len(data) == len(pairs):
+        return data
+    marked, seen = _Duplicated(data), set()
+    for key, _ in pairs:
+        if key in seen:
+            marked.duplicated = key
+            break
+        seen.add(key)
+    return marked
+
+
+def _duplicated_at(data: Any, path: str = "$") -> tuple[str, str] | None:
+    """Return the path of the first object in ``data`` that names a key twice, and that key."""
+    if isinstance(data, _Duplicated):
+        return path, data.duplicated
+    items = data.items() if isinstance(data, dict) else enumerate(data) if isinstance(data, list) else ()
+    for key, value in items:
+        found = _duplicated_at(value, f"{path}.{key}" if isinstance(key, str) else f"{path}[{key}]")
+        if found:
+            return found
+    return None
+
+
+_MAX_DEPTH = 32  # a plan nests 5 deep
+
+
+def _depth(data: Any) -> int:
+    """Return how deep arrays and objects nest in ``data``, without recursion."""
+    deepest, stack = 0, [(data, 0)]
+    while stack:
+        value, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if depth <= _MAX_DEPTH and isinstance(value, dict | list):
+            stack.extend((item, depth + 1) for item in (value.values() if isinstance(value, dict) else value))
+    return deepest
+
+
+def _parse(text: str, file: str) -> Any:
+    """
+    Return the JSON data of ``text``.
+
+    Diagnostics:
+        PR114 when it is not JSON, nests deeper than any plan, holds a number no plan holds (an
+        integer of thousands of digits, a float beyond the largest), an object names a key twice, a
+        ``$bytes`` object is not one or a string holds a lone surrogate.
+    """
+    try:
+        data = json.loads(text, object_pairs_hook=_pairs)
+    except json.JSONDecodeError as exc:
+        raise _invalid(file, "$", f"not JSON: {exc.msg}", line=exc.lineno, column=exc.colno) from exc
+    except RecursionError as exc:  # arrays or objects nested deeper than any plan's
+        raise _invalid(file, "$", "arrays or objects nested too deeply: not a plan") from exc
+    except ValueError as exc:  # an integer beyond sys.get_int_max_str_digits()
+        raise _invalid(file, "$", "a number with thousands of digits: not a plan") from exc
+    if _depth(data) > _MAX_DEPTH:  # the checks below walk the data recursively
+        raise _invalid(file, "$", f"arrays or objects nested more than {_MAX_DEPTH} deep: not a plan")
+    duplicated = _duplicated_at(data)
+    if duplicated:
+        path, key = duplicated
+        raise _invalid(file, path, f"{path}: key {_quoted(key)} appears twice (which one counts is not clear)")
+    from poprun.core.rawbytes import RawBytesError, from_json_data
+
+    try:
+        return from_json_data(data)
+    except RawBytesError as exc:
+        raise _invalid(file, exc.path, str(exc)) from exc
+
+
+def _quoted(key: str) -> str:
+    return "'" + key.encode("unicode_escape").decode("ascii").replace("'", "\\'") + "'"
 
 
 def _reason(exc: BaseException, kind: type | None) -> str:

@@ -45,8 +45,11 @@ def render_diagnostic(diag: Diagnostic, sources: Mapping[str, str] | None = None
 
 def render_diagnostics(diags: Iterable[Diagnostic], sources: Mapping[str, str] | None = None) -> str:
     """Return several diagnostics, errors first, separated by blank lines."""
+    from poprun.core.secret import mask_text
+
     ordered = sorted(diags, key=lambda d: not d.is_error)
-    return "\n".join(render_diagnostic(d, sources) for d in ordered)
+    # a URL's password on the command line or in a spec's line, as long as it was (the carets stay under their words)
+    return mask_text("\n".join(render_diagnostic(d, sources) for d in ordered), same_length=True)
 
 
 def to_json(diags: Iterable[Diagnostic]) -> str:
@@ -56,7 +59,9 @@ def to_json(diags: Iterable[Diagnostic]) -> str:
          "span": {"file": d.span.file, "key_path": d.span.key_path, "line": d.span.line, "column": d.span.column}}
         for d in diags
     ]
-    return json.dumps(items, indent=2) + "\n"
+    from poprun.core.secret import mask_text
+
+    return mask_text(json.dumps(items, indent=2) + "\n")
 
 
 def _where(span: SourceSpan) -> str:

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from poprun.core.hostlist import compress
 from poprun.core.record import evolve, fields, record
+from poprun.core.secret import mask_text
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
@@ -181,7 +182,7 @@ def render_diff(diff: Diff, *, old_name: str, new_name: str) -> str:
         if changes:
             lines.append(f"{section}:")
             lines.extend(line for change in changes for line in _change_lines(change, diff.mask))
-    return "\n".join(lines) + "\n"
+    return mask_text("\n".join(lines) + "\n", diff.mask)
 
 
 def _change_lines(change: Change, mask: tuple[str, ...]) -> list[str]:
@@ -229,12 +230,16 @@ def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, objec
 
 
 def _json(value: Value) -> object:
-    return list(value) if isinstance(value, tuple) else value
+    if isinstance(value, tuple):
+        return [mask_text(item) for item in value]
+    return mask_text(value) if isinstance(value, str) else value
 
 
 def render_diff_json(diff: Diff, *, old_name: str, new_name: str) -> str:
     """Return the diff as deterministic JSON (sorted keys, two-space indent, final newline)."""
     import json
 
-    return json.dumps(to_diff_dict(diff, old_name=old_name, new_name=new_name), indent=2, sort_keys=True,
-                      ensure_ascii=False) + "\n"
+    from poprun.core.rawbytes import to_json_data
+
+    return json.dumps(to_json_data(to_diff_dict(diff, old_name=old_name, new_name=new_name)), indent=2,
+                      sort_keys=True, ensure_ascii=False) + "\n"

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from poprun.core.secret import mask_text
 from poprun.planner.environment import is_secret
 from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
 
@@ -167,10 +168,10 @@ def render_program(instances: Sequence[Instance]) -> str:
     One line when every instance runs the same (as the solver plans), else one line per instance:
     the text shows exactly what apply runs, so a word that was swallowed or changed is seen.
     """
-    import shlex
+    from poprun.core.rawbytes import shell_join
 
     def argv(instance: Instance) -> str:
-        return shlex.join(instance.argv) if instance.argv else "(no program)"
+        return shell_join(instance.argv) if instance.argv else "(no program)"
 
     first = instances[0]
     if all(i.argv == first.argv and i.cwd == first.cwd for i in instances):
@@ -201,6 +202,10 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     """
     Return the text view of a plan (``poprun plan``), with derivations when ``explain``.
 
+    Values of variables whose names look secret or are in the plan's ``mask`` show as
+    ``********``; the password of every URL (``postgres://u:****@h/db``) and the value of every
+    ``NAME=VALUE`` word whose name looks secret (``--password=****``) as ``****``.
+
     ``backend_text`` is what the plan's backend adds, after the program (its ``describe``:
     :func:`poprun.backends.registry.describe`); ``""`` adds nothing.
     """
@@ -220,4 +225,4 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
         parts.append(backend_text)
     if plan.warnings:
         parts.append("warnings:\n" + "".join(f"  {w.code}: {w.summary} ({w.hint})\n" for w in plan.warnings))
-    return "\n".join(parts)
+    return mask_text("\n".join(parts), plan.mask)  # a URL's password, --password=..., in an argument or a decision

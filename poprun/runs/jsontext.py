@@ -1,12 +1,14 @@
-"""
+r"""
 JSON text of plain data, without the ``json`` module (start-up: see ``tests/e2e/test_startup.py``).
 
 Layer: ``poprun.runs``; standard library only. :func:`dumps` writes exactly what
 ``json.dumps(value, ensure_ascii=False, sort_keys=sort_keys, indent=indent)`` writes, or with
 ``indent`` None the compact form of ``separators=(",", ":")``, for the values a run record holds:
 dicts with string keys, lists and tuples, strings, ints, floats, bools and None (a property test
-compares the two). Reading a record uses ``json`` itself: commands that read runs are not on
-the launch path.
+compares the two), except that a lone surrogate (a byte that is not UTF-8, read with
+``surrogateescape``) is written as a JSON escape (``\udce9``), so the text is always UTF-8 and
+``json`` reads the same string back. Reading a record uses ``json`` itself: commands that read runs
+are not on the launch path.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ _INF = float("inf")
 _ESCAPES = {i: f"\\u{i:04x}" for i in range(0x20)} | {ord("\\"): "\\\\", ord('"'): '\\"', ord("\n"): "\\n",
                                                        ord("\r"): "\\r", ord("\t"): "\\t", ord("\b"): "\\b",
                                                        ord("\f"): "\\f"}
+_ESCAPES |= {i: f"\\u{i:04x}" for i in range(0xD800, 0xE000)}  # lone surrogates: no UTF-8 holds them
 
 
 def string(text: str) -> str:

@@ -53,6 +53,7 @@ from poprun.core.events import Event
 from poprun.core.private import make_directories
 from poprun.core.process import start_time
 from poprun.core.record import fields
+from poprun.core.secret import mask_text
 from poprun.planner.plan import Instance, LaunchPlan
 from poprun.runs.jsontext import dumps
 
@@ -197,7 +198,7 @@ class RunRecord:
         if self._stopped:
             return
         self._time(event)
-        line = event_line(event, time.time()) if data is None else dumps(dict(data)) + "\n"
+        line = event_line(event, time.time()) if data is None else mask_text(dumps(dict(data))) + "\n"
         self._guard(lambda: self._write_all(self._events, line.encode(errors="surrogateescape")))
 
     def _time(self, event: Event) -> None:
@@ -413,15 +414,16 @@ def _write_whole(path: str, text: str) -> None:
 def event_line(event: Event, at: float) -> str:
     """Return ``event`` as one line of ``events.jsonl``: ``{"v":1,"event":KIND,"time":T,...}`` and a newline."""
     from poprun.core.events import to_dict
-
     data = to_dict(event)
     data = {"v": data.pop("v"), "event": data.pop("event"), "time": round(at, 6), **data}
-    return dumps(data) + "\n"
+    return mask_text(dumps(data)) + "\n"  # a URL's password in a reason or a variable (the pre-restart command)
 
 
 def plan_data(plan: LaunchPlan) -> object:
     """Return the plan as JSON-ready data, exactly as ``poprun.planner.serde.to_dict`` (a test holds them equal)."""
-    return _plain(plan)
+    from poprun.core.rawbytes import to_json_data
+
+    return to_json_data(_plain(plan))
 
 
 def _plain(value: object) -> object:

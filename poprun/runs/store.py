@@ -293,6 +293,12 @@ def _plan_summary(plan: Any, name: str) -> tuple[int | None, tuple[str, ...], tu
     """Return the instances, hosts, instance 0's argv and the backend of ``plan.json`` (empty when it is missing)."""
     if plan is None:
         return None, (), (), ""
+    from poprun.core.rawbytes import RawBytesError, from_json_data
+
+    try:
+        plan = from_json_data(plan)  # argv words that are not UTF-8 are {"$bytes": ...}
+    except RawBytesError as exc:
+        raise damaged(name, str(exc)) from exc
     try:
         instances = plan["instances"]
         hosts = tuple(plan["topology"]["hosts"])

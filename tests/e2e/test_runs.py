@@ -212,6 +212,8 @@ HOSTILE = {
     "report.json has the wrong shape": ("report.json", lambda p: p.write_text('{"status": "3", "failures": 7}'),
                                         "report", "$.status is missing or of the wrong type"),
     "report.json is a list": ("report.json", lambda p: p.write_text("[1, 2]"), "report", "a JSON list"),
+    "report.json nests 100000 deep": ("report.json", lambda p: p.write_text("[" * 100_000 + "]" * 100_000), "report",
+                                      "nested too deeply"),
     "report.json is huge": ("report.json", _huge, "report", "larger than 64 MiB"),
     "report.json is a FIFO": ("report.json", _fifo, "report", "not a regular file"),
     "report.json is a symlink": ("report.json", _symlink, "report", "a symbolic link"),

@@ -2,7 +2,7 @@
 A saved plan is untrusted input: whatever is done to its JSON, poprun refuses it with a diagnostic, or shows what apply runs.
 
 Each example mutates a valid plan (deleted keys, values of another type, hostile strings, huge
-numbers, duplicated, removed or swapped instances) and loads it through the real CLI
+numbers, keys no plan has at any depth, duplicated, removed or swapped instances) and loads it through the real CLI
 (``poprun plan PLAN.json --explain``, what ``poprun apply`` reads). A refusal is exit 2 with a
 coded diagnostic and no traceback; an accepted plan round-trips through JSON, and its explain
 text names every instance's host and program, so explain and apply cannot disagree.
@@ -11,7 +11,6 @@ text names every instance's host and program, so explain and apply cannot disagr
 import copy
 import io
 import json
-import shlex
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -21,6 +20,7 @@ from hypothesis import strategies as st
 
 from poprun.cli.main import main
 from poprun.core.diagnostic import DiagnosticError
+from poprun.core.rawbytes import shell_join
 from poprun.core.record import evolve
 from poprun.planner.context import Context
 from poprun.planner.serde import from_json, to_json
@@ -31,7 +31,8 @@ CTX = Context(environ={"PATH": "/bin"}, cwd="/w")
 
 HOSTILE = [None, True, False, 0, -1, 1, 2, 1.5, 10**30, -(10**30), "", "\0", "a\0b", "-oProxyCommand=x", "$(id)",
            "`id`", "a b", "a\nb", "a;b", "'\"", "\\", "0-4000000000", "4000000000", "x" * 5000, [], [""], ["-x"],
-           {}, {"A": "b"}, {"A-B": "c"}, {"": ""}, "pod1", "localhost", "1", "true", "ÿ"]
+           {}, {"A": "b"}, {"A-B": "c"}, {"": ""}, "pod1", "localhost", "1", "true", "ÿ", float("nan"),
+           float("inf"), 1e308, {"$bytes": "cG9kMg=="}, {"$bytes": "6Q=="}, {"$bytes": "!"}, "\udce9", "\ud800"]
 BASE_ARGV = ["plan", "--format", "json", "--host", "localhost,pod2,pod3", "--num-instances", "3", "--num-replicas",
              "6", "--mpi-local-args=-x FORWARDED -x SET=1", "--mask", "SET", "--backend", "offline",
              "python3", "train.py", "--epochs", "3"]
@@ -65,12 +66,18 @@ def _paths(data: object, path: tuple = ()) -> list[tuple]:
     return found
 
 
+def _at(data: object, path: tuple) -> object:
+    for step in path:
+        data = data[step]  # type: ignore[index]
+    return data
+
+
 @st.composite
 def mutated(draw: st.DrawFn, base: dict) -> dict:
     """Return ``base`` with one to three mutations."""
     data = copy.deepcopy(base)
     for _ in range(draw(st.integers(1, 3))):
-        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "duplicate", "remove", "swap"]))
+        kind = draw(st.sampled_from(["replace", "replace", "replace", "delete", "add", "duplicate", "remove", "swap"]))
         instances = data.get("instances") if isinstance(data, dict) else None
         if kind in ("duplicate", "remove", "swap") and isinstance(instances, list) and instances:
             i = draw(st.integers(0, len(instances) - 1))
@@ -81,6 +88,10 @@ def mutated(draw: st.DrawFn, base: dict) -> dict:
                 del instances[i]
             else:
                 instances[i], instances[j] = instances[j], instances[i]
+            continue
+        if kind == "add":  # a key the object does not have, in any object (the root too)
+            objects = [p for p in _paths(data) if isinstance(_at(data, p), dict)]
+            _at(data, draw(st.sampled_from(objects)))[draw(st.sampled_from(["surprise", "Env", "argv "]))] = 1
             continue
         paths = [p for p in _paths(data) if p]
         if not paths:
@@ -116,7 +127,7 @@ def test_mutated_plan_is_refused_or_explained_as_applied(base_plan, tmp_path, mo
     assert plan == from_json(to_json(plan), file="again.json")
     for instance in plan.instances:
         assert instance.host in out
-        assert (shlex.join(instance.argv) if instance.argv else "(no program)") in out
+        assert (shell_join(instance.argv) if instance.argv else "(no program)") in out
 
 
 def test_the_unmutated_plan_is_explained_with_its_program(base_plan, tmp_path, monkeypatch):

@@ -115,3 +115,37 @@ def test_debug_log_masks_the_values_of_masked_and_secret_looking_names(tmp_path)
     assert 0 == done.returncode, done.stderr
     assert "PLAIN_NAME=****" in done.stderr
     assert "visible-value" not in done.stdout + done.stderr
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("DB_URL=postgres://u:pw@h/db", "DB_URL=postgres://u:****@h/db"),
+    ("'postgres://u:p@ss@h:5432/db?x=1' next", "'postgres://u:****@h:5432/db?x=1' next"),
+    ("redis://:secret@r:6379/0", "redis://:****@r:6379/0"),
+    ("mongodb+srv://me:x%40y@c.net/db", "mongodb+srv://me:****@c.net/db"),
+    ("a https://u:1@a/ and ftp://v:2@b", "a https://u:****@a/ and ftp://v:****@b"),
+    ("http://h:8080/a@b", "http://h:8080/a@b"),  # a port, and an @ in the path: no password
+    ("https://token@github.com/x", "https://token@github.com/x"),  # a user, no password: --mask names such variables
+    ("x://u:@h", "x://u:@h"),
+    ("no url: u:pw@h", "no url: u:pw@h"),
+])
+def test_mask_urls_hides_every_url_password_and_nothing_else(text, shown):
+    """Only the password part of scheme://user:password@host is replaced."""
+    from poprun.core.secret import mask_urls
+
+    assert shown == mask_urls(text)
+
+
+@pytest.mark.parametrize(("text", "shown"), [
+    ("poprun plan '--mpi-local-args=-x API_TOKEN=abc123' -q", "poprun plan '--mpi-local-args=-x API_TOKEN=****' -q"),
+    ("python3 x.py --password=hunter2 --epochs=3", "python3 x.py --password=**** --epochs=3"),
+    ("x '--password=a b' y", "x '--password=****' y"),
+    ('a=b KEY="x y" z', "a=b KEY=**** z"),
+    ("SET=1 OTHER=2", "SET=**** OTHER=2"),  # SET is in the plan's mask
+    ("  HF_TOKEN=********", "  HF_TOKEN=********"),
+    ("python3 x.py --password hunter2", "python3 x.py --password hunter2"),  # a separate word: not recognised
+])
+def test_mask_text_hides_values_of_secret_looking_assignments(text, shown):
+    """NAME=VALUE words whose name looks secret (or is masked) show ****, wherever they stand in a line."""
+    from poprun.core.secret import mask_text
+
+    assert shown == mask_text(text, ("SET",))

@@ -80,3 +80,21 @@ def test_regular_file_is_read(tmp_path):
     path.write_text("[topology]\nreplicas = 2 # é\n", encoding="utf-8")
 
     assert "[topology]\nreplicas = 2 # é\n" == read_text_file(str(path), key="SPEC")
+
+
+def test_a_utf8_byte_order_mark_is_read_past(tmp_path):
+    """An editor's UTF-8 byte-order mark is not part of the text."""
+    path = tmp_path / "train.pop"
+    path.write_bytes(b"\xef\xbb\xbfhosts a\n")
+
+    assert "hosts a\n" == read_text_file(str(path), key="SPEC")
+
+
+def test_ascii_text_in_utf16_without_a_mark_is_named_utf16(tmp_path):
+    """UTF-16 text without a byte-order mark is recognised by its NUL bytes, not reported as a NUL on line 1."""
+    path = tmp_path / "train.pop"
+    path.write_bytes("hosts a\nrun x\n".encode("utf-16-le"))
+
+    diagnostic = _code(path)
+
+    assert ("PR118", "'" + str(path) + "' is UTF-16 text, not UTF-8") == (diagnostic.code, diagnostic.summary)

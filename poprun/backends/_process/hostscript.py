@@ -32,7 +32,7 @@ __all__ = ["LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "bounded_shell", "run_here"
 
 def wrapped(script: str) -> bytes:
     """Return ``script`` as it is written to ``sh -s``: one compound command whose input is /dev/null."""
-    return ("{\n" + script.rstrip("\n") + "\n} </dev/null\n").encode()
+    return ("{\n" + script.rstrip("\n") + "\n} </dev/null\n").encode(errors="surrogateescape")  # argv's own bytes
 
 
 def bounded_shell(timeout_s: float) -> str:

@@ -168,7 +168,7 @@ def encode_instances(plan: LaunchPlan, cache: TemporaryCache | None = None) -> s
     path = cache.path if cache is not None else None
     data = [{"argv": list(i.argv), "cwd": i.cwd, "set": dict(i.env.set), "unset": list(i.env.unset),
              "cpus": i.placement.cpus, "cache": path} for i in plan.instances]
-    raw = json.dumps(data, separators=(",", ":"), ensure_ascii=False).encode()
+    raw = json.dumps(data, separators=(",", ":")).encode()  # bytes that are not UTF-8 as \udcXX: read back exactly
     return base64.b64encode(zlib.compress(raw, 9)).decode("ascii")
 
 

@@ -1,8 +1,9 @@
 """
 The ``sbatch`` script of ``poprun submit`` and ``poprun plan --format sbatch``: an allocation shaped for a plan.
 
-Layer: ``poprun.backends`` (the slurm backend's own); imports the plan model only, and nothing of
-the standard library (``shlex`` is not needed for one quoting rule).
+Layer: ``poprun.backends`` (the slurm backend's own); imports the plan model and, for a working
+directory no ``#SBATCH`` line can hold, ``poprun.core``'s diagnostics; nothing of the standard
+library (``shlex`` is not needed for one quoting rule).
 """
 
 from __future__ import annotations
@@ -26,6 +27,8 @@ def render_batch_script(plan: LaunchPlan, *, command: Sequence[str], nodelist: S
     """
     topology = plan.topology
     cwd = plan.instances[0].cwd if plan.instances else "."
+    if not cwd.isprintable():  # a newline would end the #SBATCH line: the rest, directives and commands
+        raise _unwritable(cwd)
     lines = ["#!/bin/sh", f"#SBATCH --job-name={job_name}", f"#SBATCH --nodes={len(topology.hosts)}",
              f"#SBATCH --ntasks-per-node={topology.instances_per_host}", f"#SBATCH --chdir={cwd}"]
     if nodelist:
@@ -35,6 +38,18 @@ def render_batch_script(plan: LaunchPlan, *, command: Sequence[str], nodelist: S
               "# Inside the allocation poprun takes its nodes as the hosts and starts the instances with srun.",
               "exec " + " ".join(_quote(word) for word in command)]
     return "\n".join(lines) + "\n"
+
+
+def _unwritable(cwd: str) -> Exception:
+    from poprun.core.diagnostic import DiagnosticError, error
+    from poprun.core.span import SourceSpan
+
+    return DiagnosticError([error(
+        "PR119", "the sbatch view cannot hold this working directory",
+        detail=f"the working directory {cwd!r} holds a control character; '#SBATCH --chdir=' ends at a newline, "
+               "so the rest of the name would be read as directives and commands",
+        span=SourceSpan.environment("the working directory"),
+        hint="run from a directory whose path has no newline or control character")])
 
 
 def _quote(word: str) -> str:

@@ -498,7 +498,7 @@ def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
     bad = next((name for name in [*names, *instance.env.unset] if not _NAME.match(name)), None)
     if bad is not None:
         raise LaunchError(f"instance {instance.index}: {bad!r} is not a variable name")
-    text = "".join(f"export {shlex.quote(f'{name}={env[name]}')}\n" for name in names).encode()
+    text = "".join(f"export {shlex.quote(f'{name}={env[name]}')}\n" for name in names).encode(errors="surrogateescape")
     return b"%d\n%s" % (len(text), text)
 
 

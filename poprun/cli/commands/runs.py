@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shlex
 import signal
 import sys
 import time
@@ -23,6 +22,8 @@ from poprun.cli import exitcode
 from poprun.cli.session import Session
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.hint import did_you_mean
+from poprun.core.rawbytes import shell_join
+from poprun.core.secret import mask_text
 from poprun.core.span import SourceSpan
 from poprun.runs import store
 
@@ -155,7 +156,7 @@ def render_ps(runs: Iterable[store.RunInfo], now: float) -> str:
         state = f"ended {run.status}" if run.state == "ended" else run.state
         state += ", record incomplete" if run.incomplete else ""
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started else "-"
-        program = shlex.join(run.argv) if run.argv else (run.problem or "-")
+        program = mask_text(shell_join(run.argv)) if run.argv else (run.problem or "-")
         rows.append((run.id, state, started, _duration(run.duration(now)),
                      "-" if run.instances is None else str(run.instances),
                      _printable(_hosts(run.hosts, compress)) if run.hosts else "-", _printable(program)))
@@ -486,7 +487,7 @@ def _header(run_id: str, path: str, data: dict[str, object] | None) -> str:
     if info.instances is not None:
         hosts = ", ".join(info.hosts) or "-"
         lines.append(f"{info.instances} instance{'' if info.instances == 1 else 's'} on {_printable(hosts)} "
-                     f"({info.backend} backend): {_printable(shlex.join(info.argv))}")
+                     f"({info.backend} backend): {_printable(mask_text(shell_join(info.argv)))}")
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -336,12 +336,19 @@ class _Statement:
         if token.startswith("'"):
             return str(token)[1:-1]
         try:
-            return cast("str", json.loads(str(token), strict=False))
+            text = cast("str", json.loads(str(token), strict=False))
         except ValueError as exc:
             at = getattr(exc, "pos", 0)
             raise self._problem("PR108", "invalid escape in quoted string", detail=str(exc).split(":")[0],
                                 hint='escapes are as in JSON: \\" \\\\ \\n \\t \\uXXXX',
                                 span=self._span("string", token, offset=at, length=2)) from None
+        if not text.isascii() and any("\ud800" <= char <= "\udfff" for char in text):  # \udce9 alone: no character
+            at = next(m for m in range(len(token)) if token[m:m + 3].lower() == "\\ud" and token[m + 3:m + 4] in "89abcdefABCDEF")
+            raise self._problem("PR108", "invalid escape in quoted string",
+                                detail=f"{token[at:at + 6]} alone is half of a surrogate pair, not a character",
+                                hint="write the character itself, or both halves of its pair (\\ud83d\\ude00)",
+                                span=self._span("string", token, offset=at, length=6))
+        return text
 
     def _convert(self, convert: Callable[[str], Any], token: Token, field: str, *, text: str | None = None) -> Any:
         span = self._span(_KEYS.get(field, field), token)
