@@ -320,7 +320,11 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             clock.lap("partition")
-            added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
+            # the partition's variables the plan leaves open (its id when not named): the rest are the plan's,
+            # the user's -x IPUOF_VIPU_API_TIMEOUT among them, and explain showed them
+            planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
+            added = {k: v for k, v in variables.items() if k not in planned}
+            added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
             run_id = record.id if record is not None else new_id(time.time())
             limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
             added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None or limited else {})

@@ -65,6 +65,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         return None
     s.diags.extend(environment.validate_instance_args(s.spec, topology.num_instances))
     partition = policy.partition(s, topology)
+    environment.check_user_env(s, partition=partition is not None)
     cache = policy.cache(s, topology)
     output = policy.output(s, topology)
     placement = policy.placement(s, topology)
