@@ -24,7 +24,6 @@ from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.constraint import LIMITS
-from poprun.planner.environment import PER_ATTEMPT as _PER_ATTEMPT
 from poprun.planner.option import PLACEMENTS, SCOPES, SSH_KEY_TYPES
 from poprun.planner.recovery import MAX_COMMAND, MAX_RESTARTS
 from poprun.planner.value import MAX_SECONDS, MAX_SIGNAL, MAX_STATUS
@@ -202,18 +201,9 @@ class _Checker:
     def environment(self, where: str, env: p.Environment) -> None:
         for name, _ in env.set:
             self.env_name(f"{where}.env[{name!r}]", name)
-            self.per_attempt(f"{where}.env[{name!r}]", name)
         for key in ("forward", "unset"):
             for k, name in enumerate(getattr(env, key)):
                 self.env_name(f"{where}.env_{key}[{k}]", name)
-                if key == "forward":
-                    self.per_attempt(f"{where}.env_forward[{k}]", name)
-
-    def per_attempt(self, path: str, name: str) -> None:
-        """Refuse a variable apply sets when each attempt starts: the plan's value would be shown but never run."""
-        if name in _PER_ATTEMPT:
-            self.fail(path, f"names {name}, which apply sets when each attempt starts: explain would show a value "
-                            "that never runs")
 
     def placement(self, where: str, placement: p.Placement) -> None:
         if not _WORD.match(placement.strategy):  # a name such as spreadnuma: only shown, never run
