@@ -76,6 +76,8 @@ __all__ = [
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_GROUP_RANK",
     "TORCH_GROUP_WORLD_SIZE",
     "TORCH_LOCAL_RANK",
@@ -166,6 +168,10 @@ RUN_ID = "POPRUN_RUN_ID"
 TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
 # torchrun's default for NCCL's watchdog: a collective that fails or hangs ends the process (unless the user set it).
 TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+# torchrun's signals that torch's own process launcher (elastic multiprocessing) passes on to its children.
+TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+# Whether a torchrun agent holds the store at MASTER_PORT: never under a launcher without one (instance 0 holds it).
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # Set to 1 under a time limit (unless the user set it), so that a hung Python instance can say where it was.
 PYTHON_FAULT_HANDLER = "PYTHONFAULTHANDLER"

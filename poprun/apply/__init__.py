@@ -34,6 +34,7 @@ from collections.abc import Iterator, Mapping
 from popdist import env as names
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import partition
+from poprun.apply.errorfile import ErrorFiles
 from poprun.apply.recovery import LimitWatch, RestartBudget, run_pre_restart, seconds
 from poprun.backends.base import (
     RESTARTS_INSTANCES,
@@ -328,12 +329,14 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             run_id = record.id if record is not None else new_id(time.time())
             limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
             added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None or limited else {})
+            errors = ErrorFiles(plan, record.path if record is not None else None)
             try:
                 result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
                                    cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
                                    if cache is not None else None, added=added, run_id=run_id,
-                                   first_port=first_port).run()
+                                   first_port=first_port, errors=errors).run()
             finally:
+                errors.close()
                 relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
         result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
@@ -363,8 +366,10 @@ class _Attempts:
 
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay,
                  control: Control, clock: _Clock, record: RunRecord | None, cache: TemporaryCache | None,
-                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None]) -> None:
+                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None],
+                 errors: ErrorFiles) -> None:
         self.backend, self.plan, self.environ = backend, plan, environ
+        self.errors = errors
         self.relay, self.control, self.clock, self.record, self.cache = relay, control, clock, record, cache
         self.added, self.run_id = added, run_id
         self.recovery = plan.recovery
@@ -410,7 +415,7 @@ class _Attempts:
             variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
             if chosen:
                 variables[names.TORCH_MASTER_PORT] = str(port)
-            applied = self.plan.with_variables(variables)
+            applied = self.plan.with_variables(variables).with_instance_variables(self.errors.files(number))
             self.relay.plan = applied  # what the instances are compared with
             if self.record is not None:
                 if number == 0:
@@ -429,6 +434,7 @@ class _Attempts:
                              started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
                                                     variables=tuple(sorted(variables.items())),
                                                     cache=self.cache.path if self.cache is not None else None))
+            result = self.errors.read(result)
             if restarts is not None:
                 first = len(self.attempts)
                 self.attempts.extend(restarts.attempts)
@@ -719,7 +725,8 @@ class _InstanceRestarts:
                 return None
         with self._lock:
             self.pending.pop(index, None)
-        return {names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
+        return ({names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
+                | a.errors.files(count, [index]).get(index, {}))
 
 
 class _Clock:

@@ -43,6 +43,7 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         names.TORCHELASTIC_MAX_RESTARTS: str(recovery.max_restarts),
         names.IPUOF_LOG_LEVEL: "WARN",
     }
+    env.update({name: value for name, value in TORCHRUN_DEFAULTS.items() if name not in s.ctx.environ})
     if not recovery.choose_port:
         env[names.TORCH_MASTER_PORT] = s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
     fault_handler(s, env, recovery)
@@ -60,6 +61,11 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
     return env
 
 
+# torchrun 2.13's values for every worker (its launcher's default; one in the launching shell is forwarded instead,
+# as torchrun passes its own environment's on). No agent holds a store: instance 0's torch makes it at MASTER_PORT.
+TORCHRUN_DEFAULTS = {names.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
+                     names.TORCHELASTIC_SIGNALS_TO_HANDLE: "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                     names.TORCHELASTIC_USE_AGENT_STORE: "False"}
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _REACHED_WITH_SSH = ("ssh", "mpirun")  # backends that start instances through ssh (mpirun: OpenMPI's rsh agent)
 _ALL_HERE = {"offline": "offline mode: every instance runs on this machine",
@@ -182,6 +188,7 @@ def instance(s: Solver, topo: p.Topology, i: int, *, argv: tuple[str, ...], cwd:
     forward = list(names.ALWAYS_FORWARDED)
     if names.POPLAR_ENGINE_OPTIONS in s.ctx.environ:
         forward.append(names.POPLAR_ENGINE_OPTIONS)
+    forward.extend(name for name in TORCHRUN_DEFAULTS if name in s.ctx.environ)
     mpi_args = list(s.spec.mpi_local_args.value if s.spec.mpi_local_args else ())
     user: list[EnvVarSpec] = [e.value for e in s.spec.env]
     for extra in s.spec.instance_args:
