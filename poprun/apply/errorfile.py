@@ -16,7 +16,6 @@ failure's ``error``, one printable line.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import stat
 
@@ -111,6 +110,8 @@ def read_error_file(path: str | None) -> str:
         os.close(fd)
     if len(data) > LIMIT:
         return f"(its error file is larger than {LIMIT >> 10} KiB: not shown)"
+    import json  # here: only a failure reads one (start-up, see poprun.core.record)
+
     try:
         found = json.loads(data.decode("utf-8", errors="replace"))
     except ValueError:
