@@ -199,8 +199,14 @@ def instance(s: Solver, topo: p.Topology, i: int, *, argv: tuple[str, ...], cwd:
     apply_user_env(env, forward, user)
     _warn_replaced(s, computed, user)
     given = {var.name for var in user}
+    removed = () if names.IPUOF_CONFIG_PATH in given else (names.IPUOF_CONFIG_PATH,)
+    # popdist's variables of the launching shell that this plan leaves unset (a launch from within an instance, a
+    # stale export): an instance started here would inherit them, one on another host would not, and explain
+    # would not show them
+    stale = sorted(name for name in s.ctx.environ if (name.startswith("POPDIST_") or name == names.RUN_ID)
+                   and name not in env and name not in forward and name not in removed)
     environment = p.Environment(set=tuple(sorted(env.items())), forward=tuple(dict.fromkeys(forward)),
-                                unset=() if names.IPUOF_CONFIG_PATH in given else (names.IPUOF_CONFIG_PATH,))
+                                unset=(*removed, *stale))
     return p.Instance(index=i, host=topo.hosts[i // per_host], local_index=local, ild=i // topo.instances_per_ild,
                       gcd=gcd, replica_offset=offset, num_local_replicas=topo.replicas_per_instance, argv=argv,
                       cwd=cwd, env=environment, placement=placement, mpi_local_args=tuple(mpi_args))

@@ -131,3 +131,20 @@ def test_a_partition_variable_set_with_x_is_refused(server: int, tmp_path: Path)
     assert 2 == done.returncode
     assert "hint: give --vipu-partition instead" in done.stderr
     assert not (tmp_path / "ran").exists()
+
+
+def test_popdist_variables_of_the_launching_shell_are_not_inherited_unseen(tmp_path: Path) -> None:
+    """A stale POPDIST_EXECUTABLE_CACHE_PATH and POPRUN_RUN_ID in the shell: explain says they are removed, and they are."""
+    stale = {"POPDIST_EXECUTABLE_CACHE_PATH": "/stale/cache", "POPRUN_RUN_ID": "outer", "POPRUN_RECORD": "0"}
+    program = "import os; print(os.environ.get('POPDIST_EXECUTABLE_CACHE_PATH'), os.environ.get('POPRUN_RUN_ID'))"
+
+    plan = poprun(tmp_path, "plan", "--explain", *TWO, PY, "-c", program, extra=stale)
+    done = poprun(tmp_path, *TWO, PY, "-c", program, extra=stale)
+    two = poprun(tmp_path, "--num-instances=2", "--num-replicas=2", "--offline-mode=yes", PY, "-c", program,
+                 extra=stale)
+
+    assert "  removed: IPUOF_CONFIG_PATH POPDIST_EXECUTABLE_CACHE_PATH POPRUN_RUN_ID" in plan.stdout.splitlines()
+    assert (0, "None None") == (done.returncode, done.stdout.strip())
+    assert 0 == two.returncode, two.stderr
+    assert [("None", "poprun-cache-")] * 2 == [(run_id, Path(cache).name[:13]) for cache, run_id in
+                                              (line.split() for line in two.stdout.splitlines())]
