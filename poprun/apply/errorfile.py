@@ -114,7 +114,7 @@ def read_error_file(path: str | None) -> str:
 
     try:
         found = json.loads(data.decode("utf-8", errors="replace"))
-    except ValueError:
+    except (ValueError, RecursionError):  # not JSON, or nested deeper than the parser goes
         return ""
     message = found.get("message") if isinstance(found, dict) else None
     if isinstance(message, dict):

@@ -42,6 +42,8 @@ HOSTILE = {
     "fifo": "os.mkfifo(path)",
     "large": "open(path, 'w').write('{\"message\": \"' + 'x' * (1 << 20) + '\"}')",
     "not json": "open(path, 'w').write('\\x1b[2J not json')",
+    "nested": "open(path, 'w').write('[' * 60000)",
+    "message not text": "open(path, 'w').write('{\"message\": {\"message\": [1, 2]}}')",
     "controls": "open(path, 'w').write('{\"message\": {\"message\": \"bad\\\\u001b[31m\\\\nthing\"}}')",
 }
 
