@@ -124,9 +124,20 @@ def threads(s: Solver, instances: tuple[p.Instance, ...], *, all_here: bool) -> 
     for i in instances:
         hosts.setdefault("localhost" if all_here else i.host, []).append(i)
     found: dict[int, p.Instance] = {}
+    decided: dict[_Decision, list[str]] = {}  # hosts decided alike share one line of explain (64 hosts: one)
     for host, mine in hosts.items():
-        found.update((i.index, i) for i in _host_threads(s, host, mine))
+        placed, decision = _host_threads(s, host, mine)
+        found.update((i.index, i) for i in placed)
+        if decision is not None:
+            decided.setdefault(decision, []).append(host)
+    from poprun.core.hostlist import compress
+
+    for (value, origin, reason), names in decided.items():
+        s.decide(f"threads {compress(names) if len(names) > 1 else names[0]}", value, origin, reason)
     return tuple(found[i.index] for i in instances)
+
+
+_Decision = tuple[str, SourceSpan, str]  # what a host's instances got, where it came from, and why
 
 
 def _origin(s: Solver, name: str) -> SourceSpan:
@@ -141,17 +152,16 @@ def _user_sets(instance: p.Instance, name: str) -> bool:
     return name in instance.env.forward or instance.env.get(name) is not None
 
 
-def _host_threads(s: Solver, host: str, mine: list[p.Instance]) -> list[p.Instance]:
-    """Return the instances of ``host`` with their threads (see :func:`threads`), the decision recorded."""
+def _host_threads(s: Solver, host: str, mine: list[p.Instance]) -> tuple[list[p.Instance], _Decision | None]:
+    """Return the instances of ``host`` with their threads (see :func:`threads`), and the decision to explain."""
     free = [i for i in mine if not _user_sets(i, OMP_NUM_THREADS)]
     if not free:
-        s.decide(f"threads {host}", "yours", _origin(s, OMP_NUM_THREADS), "OMP_NUM_THREADS is set with -x")
-        return mine
+        return mine, ("yours", _origin(s, OMP_NUM_THREADS), "OMP_NUM_THREADS is set with -x")
     sets = {i.index: _cpus(i) for i in mine}
     if any(not cpus for cpus in sets.values()):
         topology = _known_topology(s, host)
         if topology is None:
-            return _unknown_host(s, host, mine, free)
+            return _unknown_host(mine, free)
         every = tuple(c for node in topology.usable() for core in node.cores for c in core)
         sets = {index: cpus or every for index, cpus in sets.items()}
     users: dict[int, int] = {}
@@ -160,29 +170,27 @@ def _host_threads(s: Solver, host: str, mine: list[p.Instance]) -> list[p.Instan
             users[cpu] = users.get(cpu, 0) + 1
     counts = {i.index: max(int(sum(1 / users[c] for c in sets[i.index]) + 1e-9), 1) for i in free}
     shown = sorted(set(counts.values()))
-    every_cpu = sorted(users)
-    share = (f"the only instance on {host}, on CPUs {cpulist(every_cpu)}" if len(mine) == 1 else
-             f"{len(mine)} instances on CPUs {cpulist(every_cpu)} of {host}, each CPU shared evenly by those that may use it")
-    s.decide(f"threads {host}", ",".join(map(str, shown)), SourceSpan.derived("threads"),
-             f"{OMP_NUM_THREADS}: {share}{_WHY_SET}")
-    return [evolve(i, env=_with(i.env, OMP_NUM_THREADS, str(counts[i.index]))) if i.index in counts else i
-            for i in mine]
+    every_cpu = cpulist(sorted(users))
+    share = (f"the only instance on its host, on CPUs {every_cpu}" if len(mine) == 1 else
+             f"{len(mine)} instances on CPUs {every_cpu} of their host, each CPU shared evenly by those that may use it")
+    placed = [evolve(i, env=_with(i.env, OMP_NUM_THREADS, str(counts[i.index]))) if i.index in counts else i
+              for i in mine]
+    return placed, (",".join(map(str, shown)), SourceSpan.derived("threads"), f"{OMP_NUM_THREADS}: {share}{_WHY_SET}")
 
 
-def _unknown_host(s: Solver, host: str, mine: list[p.Instance], free: list[p.Instance]) -> list[p.Instance]:
+def _unknown_host(mine: list[p.Instance], free: list[p.Instance]) -> tuple[list[p.Instance], _Decision | None]:
     """Return the instances of a host whose CPUs are not known, with their threads (see :func:`threads`)."""
-    where = f"the CPUs of {host} are not known when planning ({TOPOLOGY_VARIABLE}=FILE|NAME gives them)"
+    where = f"the host's CPUs are not known when planning ({TOPOLOGY_VARIABLE}=FILE|NAME gives them)"
     if len(mine) > 1:
-        s.decide(f"threads {host}", "1", SourceSpan.derived("threads"),
-                 f"{OMP_NUM_THREADS}=1: {len(mine)} instances share {host} and {where}; torchrun's choice for "
-                 "several processes on one host")
-        return [evolve(i, env=_with(i.env, OMP_NUM_THREADS, "1")) if i in free else i for i in mine]
+        return ([evolve(i, env=_with(i.env, OMP_NUM_THREADS, "1")) if i in free else i for i in mine],
+                ("1", SourceSpan.derived("threads"), (f"{OMP_NUM_THREADS}=1: {len(mine)} instances share a host and "
+                 f"{where}; torchrun's choice for several processes on one host")))
     if _user_sets(mine[0], MKL_DYNAMIC):
-        return mine
-    s.decide(f"threads {host}", "every CPU", SourceSpan.derived("threads"),
-             f"{MKL_DYNAMIC}=FALSE: {where}; the instance alone there uses every CPU it may (as under torchrun), "
-             "not the one thread oneMKL chooses because OMPI_COMM_WORLD_LOCAL_SIZE is set")
-    return [evolve(mine[0], env=_with(mine[0].env, MKL_DYNAMIC, "FALSE"))]
+        return mine, None
+    return ([evolve(mine[0], env=_with(mine[0].env, MKL_DYNAMIC, "FALSE"))],
+            ("every CPU", SourceSpan.derived("threads"), (f"{MKL_DYNAMIC}=FALSE: {where}; the instance alone there uses "
+             "every CPU it may (as under torchrun), not the one thread oneMKL chooses because "
+             "OMPI_COMM_WORLD_LOCAL_SIZE is set")))
 
 
 def _cpus(instance: p.Instance) -> tuple[int, ...]:
