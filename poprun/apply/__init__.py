@@ -14,7 +14,9 @@ every path:
    variables set in every instance; it is released at the end, whatever happened;
 3. the temporary executable cache: made here (owner-only) and handed to the backend as a
    :class:`~poprun.backends.base.TemporaryCache`; removed at the end, by record;
-4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`).
+4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`); each
+   attempt's instances on this machine get torch's error file (:mod:`poprun.apply.errorfile`),
+   whose message a failure carries.
 
 Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
 which also receives the instances' output, from one thread at a time: the partition step, the launch starting (with the
