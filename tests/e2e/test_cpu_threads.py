@@ -24,7 +24,8 @@ def run(tmp_path: Path, *options: str, extra: dict[str, str] | None = None) -> l
     pytest.importorskip("torch")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("POPDIST_", "MASTER_", "POPRUN_", "OMP_", "MKL_"))}
     done = subprocess.run([PY, "-m", "poprun.cli.main", *options, PY, "-c", PROGRAM], cwd=tmp_path,
-                          env=env | (extra or {}), capture_output=True, text=True, timeout=100, check=False)
+                          env=env | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")} | (extra or {}), capture_output=True,
+                          text=True, timeout=100, check=False)
     assert 0 == done.returncode, done.stderr
     return sorted((json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")),
                   key=lambda r: int(str(r["index"])))
