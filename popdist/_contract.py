@@ -71,15 +71,20 @@ __all__ = [
     "PYTHON_FAULT_HANDLER",
     "REPLICA_INDEX_OFFSET",
     "RESTART_COUNT",
+    "RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
     "TORCHELASTIC_MAX_RESTARTS",
     "TORCHELASTIC_RESTART_COUNT",
     "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_SIGNALS_TO_HANDLE",
+    "TORCHELASTIC_USE_AGENT_STORE",
     "TORCH_GROUP_RANK",
     "TORCH_GROUP_WORLD_SIZE",
     "TORCH_LOCAL_RANK",
     "TORCH_LOCAL_WORLD_SIZE",
     "TORCH_MASTER_ADDR",
     "TORCH_MASTER_PORT",
+    "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "TORCH_RANK",
     "TORCH_ROLE_NAME",
     "TORCH_ROLE_RANK",
@@ -156,6 +161,17 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 RESTART_COUNT = "POPRUN_RESTART_COUNT"
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
+# The run's id as poprun names it (with a run record or a time limit: how poprun finds its instances' processes).
+RUN_ID = "POPRUN_RUN_ID"
+# Where torch's ``@record`` writes an instance's uncaught exception: a file of the instance's own for
+# each attempt, in a directory the launcher made (on this machine), which its failure report reads.
+TORCHELASTIC_ERROR_FILE = "TORCHELASTIC_ERROR_FILE"
+# torchrun's default for NCCL's watchdog: a collective that fails or hangs ends the process (unless the user set it).
+TORCH_NCCL_ASYNC_ERROR_HANDLING = "TORCH_NCCL_ASYNC_ERROR_HANDLING"
+# torchrun's signals that torch's own process launcher (elastic multiprocessing) passes on to its children.
+TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
+# Whether a torchrun agent holds the store at MASTER_PORT: never under a launcher without one (instance 0 holds it).
+TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
 # Set to 1 under a time limit (unless the user set it), so that a hung Python instance can say where it was.
 PYTHON_FAULT_HANDLER = "PYTHONFAULTHANDLER"

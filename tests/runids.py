@@ -4,14 +4,15 @@ from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
 
 RUN_ID = "POPRUN_RUN_ID"
-PER_RUN = (RUN_ID, "TORCHELASTIC_RUN_ID", "POPRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT")
+PER_RUN = (RUN_ID, "TORCHELASTIC_RUN_ID", "POPRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE")
 
 
 def without_run_id(plan: LaunchPlan) -> LaunchPlan:
     """
     Return ``plan`` without the variables the apply step sets for each run, as the plan was before it.
 
-    Those are the run's id (``POPRUN_RUN_ID``, ``TORCHELASTIC_RUN_ID``: every instance the same), the
+    Those are the run's id (``POPRUN_RUN_ID``, ``TORCHELASTIC_RUN_ID``: every instance the same), each instance's
+    torch error file (``TORCHELASTIC_ERROR_FILE``, on this machine), the
     restart count, and MASTER_PORT when the plan leaves it to the apply step.
     """
     ids = {i.env.get(RUN_ID) for i in plan.instances}

@@ -14,7 +14,9 @@ every path:
    variables set in every instance; it is released at the end, whatever happened;
 3. the temporary executable cache: made here (owner-only) and handed to the backend as a
    :class:`~poprun.backends.base.TemporaryCache`; removed at the end, by record;
-4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`).
+4. the launch, and waiting for it, stopped on the caller's request (:class:`Control`); each
+   attempt's instances on this machine get torch's error file (:mod:`poprun.apply.errorfile`),
+   whose message a failure carries.
 
 Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
 which also receives the instances' output, from one thread at a time: the partition step, the launch starting (with the
@@ -34,6 +36,7 @@ from collections.abc import Iterator, Mapping
 from popdist import env as names
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import partition
+from poprun.apply.errorfile import ErrorFiles
 from poprun.apply.recovery import LimitWatch, RestartBudget, run_pre_restart, seconds
 from poprun.backends.base import (
     RESTARTS_INSTANCES,
@@ -329,16 +332,22 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             clock.lap("partition")
-            added = dict(variables) | ({EXECUTABLE_CACHE_PATH: cache} if cache is not None else {})
+            # the partition's variables the plan leaves open (its id when not named): the rest are the plan's,
+            # the user's -x IPUOF_VIPU_API_TIMEOUT among them, and explain showed them
+            planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
+            added = {k: v for k, v in variables.items() if k not in planned}
+            added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
             run_id = record.id if record is not None else new_id(time.time())
             limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
             added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None or limited else {})
+            errors = ErrorFiles(plan, record.path if record is not None else None)
             try:
                 result = _Attempts(backend, plan, environ, relay=relay, control=control, clock=clock, record=record,
                                    cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
                                    if cache is not None else None, added=added, run_id=run_id,
-                                   first_port=first_port).run()
+                                   first_port=first_port, errors=errors).run()
             finally:
+                errors.close()
                 relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
         result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
@@ -369,8 +378,10 @@ class _Attempts:
 
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: _Relay,
                  control: Control, clock: _Clock, record: RunRecord | None, cache: TemporaryCache | None,
-                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None]) -> None:
+                 added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None],
+                 errors: ErrorFiles) -> None:
         self.backend, self.plan, self.environ = backend, plan, environ
+        self.errors = errors
         self.relay, self.control, self.clock, self.record, self.cache = relay, control, clock, record, cache
         self.added, self.run_id = added, run_id
         self.recovery = plan.recovery
@@ -416,7 +427,7 @@ class _Attempts:
             variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
             if chosen:
                 variables[names.TORCH_MASTER_PORT] = str(port)
-            applied = self.plan.with_variables(variables)
+            applied = self.plan.with_variables(variables).with_instance_variables(self.errors.files(number))
             self.relay.plan = applied  # what the instances are compared with
             if self.record is not None:
                 if number == 0:
@@ -435,6 +446,7 @@ class _Attempts:
                              started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
                                                     variables=tuple(sorted(variables.items())),
                                                     cache=self.cache.path if self.cache is not None else None))
+            result = self.errors.read(result)
             if restarts is not None:
                 first = len(self.attempts)
                 self.attempts.extend(restarts.attempts)
@@ -725,7 +737,8 @@ class _InstanceRestarts:
                 return None
         with self._lock:
             self.pending.pop(index, None)
-        return {names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
+        return ({names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
+                | a.errors.files(count, [index]).get(index, {}))
 
 
 class _Clock:

@@ -40,6 +40,7 @@ class InstanceFailure:
     pid: int | None = None  # None when the backend does not know it (a remote or simulated instance)
     lost: bool = False
     via: str = ""  # the relay that stopped answering, when the instance's host was reached through one
+    error: str = ""  # the message its torch ``@record`` wrote to its error file (one printable line), if any
 
     @property
     def status(self) -> int:

@@ -93,3 +93,124 @@ def _warn_one_core(s: Solver, strategy: str) -> None:
            detail=f"--process-placement {strategy} binds each instance to a single core",
            hint="a program that spawns threads or processes has them all compete for that core (seed 2.5); "
                 "use spreadnuma for such programs")
+
+
+# -- CPU threads -----------------------------------------------------------------------------
+OMP_NUM_THREADS = "OMP_NUM_THREADS"
+MKL_DYNAMIC = "MKL_DYNAMIC"
+_WHY_SET = ("; without it torch's oneMKL reads OMPI_COMM_WORLD_LOCAL_SIZE, which poprun sets, and drops to one "
+            "thread")
+
+
+def threads(s: Solver, instances: tuple[p.Instance, ...], *, all_here: bool) -> tuple[p.Instance, ...]:
+    """
+    Return ``instances`` with the CPU threads each may use (``OMP_NUM_THREADS``), decided and explained host by host.
+
+    An instance gets its fair share of the CPUs it may use: its placement's CPU set, else every
+    CPU its host lets a process use, each CPU shared evenly among the instances that may use it
+    (4 for two instances on the same 8 CPUs, 8 for an instance alone on them). A host whose CPUs
+    are not known when planning (read only when placement needs them): ``MKL_DYNAMIC=FALSE`` for
+    an instance alone there (torch then uses every CPU it may, as under torchrun), else
+    ``OMP_NUM_THREADS=1`` (torchrun's choice for several processes on a node). The user's
+    ``-x OMP_NUM_THREADS`` (or one in the launching shell, then forwarded) is kept. ``all_here``:
+    every instance runs on this machine, whatever its host (the offline and local backends).
+    """
+    if s.ctx.environ.get(OMP_NUM_THREADS) is not None:
+        s.decide(OMP_NUM_THREADS, "forwarded", SourceSpan.env(OMP_NUM_THREADS),
+                 "set in the launching shell: every instance gets that value")
+        return tuple(i if _user_sets(i, OMP_NUM_THREADS) else evolve(i, env=evolve(
+            i.env, forward=(*i.env.forward, OMP_NUM_THREADS))) for i in instances)
+    hosts: dict[str, list[p.Instance]] = {}
+    for i in instances:
+        hosts.setdefault("localhost" if all_here else i.host, []).append(i)
+    found: dict[int, p.Instance] = {}
+    decided: dict[_Decision, list[str]] = {}  # hosts decided alike share one line of explain (64 hosts: one)
+    for host, mine in hosts.items():
+        placed, decision = _host_threads(s, host, mine)
+        found.update((i.index, i) for i in placed)
+        if decision is not None:
+            decided.setdefault(decision, []).append(host)
+    from poprun.core.hostlist import compress
+
+    for (value, origin, reason), names in decided.items():
+        s.decide(f"threads {compress(names) if len(names) > 1 else names[0]}", value, origin, reason)
+    return tuple(found[i.index] for i in instances)
+
+
+_Decision = tuple[str, SourceSpan, str]  # what a host's instances got, where it came from, and why
+
+
+def _origin(s: Solver, name: str) -> SourceSpan:
+    """Return where a ``-x`` names ``name`` (for every instance, else for one)."""
+    given = [(e.value.name, e.origin) for e in s.spec.env]
+    given += [(v.name, a.origin) for a in s.spec.instance_args for v in a.value.env]
+    return next((origin for key, origin in given if key == name), SourceSpan.derived(name))
+
+
+def _user_sets(instance: p.Instance, name: str) -> bool:
+    """Return whether ``-x`` sets or forwards ``name`` for ``instance``."""
+    return name in instance.env.forward or instance.env.get(name) is not None
+
+
+def _host_threads(s: Solver, host: str, mine: list[p.Instance]) -> tuple[list[p.Instance], _Decision | None]:
+    """Return the instances of ``host`` with their threads (see :func:`threads`), and the decision to explain."""
+    free = [i for i in mine if not _user_sets(i, OMP_NUM_THREADS)]
+    if not free:
+        return mine, ("yours", _origin(s, OMP_NUM_THREADS), "OMP_NUM_THREADS is set with -x")
+    sets = {i.index: _cpus(i) for i in mine}
+    if any(not cpus for cpus in sets.values()):
+        topology = _known_topology(s, host)
+        if topology is None:
+            return _unknown_host(mine, free)
+        every = tuple(c for node in topology.usable() for core in node.cores for c in core)
+        sets = {index: cpus or every for index, cpus in sets.items()}
+    users: dict[int, int] = {}
+    for cpus in sets.values():
+        for cpu in cpus:
+            users[cpu] = users.get(cpu, 0) + 1
+    counts = {i.index: max(int(sum(1 / users[c] for c in sets[i.index]) + 1e-9), 1) for i in free}
+    shown = sorted(set(counts.values()))
+    every_cpu = cpulist(sorted(users))
+    share = (f"the only instance on its host, on CPUs {every_cpu}" if len(mine) == 1 else
+             f"{len(mine)} instances on CPUs {every_cpu} of their host, each CPU shared evenly by those that may use it")
+    placed = [evolve(i, env=_with(i.env, OMP_NUM_THREADS, str(counts[i.index]))) if i.index in counts else i
+              for i in mine]
+    return placed, (",".join(map(str, shown)), SourceSpan.derived("threads"), f"{OMP_NUM_THREADS}: {share}{_WHY_SET}")
+
+
+def _unknown_host(mine: list[p.Instance], free: list[p.Instance]) -> tuple[list[p.Instance], _Decision | None]:
+    """Return the instances of a host whose CPUs are not known, with their threads (see :func:`threads`)."""
+    where = f"the host's CPUs are not known when planning ({TOPOLOGY_VARIABLE}=FILE|NAME gives them)"
+    if len(mine) > 1:
+        return ([evolve(i, env=_with(i.env, OMP_NUM_THREADS, "1")) if i in free else i for i in mine],
+                ("1", SourceSpan.derived("threads"), (f"{OMP_NUM_THREADS}=1: {len(mine)} instances share a host and "
+                 f"{where}; torchrun's choice for several processes on one host")))
+    if _user_sets(mine[0], MKL_DYNAMIC):
+        return mine, None
+    return ([evolve(mine[0], env=_with(mine[0].env, MKL_DYNAMIC, "FALSE"))],
+            ("every CPU", SourceSpan.derived("threads"), (f"{MKL_DYNAMIC}=FALSE: {where}; the instance alone there uses "
+             "every CPU it may (as under torchrun), not the one thread oneMKL chooses because "
+             "OMPI_COMM_WORLD_LOCAL_SIZE is set")))
+
+
+def _cpus(instance: p.Instance) -> tuple[int, ...]:
+    from poprun.planner.machine import parse_cpulist
+
+    return parse_cpulist(instance.placement.cpus) if instance.placement.cpus else ()
+
+
+def _known_topology(s: Solver, host: str) -> HostTopology | None:
+    """Return ``host``'s topology when known without asking it: POPRUN_HOST_TOPOLOGY's, or this machine's."""
+    given = s.ctx.environ.get(TOPOLOGY_VARIABLE)
+    if given:
+        try:
+            return load(given)
+        except ValueError:  # PR307, said once by bind
+            return None
+    if (host == "localhost" or host in s.ctx.local_names) and s.ctx.probe is not None:
+        return s.ctx.probe()
+    return None
+
+
+def _with(env: p.Environment, name: str, value: str) -> p.Environment:
+    return evolve(env, set=tuple(sorted((*env.set, (name, value)))))

@@ -43,6 +43,7 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         names.TORCHELASTIC_MAX_RESTARTS: str(recovery.max_restarts),
         names.IPUOF_LOG_LEVEL: "WARN",
     }
+    env.update({name: value for name, value in TORCHRUN_DEFAULTS.items() if name not in s.ctx.environ})
     if not recovery.choose_port:
         env[names.TORCH_MASTER_PORT] = s.ctx.environ.get(names.TORCH_MASTER_PORT, DEFAULT_MASTER_PORT)
     fault_handler(s, env, recovery)
@@ -60,6 +61,11 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
     return env
 
 
+# torchrun 2.13's values for every worker (its launcher's default; one in the launching shell is forwarded instead,
+# as torchrun passes its own environment's on). No agent holds a store: instance 0's torch makes it at MASTER_PORT.
+TORCHRUN_DEFAULTS = {names.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
+                     names.TORCHELASTIC_SIGNALS_TO_HANDLE: "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+                     names.TORCHELASTIC_USE_AGENT_STORE: "False"}
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
 _REACHED_WITH_SSH = ("ssh", "mpirun")  # backends that start instances through ssh (mpirun: OpenMPI's rsh agent)
 _ALL_HERE = {"offline": "offline mode: every instance runs on this machine",
@@ -182,18 +188,108 @@ def instance(s: Solver, topo: p.Topology, i: int, *, argv: tuple[str, ...], cwd:
     forward = list(names.ALWAYS_FORWARDED)
     if names.POPLAR_ENGINE_OPTIONS in s.ctx.environ:
         forward.append(names.POPLAR_ENGINE_OPTIONS)
+    forward.extend(name for name in TORCHRUN_DEFAULTS if name in s.ctx.environ)
     mpi_args = list(s.spec.mpi_local_args.value if s.spec.mpi_local_args else ())
     user: list[EnvVarSpec] = [e.value for e in s.spec.env]
     for extra in s.spec.instance_args:
         if extra.value.index == i:
             user.extend(extra.value.env)
             mpi_args.extend(extra.value.mpi_args)
+    computed = dict(env)
     apply_user_env(env, forward, user)
+    _warn_replaced(s, computed, user)
+    given = {var.name for var in user}
+    removed = () if names.IPUOF_CONFIG_PATH in given else (names.IPUOF_CONFIG_PATH,)
+    # popdist's variables of the launching shell that this plan leaves unset (a launch from within an instance, a
+    # stale export): an instance started here would inherit them, one on another host would not, and explain
+    # would not show them
+    stale = sorted(name for name in s.ctx.environ if (name.startswith("POPDIST_") or name == names.RUN_ID)
+                   and name not in env and name not in forward and name not in removed)
     environment = p.Environment(set=tuple(sorted(env.items())), forward=tuple(dict.fromkeys(forward)),
-                                unset=(names.IPUOF_CONFIG_PATH,))
+                                unset=(*removed, *stale))
     return p.Instance(index=i, host=topo.hosts[i // per_host], local_index=local, ild=i // topo.instances_per_ild,
                       gcd=gcd, replica_offset=offset, num_local_replicas=topo.replicas_per_instance, argv=argv,
                       cwd=cwd, env=environment, placement=placement, mpi_local_args=tuple(mpi_args))
+
+
+# -- the user's -x of a variable poprun sets ---------------------------------------------------
+# What explain shows is what the instances get: each variable poprun sets is either the user's to
+# replace (the layout's, PR233 warns when the value differs; MASTER_ADDR, MASTER_PORT, the
+# executable cache as a fixed one, IPUOF_VIPU_API_TIMEOUT, ...) or refused (PR232), here:
+PER_ATTEMPT = {
+    names.RESTART_COUNT: "the number of restarts before each attempt",
+    names.TORCHELASTIC_RESTART_COUNT: "the number of restarts before each attempt",
+    names.RUN_ID: "the run's id, by which poprun finds its instances",
+    names.TORCHELASTIC_RUN_ID: "the run's id",
+    names.TORCHELASTIC_ERROR_FILE: "a file of each instance's own for each attempt, which its failure report reads",
+}
+_MPI_OWNED = (names.OMPI_RANK, names.OMPI_SIZE, names.OMPI_LOCAL_RANK, names.OMPI_LOCAL_SIZE, *names.MPI_RUNTIME_MARKERS)
+_PARTITION_FLAGS = {names.VIPU_API_HOST: "--vipu-server-host", names.VIPU_API_PORT: "--vipu-server-port",
+                    names.VIPU_API_PARTITION_ID: "--vipu-partition"}
+# Computed from the layout for each instance: replacing one is allowed, with a warning (PR233).
+_LAYOUT = (names.NUM_TOTAL_REPLICAS, names.NUM_IPUS_PER_REPLICA, names.NUM_LOCAL_REPLICAS,
+           names.UNIFORM_REPLICAS_PER_INSTANCE, names.REPLICA_INDEX_OFFSET, names.LOCAL_INSTANCE_INDEX,
+           names.INSTANCE_INDEX, names.NUM_INSTANCES, names.TORCH_RANK, names.TORCH_WORLD_SIZE,
+           names.TORCH_LOCAL_RANK, names.TORCH_LOCAL_WORLD_SIZE, names.TORCH_GROUP_RANK, names.TORCH_GROUP_WORLD_SIZE,
+           names.TORCH_ROLE_RANK, names.TORCH_ROLE_WORLD_SIZE, names.TORCH_ROLE_NAME, names.TORCHELASTIC_MAX_RESTARTS,
+           names.VIPU_API_GCD_ID)
+
+
+def user_variables(spec: Spec) -> list[tuple[EnvVarSpec, SourceSpan, bool]]:
+    """Return every ``-x`` of the spec: the variable, where it was given, and whether it is for every instance."""
+    found = [(e.value, e.origin, True) for e in spec.env]
+    return found + [(var, a.origin, False) for a in spec.instance_args for var in a.value.env]
+
+
+def check_user_env(s: Solver, *, partition: bool) -> None:
+    """
+    Refuse each ``-x`` of a variable poprun sets itself in a way the user's value cannot replace.
+
+    ``partition``: the plan has a partition step (not offline), whose variables poprun passes on.
+
+    Diagnostics: PR232 (a variable set for each attempt, one MPI sets, or the partition's), PR234
+    (the executable cache per instance, forwarded, or given twice).
+    """
+    for var, origin, every in user_variables(s.spec):
+        name, how = var.name, f"-x {var.name}" + ("" if var.value is None else "=...")
+        if name in PER_ATTEMPT:
+            s.fail("PR232", "a variable poprun sets itself", span=origin,
+                   detail=f"{how}: poprun sets {name} when each attempt starts ({PER_ATTEMPT[name]}), so the "
+                          "instances would never see this value",
+                   hint=f"remove {how}; name your own variable for what you need (poprun's {name} stays as it is)")
+        elif name in _MPI_OWNED or name.startswith("OMPI_COMM_WORLD_"):
+            s.fail("PR232", "a variable poprun sets itself", span=origin,
+                   detail=f"{how}: {name} is MPI's; mpirun sets it after every -x (and poprun from the plan on every "
+                          "other backend), so this value would not be what runs",
+                   hint=f"remove {how}; for an index of your own, read POPDIST_INSTANCE_INDEX or RANK")
+        elif name in _PARTITION_FLAGS and partition:
+            flag = _PARTITION_FLAGS[name]
+            s.fail("PR232", "a variable poprun sets itself", span=origin,
+                   detail=f"{how}: poprun acquires the partition and gives every instance its {name}; this value "
+                          "would send the instances to another partition than the one acquired",
+                   hint=f"give {flag} instead: poprun then acquires that partition and passes it on")
+        elif name == names.EXECUTABLE_CACHE_PATH and (var.value is None or not every):
+            s.fail("PR234", "executable cache not a fixed path for the run", span=origin,
+                   detail=f"{how}" + (" forwards the launching shell's cache path, which the plan cannot show"
+                                      if var.value is None else " sets the cache for one instance; the executable "
+                                      "cache is one for the run"),
+                   hint="name the directory for every instance: --executable-cache-path DIR "
+                        "(or -x POPDIST_EXECUTABLE_CACHE_PATH=DIR in --mpi-local-args)")
+
+
+def _warn_replaced(s: Solver, computed: dict[str, str], user: list[EnvVarSpec]) -> None:
+    """PR233 (warning, once per variable) for a ``-x`` that replaces a value of the layout with another one."""
+    for var in user:
+        if var.name not in _LAYOUT or computed.get(var.name) == var.value:
+            continue
+        origin = next((where for v, where, _ in user_variables(s.spec) if v.name == var.name), s.origin("env"))
+        if any(d.code == "PR233" and d.detail.startswith(f"poprun computes {var.name} ") for d in s.diags.warnings):
+            continue
+        given = "the launching shell's value (or none)" if var.value is None else f"'{var.value}'"
+        s.warn("PR233", "-x replaces a value of the layout", span=origin,
+               detail=f"poprun computes {var.name} from the layout ('{computed.get(var.name, '')}' for instance "
+                      f"{computed.get(names.INSTANCE_INDEX, '?')}); the instances get {given} instead, as explain shows",
+               hint=f"remove -x {var.name} unless the program must see another layout than the one planned")
 
 
 def apply_user_env(env: dict[str, str], forward: list[str], user: list[EnvVarSpec]) -> None:

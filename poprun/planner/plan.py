@@ -265,10 +265,23 @@ class LaunchPlan:
     # Restarts, time limits and the port plan. Added later: plans written before lack it, and load with none.
     recovery: Recovery = NO_RECOVERY
 
+    def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
+        """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""
+        if not variables:
+            return self
+        instances = tuple(_with_set(i, variables[i.index]) if i.index in variables else i for i in self.instances)
+        return evolve(self, instances=instances)
+
     def with_variables(self, variables: Mapping[str, str]) -> LaunchPlan:
         """Return this plan with ``variables`` set in every instance's environment (values decided at apply time)."""
         if not variables:
             return self
-        instances = tuple(evolve(i, env=evolve(i.env, set=tuple(sorted((dict(i.env.set) | dict(variables)).items()))))
-                          for i in self.instances)
+        instances = tuple(_with_set(i, variables) for i in self.instances)
         return evolve(self, instances=instances)
+
+
+def _with_set(instance: Instance, variables: Mapping[str, str]) -> Instance:
+    """Return ``instance`` with ``variables`` set (and so no longer removed: a backend removes before it sets, or after)."""
+    env = instance.env
+    return evolve(instance, env=evolve(env, set=tuple(sorted((dict(env.set) | dict(variables)).items())),
+                                       unset=tuple(name for name in env.unset if name not in variables)))

@@ -106,7 +106,7 @@ def partition_actions(name: str | None, update: bool, remove: bool, spec: Spec) 
 
 def cache(s: Solver, topo: p.Topology) -> p.Cache:
     """Return the executable cache policy of the launch mode (seed sections 2.3-2.4)."""
-    given = s.spec.executable_cache_path
+    given = _cache_given(s)
     framework = s.ctx.environ.get("POPTORCH_CACHE_DIR") or env_set_value(s.spec, "POPTORCH_CACHE_DIR")
     if given is not None and given.value and framework is not None:
         s.fail("PR202", "two executable caches", detail="POPTORCH_CACHE_DIR is set and --executable-cache-path "
@@ -127,6 +127,27 @@ def cache(s: Solver, topo: p.Topology) -> p.Cache:
              "several instances: a temporary cache " + ("on each host" if per_host else "shared by the instances")
              + ", removed when poprun exits")
     return p.Cache(mode="temporary", path=None, per_host=per_host, remove_at_exit=True)
+
+
+def _cache_given(s: Solver) -> Sourced[str] | None:
+    """
+    Return the fixed cache path the user gave: ``--executable-cache-path``, or ``-x POPDIST_EXECUTABLE_CACHE_PATH=DIR``.
+
+    The variable is the cache as the instances see it, so a value of it for every instance is
+    the run's fixed cache, exactly as if given with the flag. Diagnostics: PR234 when both
+    name different directories.
+    """
+    given = s.spec.executable_cache_path
+    variables = [e for e in s.spec.env if e.value.name == names.EXECUTABLE_CACHE_PATH and e.value.value is not None]
+    if not variables:
+        return given
+    last = variables[-1]
+    if given is not None and given.value != last.value.value:
+        s.fail("PR234", "executable cache not a fixed path for the run", span=last.origin,
+               detail=f"-x {names.EXECUTABLE_CACHE_PATH}={last.value.value} and --executable-cache-path={given.value} name "
+                      "two caches; the instances would see only one of them",
+               hint="give the cache once: --executable-cache-path DIR")
+    return Sourced(value=str(last.value.value), origin=last.origin)
 
 
 def env_set_value(spec: Spec, name: str) -> str | None:

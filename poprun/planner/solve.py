@@ -22,7 +22,7 @@ from poprun.core.record import positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
-from poprun.planner.binding import bind
+from poprun.planner.binding import bind, threads
 from poprun.planner.context import Context
 from poprun.planner.recovery import recovery
 from poprun.planner.spec import Sourced, Spec
@@ -65,6 +65,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         return None
     s.diags.extend(environment.validate_instance_args(s.spec, topology.num_instances))
     partition = policy.partition(s, topology)
+    environment.check_user_env(s, partition=partition is not None)
     cache = policy.cache(s, topology)
     output = policy.output(s, topology)
     placement = policy.placement(s, topology)
@@ -72,13 +73,14 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     cwd = s.pick("cwd", s.spec.working_dir, s.ctx.cwd, "the directory poprun runs in (section 2.2.4: the same on every host)")
     uses_mpi = policy.mpi_use(s, topology, argv, cwd)  # reads the program once: both steps below need it
     restarts = recovery(s, topology.hosts)
-    base_env = environment.base_env(s, topology, partition, cache, target,
-                                    backend=policy.backend_name(s, topology, uses_mpi=uses_mpi)[0], recovery=restarts)
+    planned = policy.backend_name(s, topology, uses_mpi=uses_mpi)[0]
+    base_env = environment.base_env(s, topology, partition, cache, target, backend=planned, recovery=restarts)
     instances = tuple(
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
     instances = bind(s, instances, placement)
+    instances = threads(s, instances, all_here=planned in ("local", "offline") or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root

@@ -99,8 +99,8 @@ def render_failures(result: ApplyResult) -> str:
     """
     Return the failure report, or "" when nothing failed.
 
-    Every failed instance, root cause first, with its host, PID, how it ended and the tail of its
-    output; then the root cause again, on the last line.
+    Every failed instance, root cause first, with its host, PID, how it ended, the message of its
+    torch error file (``@record``) and the tail of its output; then the root cause again, on the last line.
     """
     if not result.failures:
         return ""
@@ -110,6 +110,8 @@ def render_failures(result: ApplyResult) -> str:
     for failure in ordered:
         pid = f" (PID {failure.pid})" if failure.pid is not None else ""
         lines.append(f"  instance {failure.index} on {failure.host}{pid}: {describe(failure)}")
+        if failure.error:
+            lines.append(f"    error file: {failure.error}")
         lines.extend(f"    | {line}" for line in failure.tail)
     if cause is not None and cause.lost and cause.via:
         lines.append(f"Root cause: error[PR411]: host {cause.via} stopped answering (the relay through which "

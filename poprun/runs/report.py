@@ -25,7 +25,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     Return the report of a run that ended with ``result`` and poprun's exit ``status``.
 
     ``{"v": 1, "run": ID, "status": N, "started": UNIX_SECONDS, "ended": UNIX_SECONDS, "statuses": [...], "root_cause": I|null,
-    "failures": [{index, host, pid, exit_code, signal, stopped, lost, via, tail}], "signals": [...],
+    "failures": [{index, host, pid, exit_code, signal, stopped, lost, via, tail, error}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
     master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
@@ -40,7 +40,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
         "ended": round(time.time(), 6),
         "statuses": list(result.statuses), "root_cause": result.root_cause,
         "failures": [{"index": f.index, "host": f.host, "pid": f.pid, "exit_code": f.exit_code, "signal": f.signal,
-                      "stopped": f.stopped, "lost": f.lost, "via": f.via, "tail": list(f.tail)}
+                      "stopped": f.stopped, "lost": f.lost, "via": f.via, "tail": list(f.tail), "error": f.error}
                      for f in result.failures],
         "signals": list(result.signals),
         "error": None if error is None else {
@@ -61,11 +61,20 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     }
 
 
+def _one_line(value: object) -> str:
+    """Return a report's error message as one printable line of at most 500 characters ("" when not a string)."""
+    if not isinstance(value, str):
+        return ""
+    line = " ".join("".join(c if c.isprintable() else " " for c in value[:2000]).split())
+    return line if len(line) <= 500 else line[:500] + " ..."  # noqa: PLR2004 - as apply's error file reader
+
+
 def result_of(data: dict[str, Any]) -> ApplyResult:
     """Return the :class:`ApplyResult` a report holds (its diagnostics by code and summary only)."""
     failures = tuple(InstanceFailure(index=f["index"], host=f["host"], pid=f.get("pid"), exit_code=f.get("exit_code"),
                                      signal=f.get("signal"), stopped=bool(f.get("stopped")), lost=bool(f.get("lost")),
                                      via=f["via"] if isinstance(f.get("via"), str) else "",
+                                     error=_one_line(f.get("error")),
                                      tail=tuple(f.get("tail") or ()))
                  for f in data.get("failures") or ())
     error = data.get("error")
