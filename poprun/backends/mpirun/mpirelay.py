@@ -71,6 +71,7 @@ ACK_EVERY = 1 << 16  # poprun acknowledges what it has every this many bytes of 
 WINDOW = 4 << 20  # bytes a wrapper keeps unacknowledged at most (then it stops reading the program's pipe)
 RECONNECT_S = 5  # how long a wrapper whose connection broke tries to connect again, at least (else the host timeout)
 _STRANGERS = 64  # connections that have not greeted kept at most, beyond two per instance
+_RESET = (1).to_bytes(4, sys.byteorder) + (0).to_bytes(4, sys.byteorder)  # struct linger {on, 0 s}: close with a reset
 _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN))
 
 # The wrapper's Python (3.6 and later; no site, no environment): argv is INDEX STREAMS ADDRESSES PROGRAM...
@@ -97,6 +98,7 @@ def exactly(s, n):
         data += part
     return data
 def connect(places, port, token, index, stream):
+    refused = 0
     for a in places:
         try:
             s = socket.create_connection((a, port), %(connect)s)
@@ -108,9 +110,11 @@ def connect(places, port, token, index, stream):
                 keep(s)
                 return s, struct.unpack(">Q", answer[1:])[0]
             s.close()
+        except ConnectionRefusedError:
+            refused += 1
         except (OSError, ValueError, struct.error):
             pass
-    return None, 0
+    return None, refused == len(places)
 def keep(s):
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
@@ -128,6 +132,14 @@ class Out(object):
         for at in range(0, len(data), 262144):
             part = data[at:at + 262144]
             self.s.sendall(struct.pack(">I", len(part)) + part)
+    def quit(self):
+        if self.r is not None:
+            os.close(self.r)
+            self.r = None
+        if self.s is not None:
+            self.s.close()
+            self.s = None
+        self.done = True
     def acked(self, upto):
         if upto < self.base or upto > self.base + len(self.kept):
             raise OSError("bad acknowledgement")
@@ -152,6 +164,9 @@ def relay(outs, places, port, token, index):
         until = time.time() + %(again)s
         while time.time() < until:
             s, have = connect(places, port, token, index, o.name)
+            if s is None and have:
+                o.quit()
+                return
             if s is not None:
                 o.s = s
                 try:
@@ -196,7 +211,8 @@ def relay(outs, places, port, token, index):
                 try:
                     got = o.s.recv(4096)
                     if not got:
-                        raise OSError("closed")
+                        o.quit()
+                        continue
                     o.acks += got
                     while len(o.acks) >= 8:
                         o.acked(struct.unpack(">Q", o.acks[:8])[0])
@@ -218,7 +234,7 @@ def main():
     outs = []
     for fd in (1, 2)[:len(streams)]:
         name = "stdout" if fd == 1 else "stderr"
-        s, _ = connect(places, int(port or 0), token, index, name)
+        s = connect(places, int(port or 0), token, index, name)[0]
         if s is None:
             os.write(2, ("poprun: instance %%s cannot reach poprun at %%s: its output goes through mpirun, which "
                          "may lose lines\n" %% (index, " or ".join(places) or "no address")).encode())
@@ -381,14 +397,15 @@ class Relay:
         except BlockingIOError:
             return
         except OSError as exc:
-            if conn.key is not None and exc.errno in _LOST:
-                lost(conn.key[0])
             self._break(conn, exc.strerror or str(exc))
+            if conn.key is not None and exc.errno in _LOST:  # its host stopped answering (PR411): not awaited
+                self._streams[conn.key].broke = None
+                lost(conn.key[0])
             return
         if conn.key is None:
             self._greet(conn, data)
         elif not data:
-            self._break(conn, "it was closed before the end of the stream")
+            self._break(conn, "it was closed before the end of the stream")  # the relay process ended
         else:
             self._frames(conn, data, feed, end)
 
@@ -513,7 +530,9 @@ class Relay:
                 self.peers[key[0]] = conn.peer
         else:  # its wrapper connects again: its old connection broke (poprun may not have noticed yet)
             self.resumed += 1
-            if stream.conn is not None:
+            if stream.conn is not None:  # reset, not closed: a wrapper takes a clean close for poprun's going
+                with contextlib.suppress(OSError):
+                    stream.conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
                 self._close(stream.conn)
         conn.key, stream.conn, stream.broke = key, conn, None
         self._keep_alive(conn.sock)
