@@ -122,3 +122,16 @@ def test_a_200_mib_line_passes_whole_while_poprun_stays_small(tmp_path: Path) ->
     assert 0 == status
     assert (3200 * 65536 + 5, 2) == ((tmp_path / "out").stat().st_size, (tmp_path / "out").read_bytes().count(b"\n"))
     assert peak_kib < 100 * 1024, f"peak RSS {peak_kib} KiB"
+
+
+def test_poprun_logs_tail_gives_back_the_last_long_lines_whole(tmp_path: Path) -> None:
+    """``poprun logs --tail 2`` of a run whose last lines are 3 MiB and 10 bytes: both whole (not the 3 MiB line's last MiB)."""
+    runs = tmp_path / "runs"
+    done = poprun(PY, "-c", WRITER, str(1 << 20), str(3 << 20), cwd=tmp_path, runs=runs)
+    (run,) = [p.name for p in runs.iterdir() if p.is_dir()]
+
+    tail = poprun("logs", run, "--tail", "2", cwd=tmp_path, runs=runs)
+
+    assert (0, 0) == (done.returncode, tail.returncode)
+    assert [3 << 20, 10, 0] == shape(tail.stdout)
+    assert line_of(3 << 20) + b"\nlast words\n" == tail.stdout
