@@ -78,9 +78,11 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # STREAMS is "12" (a connection each for stdout and stderr) or "1" (one for both: --merge-stderr-to-stdout).
 # The program's stdout and stderr are pipes, as under plain mpirun; a relay process, a grandchild
 # in a session of its own (no child of the program, out of reach of signals to the instance's
-# group, holding no descriptor of mpirun's), copies each pipe to its connection until every
-# writer has closed it, or until poprun closes the connection (the socket becomes readable:
-# poprun never writes after its "k").
+# group, holding no descriptor of mpirun's), copies each pipe to its connection in frames until
+# every writer has closed it (then an empty frame, and poprun's last acknowledgement), keeping
+# what poprun has not acknowledged (Out.kept, at most WINDOW bytes); a connection that fails
+# (a reset) is made again and the rest sent from where poprun has it; one that poprun closes,
+# or a port that refuses, means poprun is gone: the relay closes its pipes and ends.
 WRAPPER = r"""import os, select, socket, struct, sys, time
 def addresses(given):
     found = [a for a in given.split(",") if a]
