@@ -188,9 +188,10 @@ def test_a_long_line_is_cut_on_the_terminal_only_when_too_much_other_output_wait
     assert b"a" * 20 + b"b" * 5 + b"\nend\n" == sink.kept[0, "stdout"]
     assert 30 * b"one line\n" == sink.kept[1, "stdout"]
     assert sorted([b"a" * 20, b"b" * 5, b"end", *[b"one line"] * 30, b""]) == sorted(out.split(b"\n"))
-    assert [(b"poprun: warning: instance 0's stdout line was cut on the terminal after 20 bytes: more than 100 bytes "
-             b"of the other instances' output waited behind it; its rest follows on a line of its own (the run record "
-             b"and output files keep it whole)\n")] == [d for s, d in sink.written if s == "stderr"]
+    assert [(b"poprun: warning: instance 0's stdout line was cut on the terminal after 20 bytes, to let the other "
+             b"instances' output through (it waits behind a long line for 5 s or 100 bytes at most); its rest follows "
+             b"on lines of its own (the run record and output files keep it whole)\n")] == \
+        [d for s, d in sink.written if s == "stderr"]
 
 
 def test_the_tail_keeps_a_long_line_cut_and_says_how_long_it_was() -> None:
@@ -202,3 +203,20 @@ def test_the_tail_keeps_a_long_line_cut_and_says_how_long_it_was() -> None:
     router.close()
 
     assert ("x" * output.TAIL_LINE + f" [... a line of {(3 << 20) + 1} bytes]", "short") == router.tail(0)
+
+
+def test_a_progress_bar_that_never_ends_its_line_holds_the_others_back_for_hold_s_at_most() -> None:
+    """A long line of carriage returns (a progress bar) is cut on the terminal once others' output waited HOLD_S; told once."""
+    sink = _RecordingSink()
+    with mock.patch.object(output, "STREAM_AT", 8), mock.patch.object(output, "HOLD_S", 0.0):
+        router = Router(plan_of("--num-instances", "2", "--num-replicas", "2", "true"), sink)
+        router.feed(0, "stdout", b"\r10%" * 5)  # long: it passes, and owns stdout
+        router.feed(1, "stdout", b"first\n")  # waited long enough (0 s): the bar is cut, the line passes
+        router.feed(0, "stdout", b"\r50%" * 5)
+        router.feed(1, "stdout", b"second\n")
+        router.feed(0, "stdout", b"\r100%\n")
+        router.close()
+
+    assert b"\r10%" * 5 + b"\nfirst\n" + b"\r50%" * 5 + b"\nsecond\n\r100%\n" == sink.data("stdout")
+    assert b"\r10%" * 5 + b"\r50%" * 5 + b"\r100%\n" == sink.kept[0, "stdout"]
+    assert 1 == len([d for s, d in sink.written if s == "stderr"])

@@ -10,8 +10,9 @@ A line of any length arrives whole and byte-exact, in bounded memory: an unfinis
 than :data:`STREAM_AT` (1 MiB) is not held until its end but passed on as it comes (to the sink
 and the record, without a newline until its end); meanwhile that stream of the sink belongs to
 it, and what the other instances write to the same stream is held, in order, and passed on at
-its end. Should more than :data:`HOLD_MAX` (64 MiB) be held, the long line is ended on the sink
-where it is, with a warning on stderr, and the rest of it follows on a line of its own: the
+its end. Should more than :data:`HOLD_MAX` (64 MiB) be held, or any of it for :data:`HOLD_S` (5 s: a
+progress bar of carriage returns may never end its line), the long line is ended on the sink
+where it is, with a warning on stderr (once per instance), and the rest follows on a line of its own: the
 record (each instance apart) and the ``--output-filename`` files keep it whole. A failure
 report's tail keeps at most :data:`TAIL_LINE` bytes of a line, and says how long it was.
 
@@ -41,6 +42,7 @@ TAIL_LINES = 20  # lines of each instance's output kept for the failure report
 TAIL_LINE = 4096  # bytes of one line kept in a tail; a longer line is kept cut, saying how long it was
 STREAM_AT = 1 << 20  # an unfinished line longer than this is passed on as it comes, not held until its end
 HOLD_MAX = 64 << 20  # bytes of other instances' output held per stream while one instance's long line passes
+HOLD_S = 5.0  # and for how long at most (a progress bar of carriage returns may never end its line)
 _FLUSH_AT = 1 << 20  # bytes waiting for the sink that make feed() flush at once
 _STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # making the output files failed for want of space: a warning
@@ -82,6 +84,8 @@ class Router:
         self._owner: dict[Stream, tuple[int, Stream] | None] = {"stdout": None, "stderr": None}  # a long line passing
         self._held: dict[Stream, list[tuple[tuple[int, Stream], bytes | None]]] = {"stdout": [], "stderr": []}
         self._held_bytes = {"stdout": 0, "stderr": 0}
+        self._held_since = {"stdout": 0.0, "stderr": 0.0}  # (monotonic) when output began to wait on each stream
+        self._told: set[tuple[int, Stream]] = set()  # keys whose long line was cut on the sink, said once
         self._releasing = {"stdout": False, "stderr": False}
         self._open: set[tuple[int, Stream]] = set()  # keys whose line on the sink has begun and not ended
         self._tails = {i: collections.deque[bytes](maxlen=TAIL_LINES) for i in indices}
@@ -176,6 +180,8 @@ class Router:
         """Keep ``chunk`` of ``key`` until the long line passing on its stream ends (or, held too much, is cut)."""
         stream = key[1]
         held = self._held[stream]
+        if not held:
+            self._held_since[stream] = time.monotonic()
         last = held[-1] if held else None
         if last is not None and last[0] == key and last[1] is not None and chunk is not None \
                 and len(last[1]) < _MERGE_BELOW:
@@ -184,7 +190,12 @@ class Router:
             held.append((key, chunk))
             self._held_bytes[stream] += _HELD_ITEM
         self._held_bytes[stream] += len(chunk or b"")
-        if self._held_bytes[stream] > HOLD_MAX and self._owner[stream] is not None:
+        self._waited_enough(stream)
+
+    def _waited_enough(self, stream: Stream) -> None:
+        """Cut the long line passing on ``stream`` when the others' output held behind it is too much, or too old."""
+        if self._owner[stream] is not None and self._held[stream] and (
+                self._held_bytes[stream] > HOLD_MAX or time.monotonic() - self._held_since[stream] > HOLD_S):
             self._cut(stream)
 
     def _cut(self, stream: Stream) -> None:
@@ -193,14 +204,15 @@ class Router:
         assert owner is not None
         self._owner[stream] = None
         self._open.discard(owner)
-        if self._shown[owner[0]]:
-            self._ready[stream].append(b"\n")
-            self.flush()
+        self._ready[stream].append(b"\n")
+        self.flush()
+        if owner not in self._told:
+            self._told.add(owner)
             self._sink.write("stderr", (
                 f"poprun: warning: instance {owner[0]}'s {stream} line was cut on the terminal after "
-                f"{self._length.get(owner, 0)} bytes: more than {HOLD_MAX} bytes of the other instances' output "
-                "waited behind it; its rest follows on a line of its own (the run record and output files keep it "
-                "whole)\n").encode())
+                f"{self._length.get(owner, 0)} bytes, to let the other instances' output through (it waits behind "
+                f"a long line for {HOLD_S:g} s or {HOLD_MAX} bytes at most); its rest follows on lines of its own "
+                "(the run record and output files keep it whole)\n").encode())
         self._release(stream)
 
     def _release(self, stream: Stream) -> None:
@@ -295,6 +307,8 @@ class Router:
 
     def flush(self) -> None:
         """Write every queued line to the sink: one call per stream."""
+        for stream in _STREAMS:
+            self._waited_enough(stream)
         for stream, parts in self._ready.items():
             if parts:
                 data = b"".join(parts)  # one part that is bytes comes back as it is, not copied
