@@ -135,3 +135,13 @@ def test_poprun_logs_tail_gives_back_the_last_long_lines_whole(tmp_path: Path) -
     assert (0, 0) == (done.returncode, tail.returncode)
     assert [3 << 20, 10, 0] == shape(tail.stdout)
     assert line_of(3 << 20) + b"\nlast words\n" == tail.stdout
+
+
+def test_output_files_keep_a_long_line_exactly_as_written(tmp_path: Path) -> None:
+    """--output-filename: the file holds the 3 MiB line and the last line exactly as written (no newline added)."""
+    done = poprun("--mpi-global-args=--output-filename out", PY, "-c", WRITER, str(3 << 20), cwd=tmp_path,
+                  runs=tmp_path / "runs")
+
+    assert 0 == done.returncode, done.stderr[-2000:]
+    assert expected(3 << 20) == done.stdout
+    assert line_of(3 << 20) + b"\nlast words" == (tmp_path / "out/1/rank.0/stdout").read_bytes()
