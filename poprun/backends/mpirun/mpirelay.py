@@ -170,7 +170,7 @@ def relay(outs, places, port, token, index):
                 o.quit()
                 return
             if s is not None:
-                o.s = s
+                o.s, o.acks = s, b""
                 try:
                     o.acked(have)
                     o.send(bytes(o.kept))
@@ -208,10 +208,10 @@ def relay(outs, places, port, token, index):
                     broken(o)
             elif fd in talking:
                 o = talking[fd]
-                if o.s is None:
-                    continue
+                if o.s is None or o.s.fileno() != fd or o.done:
+                    continue  # connected again meanwhile: the new connection is looked at on the next round
                 try:
-                    got = o.s.recv(4096)
+                    got = o.s.recv(4096, socket.MSG_DONTWAIT)
                     if not got:
                         o.quit()
                         continue
@@ -223,6 +223,8 @@ def relay(outs, places, port, token, index):
                         o.done = True
                         o.s.close()
                         o.s = None
+                except BlockingIOError:
+                    pass
                 except OSError:
                     if o.r is None and not o.kept:
                         o.done = True

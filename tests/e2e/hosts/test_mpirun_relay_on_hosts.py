@@ -47,8 +47,8 @@ def test_relay_connections_reset_on_every_host_lose_and_repeat_no_line(test_host
 
     out, err = expected(4)
     assert 0 == status, bytes(run.err[-3000:])
-    assert sorted(out) == sorted(run.out.splitlines())
-    assert sorted(err) == sorted(line for line in run.err.splitlines() if line.startswith(b"err "))
+    assert sorted(out) == sorted(run.out.splitlines()), bytes(run.err[-3000:])
+    assert sorted(err) == sorted(line for line in run.err.splitlines() if line.startswith(b"err ")), bytes(run.err[-3000:])
 
 
 @pytest.fixture
