@@ -88,6 +88,9 @@ class OutputSink(Protocol):
         """
         Write ``data`` (one or more whole lines, each ending in a newline) to ``stream``.
 
+        A line over 1 MiB comes in parts as it is written (the output router streams it), the
+        last ending in its newline; no other instance's output comes between them.
+
         Backends call this from one thread at a time, so a sink need not lock.
         """
 
@@ -111,7 +114,7 @@ class InstanceSink(OutputSink, Protocol):
     """
 
     def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
-        """Keep ``data``, whole lines of ``stream`` of instance ``index``; must return quickly."""
+        """Keep ``data``, whole lines of ``stream`` of instance ``index`` (or parts of a line over 1 MiB); must return quickly."""
 
 
 class Launch(Protocol):

@@ -67,6 +67,7 @@ class Console:
         self._broken: list[Stream] = []  # streams found broken, not yet told to on_broken
         self._lock = threading.RLock()  # reentrant: a signal handler may log while the main thread writes
         self._closed: set[Stream] = set()
+        self._midline: set[Stream] = set()  # streams where an instance's long line has begun and not ended
         self._enabled = status_wanted() if status is None else status
         self._stdout_on_terminal = self._enabled and os.isatty(1)  # else stdout output cannot disturb the line
         self._text, self._since = "", None  # type: tuple[str, float | None]
@@ -80,6 +81,10 @@ class Console:
             if stream == "stderr" or self._stdout_on_terminal:
                 self._clear()
             self._write(stream, data)
+            if data.endswith(b"\n"):
+                self._midline.discard(stream)
+            elif data:
+                self._midline.add(stream)  # a long line passes in parts: no status line until it ends
         self._tell_broken()
 
     def event(self, event: Event) -> None:
@@ -88,8 +93,10 @@ class Console:
             self.on_event(event)
 
     def log(self, line: str) -> None:
-        """Write one line (with its newline) to stderr, after clearing the status line."""
-        self.write("stderr", line.encode(errors="replace"))
+        """Write one line (with its newline) to stderr, after clearing the status line (on a line of its own)."""
+        with self._lock:
+            data = line.encode(errors="replace")
+            self.write("stderr", b"\n" + data if "stderr" in self._midline else data)
 
     def status(self, text: str, *, since: float | None = None) -> None:
         """Show ``text`` on the status line, followed by `` for T s`` counted from ``since`` (monotonic)."""
@@ -131,7 +138,8 @@ class Console:
         return text[: max(width - 1, 0)]  # never wrap: \r would not reach the first row
 
     def _draw(self) -> None:
-        if not self._enabled or "stderr" in self._closed:
+        if not self._enabled or "stderr" in self._closed or "stderr" in self._midline \
+                or (self._stdout_on_terminal and "stdout" in self._midline):
             return
         self._drawn = self._line()
         self._write("stderr", b"\r" + self._drawn.encode(errors="replace") + b"\x1b[K")

@@ -485,18 +485,37 @@ class LogReader:
             yield from self._read(index, stream, size)
 
     def last_lines(self, count: int) -> list[tuple[int, str, bytes]]:
-        """Return the last ``count`` lines (each with its newline) of what :meth:`pieces` yields now."""
-        import collections
+        """
+        Return the last ``count`` lines (each with its newline) of what :meth:`pieces` yields now.
 
-        kept: collections.deque[tuple[int, str, bytes]] = collections.deque(maxlen=count)
-        partial: dict[tuple[int, str], bytes] = {}
+        Lines of any length come back whole: while reading, only where each line starts and
+        ends in its file is kept; the last ``count`` lines are read again at the end.
+        """
+        import collections
+        import itertools
+
+        if not count:
+            return []
+        kept: collections.deque[tuple[int, str, int, int]] = collections.deque(maxlen=count)
+        at: dict[tuple[int, str], int] = {}  # where in its file the next piece starts
+        starts: dict[tuple[int, str], int] = {}  # where the line not ended yet starts
         for index, stream, data in self.pieces():
-            lines = (partial.pop((index, stream), b"") + data).split(b"\n")
-            for line in lines[-count - 1:-1] if count else ():
-                kept.append((index, stream, line + b"\n"))
-            if lines[-1]:
-                partial[(index, stream)] = lines[-1][-_PIECE:]
-        return list(kept) if count else []
+            key = (index, stream)
+            offset = at.get(key, 0)
+            at[key] = offset + len(data)
+            newlines: list[int] = []  # the piece's last count + 1 newlines at most, from the last
+            found = len(data)
+            while len(newlines) <= count and (found := data.rfind(b"\n", 0, found)) >= 0:
+                newlines.append(offset + found + 1)
+            if not newlines:
+                continue
+            newlines.reverse()
+            if len(newlines) <= count:  # every newline of the piece: its first line began before it
+                newlines.insert(0, starts.get(key, 0))
+            kept.extend((index, stream, start, end) for start, end in itertools.pairwise(newlines))
+            starts[key] = newlines[-1]
+        return [(index, stream, os.pread(self._files[(index, stream)], end - start, start))
+                for index, stream, start, end in kept]
 
     def close(self) -> None:
         """Close every file (idempotent)."""

@@ -127,3 +127,16 @@ def test_very_verbose_shows_each_environment_with_secrets_masked(tmp_path: Path)
     assert "hunter2" not in done.stderr
     assert 2 == len([d for d in debug if d.startswith("Instance ") and " MY_API_TOKEN=**** " in d])
     assert any(d.startswith("Instance 1 environment: ") and " POPDIST_INSTANCE_INDEX=1 " in d for d in debug)
+
+
+def test_a_long_line_passing_on_a_terminal_is_not_overwritten_by_the_status_line(tmp_path: Path) -> None:
+    """While a 3 MiB line passes in parts (slowly), the status line is not drawn into it: the line arrives whole."""
+    program = ("import sys, time\n"
+               "w = sys.stdout.buffer\n"
+               "w.write(b'a' * (3 << 20)); w.flush(); time.sleep(1.2)\n"  # passed on, unfinished, for a while
+               "w.write(b'b\\n'); w.flush()\n")
+
+    status, written = poprun_on_a_terminal(PY, "-c", program, cwd=tmp_path)
+
+    assert 0 == status
+    assert b"a" * (3 << 20) + b"b\n" in written

@@ -48,7 +48,18 @@ def test_lines_srun_cut_into_pieces_are_joined_again():
 
     pieces = splitter.feed(cut + b"1: " + exact + b"\n0: after\n1: \n")
 
-    assert [(0, "stderr", long + b"\n" + b"after\n"), (1, "stderr", exact + b"\n")] == pieces
+    joined = {i: b"".join(d for j, _, d in pieces if j == i) for i in (0, 1)}
+    assert {0: long + b"\n" + b"after\n", 1: exact + b"\n"} == joined
+    assert {"stderr"} == {s for _, s, _ in pieces}
+
+
+def test_a_line_srun_cut_is_passed_on_as_it_comes_not_held_whole():
+    """Each full 1024-byte piece goes on at once (without newline): a 200 MiB line never waits whole in the splitter."""
+    splitter = LabelSplitter("stdout")
+
+    pieces = [splitter.feed(b"0: " + b"z" * SRUN_PIECE + b"\n") for _ in range(3)]
+
+    assert [[(0, "stdout", b"z" * SRUN_PIECE)]] * 3 == pieces
 
 
 def test_slurms_note_about_the_step_is_not_the_instances():

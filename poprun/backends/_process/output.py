@@ -3,8 +3,18 @@ The output router: instance output to the sink in whole lines, tagged, filtered 
 
 Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``,
 never the spec, and never prints (the sink does). It is fed raw chunks as they are read from an
-instance's pipes and only ever passes on whole lines, so that the lines of two instances are
-never cut or interleaved mid-line; a line without its newline at the end of a stream gets one.
+instance's pipes and passes on whole lines, so that the lines of two instances are never cut or
+interleaved mid-line; a line without its newline at the end of a stream gets one.
+
+A line of any length arrives whole and byte-exact, in bounded memory: an unfinished line longer
+than :data:`STREAM_AT` (1 MiB) is not held until its end but passed on as it comes (to the sink
+and the record, without a newline until its end); meanwhile that stream of the sink belongs to
+it, and what the other instances write to the same stream is held, in order, and passed on at
+its end. Should more than :data:`HOLD_MAX` (64 MiB) be held, or any of it for :data:`HOLD_S` (5 s: a
+progress bar of carriage returns may never end its line), the long line is ended on the sink
+where it is, with a warning on stderr (once per instance), and the rest follows on a line of its own: the
+record (each instance apart) and the ``--output-filename`` files keep it whole. A failure
+report's tail keeps at most :data:`TAIL_LINE` bytes of a line, and says how long it was.
 
 Speed is the point here (``bench/apply_bench.py`` compares it with ``mpirun --tag-output``):
 lines are never handled one by one. A chunk is cut at its last newline; tagging is one
@@ -30,10 +40,15 @@ from poprun.core.private import make_directories
 from poprun.planner.plan import LaunchPlan
 
 TAIL_LINES = 20  # lines of each instance's output kept for the failure report
-MAX_LINE = 1 << 20  # a line longer than this is passed on in parts (each given a newline)
+TAIL_LINE = 4096  # bytes of one line kept in a tail; a longer line is kept cut, saying how long it was
+STREAM_AT = 1 << 20  # an unfinished line longer than this is passed on as it comes, not held until its end
+HOLD_MAX = 64 << 20  # bytes of other instances' output held per stream while one instance's long line passes
+HOLD_S = 5.0  # and for how long at most (a progress bar of carriage returns may never end its line)
 _FLUSH_AT = 1 << 20  # bytes waiting for the sink that make feed() flush at once
 _STREAMS: tuple[Stream, ...] = ("stdout", "stderr")
 _FULL = (errno.ENOSPC, errno.EDQUOT)  # making the output files failed for want of space: a warning
+_MERGE_BELOW = 1 << 16  # a held chunk shorter than this takes the next one of its instance into it
+_HELD_ITEM = 64  # bytes counted for each held chunk besides its own (small chunks cost memory too)
 
 
 class Router:
@@ -66,8 +81,17 @@ class Router:
         self._shown = {i: only is None or only == i for i in indices}
         self._prefix = {(i, s): b"[1,%d]<%s>:" % (i, s.encode()) for i in indices for s in _STREAMS} \
             if plan.output.tag else {}
-        self._pending: dict[tuple[int, Stream], bytes] = {}
+        self._pending: dict[tuple[int, Stream], bytearray] = {}  # the start of a line, until its end or STREAM_AT
+        self._owner: dict[Stream, tuple[int, Stream] | None] = {"stdout": None, "stderr": None}  # a long line passing
+        self._held: dict[Stream, list[tuple[tuple[int, Stream], bytes | None]]] = {"stdout": [], "stderr": []}
+        self._held_bytes = {"stdout": 0, "stderr": 0}
+        self._held_since = {"stdout": 0.0, "stderr": 0.0}  # (monotonic) when output began to wait on each stream
+        self._told: set[tuple[int, Stream]] = set()  # keys whose long line was cut on the sink, said once
+        self._releasing = {"stdout": False, "stderr": False}
+        self._open: set[tuple[int, Stream]] = set()  # keys whose line on the sink has begun and not ended
         self._tails = {i: collections.deque[bytes](maxlen=TAIL_LINES) for i in indices}
+        self._head: dict[tuple[int, Stream], bytes] = {}  # the start of an unfinished line, for the tail
+        self._length: dict[tuple[int, Stream], int] = {}  # and its length so far
         self._ready: dict[Stream, list[bytes | memoryview]] = {"stdout": [], "stderr": []}
         self._ready_bytes = 0
         self._directory = plan.output.output_filename
@@ -103,20 +127,160 @@ class Router:
                 _write_all(fd, chunk)
             except OSError as exc:
                 self._file_failed(index, stream, exc)
-        key = (index, stream)
-        rest = self._pending.pop(key, b"")
-        cut = chunk.rfind(b"\n") + 1
-        if cut == 0:
-            rest += chunk
-            if len(rest) <= MAX_LINE:
-                self._pending[key] = rest
-            else:
-                self._lines(index, stream, rest + b"\n")
+        if chunk:
+            self._take((index, stream), chunk)
+
+    def _take(self, key: tuple[int, Stream], chunk: bytes | None) -> None:
+        """
+        Pass on what ``chunk`` completes of ``key``'s output, or hold it while another instance's long line passes.
+
+        ``chunk`` None is the end of the stream: a last line without newline gets one.
+        """
+        stream = key[1]
+        owner = self._owner[stream]
+        if (owner is not None and owner != key) or (owner is None and self._held[stream]):
+            self._hold(key, chunk)
             return
-        if cut < len(chunk):
-            self._pending[key] = chunk[cut:]
-            chunk = chunk[:cut]
-        self._lines(index, stream, rest + chunk if rest else chunk)
+        if owner == key:  # this instance's long line is passing: its bytes go on as they come, up to its end
+            if chunk is None:
+                self._pass(key, b"\n")
+                return
+            cut = chunk.find(b"\n") + 1
+            if not cut:
+                self._pass(key, chunk)
+                return
+            self._pass(key, chunk[:cut])  # its end: what was held meanwhile goes on now
+            chunk = chunk[cut:]
+            if not chunk:
+                return
+            if self._owner[stream] is not None or self._held[stream]:
+                self._hold(key, chunk)
+                return
+        pending = self._pending.get(key)
+        if chunk is None:
+            if pending:
+                del self._pending[key]
+                self._pass(key, bytes(pending) + b"\n")
+            return
+        cut = chunk.rfind(b"\n") + 1
+        if cut:
+            if pending is not None:
+                del self._pending[key]
+            self._pass(key, bytes(pending) + chunk[:cut] if pending else chunk[:cut])
+            if cut == len(chunk):
+                return
+            chunk, pending = chunk[cut:], None
+        if pending is None:
+            pending = self._pending[key] = bytearray()
+        pending += chunk
+        if len(pending) > STREAM_AT:  # too long to wait for: it passes as it comes, the other instances' lines wait
+            del self._pending[key]
+            self._pass(key, bytes(pending))
+
+    def _hold(self, key: tuple[int, Stream], chunk: bytes | None) -> None:
+        """Keep ``chunk`` of ``key`` until the long line passing on its stream ends (or, held too much, is cut)."""
+        stream = key[1]
+        held = self._held[stream]
+        if not held:
+            self._held_since[stream] = time.monotonic()
+        last = held[-1] if held else None
+        if last is not None and last[0] == key and last[1] is not None and chunk is not None \
+                and len(last[1]) < _MERGE_BELOW:
+            held[-1] = (key, last[1] + chunk)
+        else:
+            held.append((key, chunk))
+            self._held_bytes[stream] += _HELD_ITEM
+        self._held_bytes[stream] += len(chunk or b"")
+        self._waited_enough(stream)
+
+    def _waited_enough(self, stream: Stream) -> None:
+        """Cut the long line passing on ``stream`` when the others' output held behind it is too much, or too old."""
+        if self._owner[stream] is not None and self._held[stream] and (
+                self._held_bytes[stream] > HOLD_MAX or time.monotonic() - self._held_since[stream] > HOLD_S):
+            self._cut(stream)
+
+    def _cut(self, stream: Stream) -> None:
+        """End the long line passing on ``stream`` where it is, on the sink only, saying so: too much output of others waits."""
+        owner = self._owner[stream]
+        assert owner is not None
+        self._owner[stream] = None
+        self._open.discard(owner)
+        self._ready[stream].append(b"\n")
+        self.flush()
+        if owner not in self._told:
+            self._told.add(owner)
+            self._sink.write("stderr", (
+                f"poprun: warning: instance {owner[0]}'s {stream} line was cut on the terminal after "
+                f"{self._length.get(owner, 0)} bytes, to let the other instances' output through (it waits behind "
+                f"a long line for {HOLD_S:g} s or {HOLD_MAX} bytes at most); its rest follows on lines of its own "
+                "(the run record and output files keep it whole)\n").encode())
+        self._release(stream)
+
+    def _release(self, stream: Stream) -> None:
+        """Pass on what was held on ``stream`` while a long line passed, in the order it came."""
+        if self._releasing[stream]:
+            return  # the outer call goes on with what is left
+        self._releasing[stream] = True
+        try:
+            while self._owner[stream] is None and self._held[stream]:
+                waiting, self._held[stream] = self._held[stream], []
+                self._held_bytes[stream] = 0
+                for key, chunk in waiting:  # what another long line makes wait again is held again, in order
+                    self._take(key, chunk)
+        finally:
+            self._releasing[stream] = False
+
+    def _pass(self, key: tuple[int, Stream], data: bytes) -> None:
+        """
+        Pass on ``data`` of ``key``: whole lines, or a part of a long line (then its stream waits for that line's end).
+
+        An instance whose output is not shown never makes the others wait: its parts go to its tail and the record only.
+        """
+        index, stream = key
+        self._keep_tail(key, data)
+        if self._keep is not None:
+            self._keep(index, stream, data)
+        if not self._shown[index]:
+            return
+        prefix = self._prefix.get(key)
+        ready = self._ready[stream]
+        if prefix is None:
+            ready.append(data)
+        else:  # every newline but a last one is followed by the prefix; so is the start of a line
+            tagged = data.replace(b"\n", b"\n" + prefix)
+            if key not in self._open:
+                ready.append(prefix)
+            ready.append(memoryview(tagged)[:-len(prefix)] if data.endswith(b"\n") else tagged)
+        self._ready_bytes += len(data)
+        if data.endswith(b"\n"):
+            self._open.discard(key)
+            if self._owner[stream] == key:
+                self._owner[stream] = None
+                self._release(stream)
+        else:
+            self._open.add(key)
+            self._owner[stream] = key
+        if self._ready_bytes >= _FLUSH_AT:
+            self.flush()
+
+    def _keep_tail(self, key: tuple[int, Stream], data: bytes) -> None:
+        """Keep the last lines of ``data`` in its instance's tail, each at most :data:`TAIL_LINE` bytes."""
+        tails = self._tails[key[0]]
+        head = self._head.pop(key, None)
+        if head is not None:  # the start of a long line came before
+            newline = data.find(b"\n")
+            if newline < 0:
+                self._head[key] = head + data[:TAIL_LINE - len(head)] if len(head) < TAIL_LINE else head
+                self._length[key] += len(data)
+                return
+            length = self._length.pop(key) + newline
+            tails.append(_cut_line(head + data[:max(0, min(newline, TAIL_LINE - len(head)))], length))
+            data = data[newline + 1:]
+        last = data.rsplit(b"\n", TAIL_LINES + 1)  # the last item is what follows the last newline
+        if last[-1]:
+            self._head[key] = last[-1][:TAIL_LINE]
+            self._length[key] = len(last[-1])
+        tails.extend(_cut_line(line, len(line)) for line in (last[1:-1] if len(last) > TAIL_LINES + 1 else last[:-1]))
 
     def _file_failed(self, index: int, stream: Stream, exc: OSError) -> None:
         """Take a failed write of an output file (ENOSPC): close them all, say so once on stderr, go on."""
@@ -138,31 +302,14 @@ class Router:
         Its output file stays open until :meth:`close`: an instance started again
         (``--restart-scope instance``) goes on writing to it, after what it wrote before.
         """
-        rest = self._pending.pop((index, stream), b"")
-        if rest:
-            self._lines(index, stream, rest + b"\n")
-
-    def _lines(self, index: int, stream: Stream, lines: bytes) -> None:
-        """Keep the tail of ``lines`` (whole lines, ending in a newline) and queue them for the sink."""
-        last = lines.rsplit(b"\n", TAIL_LINES + 1)  # the last item is the b"" after the last newline
-        self._tails[index].extend(last[1:-1] if len(last) > TAIL_LINES + 1 else last[:-1])
-        if self._keep is not None:
-            self._keep(index, stream, lines)
-        if not self._shown[index]:
-            return
-        ready = self._ready[stream]
-        prefix = self._prefix.get((index, stream))
-        if prefix is None:
-            ready.append(lines)
-        else:  # every newline but the last is followed by the prefix; the first line gets it too
-            tagged = lines.replace(b"\n", b"\n" + prefix)
-            ready += (prefix, memoryview(tagged)[:-len(prefix)])
-        self._ready_bytes += len(lines)
-        if self._ready_bytes >= _FLUSH_AT:
-            self.flush()
+        key = (index, stream)
+        if key in self._pending or key in self._open or self._held[stream]:
+            self._take(key, None)
 
     def flush(self) -> None:
         """Write every queued line to the sink: one call per stream."""
+        for stream in _STREAMS:
+            self._waited_enough(stream)
         for stream, parts in self._ready.items():
             if parts:
                 data = b"".join(parts)  # one part that is bytes comes back as it is, not copied
@@ -176,10 +323,18 @@ class Router:
 
     def close(self) -> None:
         """Pass on what is left (last lines without newline), then close the output files."""
-        for index, stream in list(self._pending):
-            self.end(index, stream)
+        while owners := [key for key in self._owner.values() if key is not None]:
+            for key in owners:
+                self._take(key, None)  # what was held behind it goes on, and may start another long line
+        for key in list(self._pending):
+            self._take(key, None)
         self.flush()
         self._close_files()
+
+
+def _cut_line(line: bytes, length: int) -> bytes:
+    """Return ``line`` (its first bytes, of ``length``) for a tail: cut at :data:`TAIL_LINE` bytes, saying so."""
+    return line if length <= TAIL_LINE else line[:TAIL_LINE] + b" [... a line of %d bytes]" % length
 
 
 def _write_all(fd: int, data: bytes) -> None:

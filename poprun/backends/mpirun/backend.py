@@ -61,7 +61,14 @@ from poprun.backends.base import (
 )
 from poprun.backends.mpirun.command import mpirun_command, render_explained
 from poprun.backends.mpirun.mpiout import TagSplitter, parse_failure
-from poprun.backends.mpirun.mpirelay import RELAY_VARIABLE, Relay, relay_words
+from poprun.backends.mpirun.mpirelay import (
+    RELAY_VARIABLE,
+    Relay,
+    output_lost,
+    relay_refused,
+    relay_words,
+    through_mpirun,
+)
 from poprun.backends.mpirun.mpistart import (
     host_lost,
     lost_daemon,
@@ -146,6 +153,8 @@ class MpirunLaunch(LauncherLaunch):
         """Go on while an instance's connection is open, until it is silent for a moment after mpirun ended (5 s at most)."""
         if not self._relay.open_streams():
             return False
+        if self._relay.awaited():  # a connection broke: its wrapper connects again and sends on
+            return True
         now = time.monotonic()
         if self._ended_at is None:
             self._ended_at = now  # its pipes are closed: it has ended
@@ -289,6 +298,9 @@ class MpirunLaunch(LauncherLaunch):
             raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
         if code != 0 and not stopped and not self._started():
             raise DiagnosticError([startup_failure(text, code, self._plan)])
+        hosts = [i.host for i in self._plan.instances]
+        if self._relay.lost:  # output lost for good: the run cannot be taken for a success
+            raise DiagnosticError(output_lost(self._relay.lost, hosts, self._relay.reconnect_s))
         self._release()
         count = len(self._plan.instances)
         found = parse_failure(text) if code != 0 else None
@@ -306,7 +318,11 @@ class MpirunLaunch(LauncherLaunch):
                      for i in range(1, count)]
         for end in ends:
             self._event(end)
-        return self._result_of(ends)
+        result = self._result_of(ends)
+        warnings = [relay_refused(self._relay.refused)] if self._relay.refused else []
+        if self._tagged_by - self._relay.started:
+            warnings.append(through_mpirun(sorted(self._tagged_by - self._relay.started), hosts))
+        return evolve(result, warnings=result.warnings + tuple(warnings)) if warnings else result
 
 
 def _children_of(pid: int) -> list[int]:

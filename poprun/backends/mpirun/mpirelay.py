@@ -1,7 +1,8 @@
 """
 The mpirun backend's output relay: each instance's stdout and stderr reach poprun over a connection of their own.
 
-Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`).
+Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`; ``poprun.core``'s
+diagnostics, imported when one is made).
 
 Why: OpenMPI 4.1's ``--tag-output`` loses output (it tags each 4 KiB read into an 8 KiB
 buffer and drops what does not fit: ``mpirun --tag-output seq 2000`` prints about 1,300
@@ -34,6 +35,15 @@ through mpirun, tagged, as before, with OpenMPI's losses.
 A connection that stays silent is probed by TCP keepalives (:data:`KEEPALIVE`): a host that
 stops answering (its link down, its power off) breaks the connections of its instances within
 the host timeout, and poprun names it (PR411).
+
+A connection that is reset (``ss -K``, a NAT or firewall flush, a middlebox) loses nothing: the
+relay process numbers the bytes it sends (frames, :class:`Relay`), keeps those poprun has not
+acknowledged (at most :data:`WINDOW`; then it stops reading the program's pipe until poprun
+catches up), connects again and sends on from where poprun has them. A stream whose connection
+broke and did not come back within the host timeout (5 s at least) is lost output: PR414 names
+the instance, exit 125. Connections to the relay's port that do not authenticate are closed
+(beyond two per instance and 64 more waiting at once, the oldest first) and told at the end
+(PR415, a warning); an instance whose wrapper could not reach poprun at all is told too (PR416).
 """
 
 from __future__ import annotations
@@ -51,23 +61,34 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from poprun.backends.base import Stream
+    from poprun.core.diagnostic import Diagnostic
 
 RELAY_VARIABLE = "POPRUN_OUTPUT_RELAY"  # "PORT:TOKEN", in mpirun's environment, forwarded by name (-x)
 CONNECT_S = 3.0  # how long a wrapper tries one address
 _HEADER_MAX = 128  # a greeting longer than this is not a wrapper's
 _GREETING_S = 10.0  # a connection that has not greeted within this is dropped
 _READ = 1 << 18
+MAX_FRAME = 1 << 20  # a frame longer than this is not the wrapper's (it sends at most 256 KiB at once)
+_FRAME_HEAD = 4  # a frame's length, big-endian
+ACK_EVERY = 1 << 16  # poprun acknowledges what it has every this many bytes of a stream (and at its end)
+WINDOW = 4 << 20  # bytes a wrapper keeps unacknowledged at most (then it stops reading the program's pipe)
+RECONNECT_S = 5  # how long a wrapper whose connection broke tries to connect again, at least (else the host timeout)
+_STRANGERS = 64  # connections that have not greeted kept at most, beyond two per instance
+_RESET = (1).to_bytes(4, sys.byteorder) + (0).to_bytes(4, sys.byteorder)  # struct linger {on, 0 s}: close with a reset
 _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno.EHOSTDOWN))
 
 # The wrapper's Python (3.6 and later; no site, no environment): argv is INDEX STREAMS ADDRESSES PROGRAM...
 # STREAMS is "12" (a connection each for stdout and stderr) or "1" (one for both: --merge-stderr-to-stdout).
 # The program's stdout and stderr are pipes, as under plain mpirun; a relay process, a grandchild
 # in a session of its own (no child of the program, out of reach of signals to the instance's
-# group), copies each pipe to its connection until every writer has closed it, or until poprun
-# closes the connection (the socket becomes readable: poprun never writes after its "k"). It
-# holds mpirun's own stdout and stderr of the instance until the program's pid ends (pidfd;
-# without pidfd_open, not at all): mpirun forwards stdin only while they are open.
-WRAPPER = r"""import os, select, socket, sys
+# group), copies each pipe to its connection in frames until
+# every writer has closed it (then an empty frame, and poprun's last acknowledgement), keeping
+# what poprun has not acknowledged (Out.kept, at most WINDOW bytes); a connection that fails
+# (a reset) is made again and the rest sent from where poprun has it; one that poprun closes,
+# or a port that refuses, means poprun is gone: the relay closes its pipes and ends. It holds
+# mpirun's own stdout and stderr of the instance until the program's pid ends (pidfd; without
+# pidfd_open, not at all): mpirun forwards stdin only while they are open.
+WRAPPER = r"""import os, select, socket, struct, sys, time
 def addresses(given):
     found = [a for a in given.split(",") if a]
     ssh = os.environ.get("SSH_CONNECTION", "").split()
@@ -75,28 +96,63 @@ def addresses(given):
     for part in os.environ.get("OMPI_MCA_orte_hnp_uri", "").split(";")[1:]:
         found += [a.strip("[]") for a in part.partition("://")[2].rpartition(":")[0].split(",")]
     return [a for i, a in enumerate(found) if a and a not in found[:i]]
+def exactly(s, n):
+    data = b""
+    while len(data) < n:
+        part = s.recv(n - len(data))
+        if not part:
+            raise OSError("closed")
+        data += part
+    return data
 def connect(places, port, token, index, stream):
+    refused = 0
     for a in places:
         try:
             s = socket.create_connection((a, port), %(connect)s)
             s.sendall(("%%s %%s %%s\n" %% (token, index, stream)).encode())
-            if s.recv(1) == b"k":
+            answer = exactly(s, 9)
+            if answer[:1] == b"k":
                 s.settimeout(None)
                 s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                 keep(s)
-                return s
+                return s, struct.unpack(">Q", answer[1:])[0]
             s.close()
-        except (OSError, ValueError):
+        except ConnectionRefusedError:
+            refused += 1
+        except (OSError, ValueError, struct.error):
             pass
-    return None
+    return None, refused == len(places)
 def keep(s):
     try:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for o, v in ((socket.TCP_KEEPIDLE, %(step)s), (socket.TCP_KEEPINTVL, %(step)s), (socket.TCP_KEEPCNT, 2)):
             s.setsockopt(socket.IPPROTO_TCP, o, v)
+        if hasattr(socket, "TCP_USER_TIMEOUT"):
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, %(step)s * 3000)
     except (OSError, AttributeError):
         pass
-def relay(pairs, held, pid):
+class Out(object):
+    def __init__(self, r, s, name):
+        self.r, self.s, self.name = r, s, name
+        self.kept, self.base, self.acks, self.done, self.gone = bytearray(), 0, b"", False, False
+    def send(self, data):
+        for at in range(0, len(data), 262144):
+            part = data[at:at + 262144]
+            self.s.sendall(struct.pack(">I", len(part)) + part)
+    def quit(self):
+        if self.r is not None:
+            os.close(self.r)
+            self.r = None
+        if self.s is not None:
+            self.s.close()
+            self.s = None
+        self.done = True
+    def acked(self, upto):
+        if upto < self.base or upto > self.base + len(self.kept):
+            raise OSError("bad acknowledgement")
+        del self.kept[:upto - self.base]
+        self.base = upto
+def relay(outs, places, port, token, index, held, pid):
     os.setsid()
     watch = None
     try:
@@ -108,17 +164,45 @@ def relay(pairs, held, pid):
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
         os.dup2(null, fd)
-    keep = sorted([r for r, _ in pairs] + [s.fileno() for _, s in pairs] + held + ([watch] if held else []))
+    keepfds = sorted([o.r for o in outs] + [o.s.fileno() for o in outs] + held + ([watch] if held else []))
     low = 3
-    for fd in keep + [1 << 20]:
+    for fd in keepfds + [1 << 20]:
         os.closerange(low, min(fd, 1 << 20))
         low = fd + 1
-    back = {s.fileno(): (r, s) for r, s in pairs}
-    ends = dict((r, s) for r, s in pairs)
+    def broken(o):
+        try:
+            o.s.close()
+        except OSError:
+            pass
+        o.s = None
+        until = time.time() + %(again)s
+        while time.time() < until:
+            s, have = connect(places, port, token, index, o.name)
+            if s is None and have:
+                o.quit()
+                return
+            if s is not None:
+                o.s, o.acks = s, b""
+                try:
+                    o.acked(have)
+                    o.send(bytes(o.kept))
+                    if o.r is None:
+                        o.s.sendall(struct.pack(">I", 0))
+                    return
+                except OSError:
+                    try:
+                        s.close()
+                    except OSError:
+                        pass
+                    o.s = None
+            time.sleep(0.2)
+        o.gone = True
     if not held:
         watch = None
-    while ends or watch is not None:
-        ready = select.select(list(ends) + list(back) + ([watch] if watch is not None else []), [], [])[0]
+    while [o for o in outs if not o.done and not o.gone] or [o for o in outs if o.r is not None] or watch is not None:
+        reading = dict((o.r, o) for o in outs if o.r is not None and (o.gone or len(o.kept) < %(window)s))
+        talking = dict((o.s.fileno(), o) for o in outs if o.s is not None and not o.gone and not o.done)
+        ready = select.select(list(reading) + list(talking) + ([watch] if watch is not None else []), [], [], 1.0)[0]
         for fd in ready:
             if fd == watch:
                 for h in held:
@@ -126,31 +210,57 @@ def relay(pairs, held, pid):
                 os.close(watch)
                 watch = None
                 continue
-            if fd in back:
-                r, s = back.pop(fd)
-                ends.pop(r, None)
-                continue
-            s = ends[fd]
-            data = os.read(fd, 262144)
-            try:
-                if data:
-                    s.sendall(data)
+            if fd in reading:
+                o = reading[fd]
+                data = os.read(fd, 262144)
+                if not data:
+                    os.close(o.r)
+                    o.r = None
+                if o.gone:
                     continue
-            except OSError:
-                pass
-            del ends[fd]
-            back.pop(s.fileno(), None)
-            s.close()
+                if data:
+                    o.kept += data
+                try:
+                    if o.s is None:
+                        raise OSError("not connected")
+                    o.send(data) if data else o.s.sendall(struct.pack(">I", 0))
+                except OSError:
+                    broken(o)
+            elif fd in talking:
+                o = talking[fd]
+                if o.s is None or o.s.fileno() != fd or o.done:
+                    continue  # connected again meanwhile: the new connection is looked at on the next round
+                try:
+                    got = o.s.recv(4096, socket.MSG_DONTWAIT)
+                    if not got:
+                        o.quit()
+                        continue
+                    o.acks += got
+                    while len(o.acks) >= 8:
+                        o.acked(struct.unpack(">Q", o.acks[:8])[0])
+                        o.acks = o.acks[8:]
+                    if o.r is None and not o.kept:
+                        o.done = True
+                        o.s.close()
+                        o.s = None
+                except BlockingIOError:
+                    pass
+                except OSError:
+                    if o.r is None and not o.kept:
+                        o.done = True
+                    else:
+                        broken(o)
 def main():
     index, streams, given = sys.argv[1:4]
     program = sys.argv[4:]
     port, _, token = os.environ.pop("%(variable)s", "").partition(":")
     places = addresses(given)
-    pairs = []
+    outs = []
     pid = os.getpid()
     held = [os.dup(1), os.dup(2)]
     for fd in (1, 2)[:len(streams)]:
-        s = connect(places, int(port or 0), token, index, "stdout" if fd == 1 else "stderr")
+        name = "stdout" if fd == 1 else "stderr"
+        s = connect(places, int(port or 0), token, index, name)[0]
         if s is None:
             os.write(2, ("poprun: instance %%s cannot reach poprun at %%s: its output goes through mpirun, which "
                          "may lose lines\n" %% (index, " or ".join(places) or "no address")).encode())
@@ -160,19 +270,19 @@ def main():
         if len(streams) == 1:
             os.dup2(w, 2)
         os.close(w)
-        pairs.append((r, s))
-    if pairs:
+        outs.append(Out(r, s, name))
+    if outs:
         child = os.fork()
         if child == 0:
             try:
                 if os.fork() == 0:
-                    relay(pairs, held, pid)
+                    relay(outs, places, int(port or 0), token, index, held, pid)
             finally:
                 os._exit(0)
         os.waitpid(child, 0)
-        for r, s in pairs:
-            os.close(r)
-            s.close()
+        for o in outs:
+            os.close(o.r)
+            o.s.close()
     for h in held:
         os.close(h)
     try:
@@ -187,7 +297,8 @@ main()
 def _wrapper(keepalive_s: float) -> str:
     """Return the wrapper's code for a host timeout of ``keepalive_s`` (its relay's keepalives)."""
     step = max(1, round(keepalive_s / 3))
-    return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "step": step}
+    return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "step": step, "window": WINDOW,
+                      "again": max(RECONNECT_S, round(keepalive_s))}
 
 
 # Runs the wrapper with $1 (poprun's own Python, when the host has it at the same path), else the host's
@@ -213,15 +324,31 @@ def relay_words(index: int, *, local: bool, merge: bool, keepalive_s: float) -> 
 
 
 class _Connection:
-    """One accepted connection: its greeting until the wrapper has said whose it is, then that instance's stream."""
+    """One accepted connection: its greeting until the wrapper has said whose it is, then frames of that instance's stream."""
 
-    __slots__ = ("greeting", "key", "since", "sock")
+    __slots__ = ("buffer", "greeting", "key", "peer", "since", "sock")
 
     def __init__(self, sock: socket.socket) -> None:
         self.sock = sock
         self.greeting = b""
         self.key: tuple[int, Stream] | None = None
         self.since = time.monotonic()
+        self.buffer = bytearray()  # the start of a frame not read whole yet
+        self.peer = ""
+
+
+class _Stream:
+    """One instance's stdout or stderr: how much of it arrived, over which connection, whether it ended or broke."""
+
+    __slots__ = ("acked", "broke", "conn", "ended", "received", "why")
+
+    def __init__(self) -> None:
+        self.received = 0  # bytes passed on
+        self.acked = 0  # bytes acknowledged to the wrapper
+        self.conn: _Connection | None = None
+        self.ended = False
+        self.broke: float | None = None  # (monotonic) when its connection broke, until one resumes it
+        self.why = ""  # how it broke
 
 
 class Relay:
@@ -232,6 +359,16 @@ class Relay:
     launcher's pipes; each chunk read goes to ``feed(index, stream, data)``, each end of a
     stream to ``end(index, stream)``. ``lost(index)`` is called when an instance's connection
     breaks because its host stopped answering.
+
+    The protocol (:data:`WRAPPER`): the wrapper greets with ``TOKEN INDEX STREAM``; poprun answers
+    ``k`` and how many bytes of that stream it has (8 bytes, big-endian). The wrapper then sends
+    frames (a 4-byte length, then as many bytes; at most :data:`MAX_FRAME`; length 0 ends the
+    stream), and poprun acknowledges what it has every :data:`ACK_EVERY` bytes and at the end.
+    A connection that breaks before the stream's end leaves it broken, not ended: the wrapper,
+    which keeps what was not acknowledged, connects again (the same greeting) and sends on from
+    where poprun has it, so no byte is lost or passed on twice. A stream still broken at the end
+    is in :attr:`lost` (PR414). A connection that breaks the protocol (a frame over
+    :data:`MAX_FRAME`) is closed, its stream broken.
     """
 
     def __init__(self, *, count: int, remote: bool, keepalive_s: float) -> None:
@@ -246,7 +383,11 @@ class Relay:
         self._callback: Callable[[int], None] | None = None
         self.started: set[int] = set()  # instances whose wrapper connected
         self.peers: dict[int, str] = {}  # instance -> the address its connection came from
-        self._taken: set[tuple[int, Stream]] = set()
+        self._streams: dict[tuple[int, Stream], _Stream] = {}
+        self.refused: dict[str, int] = {}  # address -> connections refused (no wrapper's greeting, a wrong token)
+        self.lost: list[tuple[tuple[int, Stream], int, str]] = []  # (stream, bytes that arrived, why): set by close()
+        self.resumed = 0  # connections that resumed a broken stream
+        self.reconnect_s = max(RECONNECT_S, round(keepalive_s))  # how long a wrapper tries to connect again
 
     @property
     def variable(self) -> str:
@@ -260,11 +401,17 @@ class Relay:
 
     def open_instances(self) -> set[int]:
         """Return the instances with a stream still connected (not ended)."""
-        return {c.key[0] for c in self._connections.values() if c.key is not None}
+        return {key[0] for key, s in self._streams.items() if s.conn is not None and not s.ended}
 
     def open_streams(self) -> int:
-        """Return how many instance streams are connected and not ended yet."""
-        return sum(1 for c in self._connections.values() if c.key is not None)
+        """Return how many instance streams have not ended yet (connected, or broken and waiting for their wrapper)."""
+        return sum(1 for s in self._streams.values() if not s.ended)
+
+    def awaited(self) -> bool:
+        """Return whether a broken stream may still be resumed: its wrapper tries again for :attr:`reconnect_s`."""
+        now = time.monotonic()
+        return any(s.broke is not None and not s.ended and s.conn is None and now - s.broke < self.reconnect_s + 1
+                   for s in self._streams.values())
 
     def ready(self, fd: int, *, feed: Callable[[int, Stream, bytes], None], end: Callable[[int, Stream], None],
               lost: Callable[[int], None]) -> None:
@@ -278,27 +425,94 @@ class Relay:
         except BlockingIOError:
             return
         except OSError as exc:
-            if conn.key is not None and exc.errno in _LOST:
+            self._break(conn, exc.strerror or str(exc))
+            if conn.key is not None and exc.errno in _LOST:  # its host stopped answering (PR411): not awaited
+                self._streams[conn.key].broke = None
                 lost(conn.key[0])
-            data = b""
+            return
         if conn.key is None:
             self._greet(conn, data)
-        elif data:
-            feed(*conn.key, data)
+        elif not data:
+            self._break(conn, "it was closed before the end of the stream")  # the relay process ended
         else:
-            self._close(conn, end)
+            self._frames(conn, data, feed, end)
+
+    def _frames(self, conn: _Connection, data: bytes, feed: Callable[[int, Stream, bytes], None],
+                end: Callable[[int, Stream], None]) -> None:
+        """Read the frames in ``data`` (after what is left of the last read): pass on their bytes, take an end."""
+        key = conn.key
+        assert key is not None
+        stream = self._streams[key]
+        buffer = conn.buffer
+        buffer += data
+        view, at = memoryview(buffer), 0
+        try:
+            while len(buffer) - at >= _FRAME_HEAD:
+                size = int.from_bytes(view[at:at + _FRAME_HEAD], "big")
+                if size > MAX_FRAME:
+                    self._break(conn, f"it sent a frame of {size} bytes (at most {MAX_FRAME}): not poprun's wrapper")
+                    return
+                if len(buffer) - at - _FRAME_HEAD < size:
+                    break
+                start, at = at + _FRAME_HEAD, at + _FRAME_HEAD + size
+                if size == 0:
+                    self._ended(conn, stream, end)
+                    return
+                if stream.ended:
+                    self._break(conn, "it sent bytes after the end of the stream")
+                    return
+                stream.received += size
+                feed(*key, bytes(view[start:at]))
+        finally:
+            view.release()
+        del buffer[:at]
+        if stream.received - stream.acked >= ACK_EVERY:
+            self._ack(conn, stream)
+
+    def _ack(self, conn: _Connection, stream: _Stream) -> None:
+        with contextlib.suppress(OSError):  # a full buffer: the next one says more; a broken one: the next read sees it
+            conn.sock.send(stream.received.to_bytes(8, "big"))
+            stream.acked = stream.received
+
+    def _ended(self, conn: _Connection, stream: _Stream, end: Callable[[int, Stream], None]) -> None:
+        """Take the end of ``conn``'s stream: acknowledge all of it, close the connection, end the stream once."""
+        key = conn.key
+        assert key is not None
+        self._ack(conn, stream)
+        first = not stream.ended
+        stream.ended, stream.broke, stream.conn = True, None, None
+        self._close(conn)
+        if first:
+            end(*key)
+
+    def _break(self, conn: _Connection, why: str) -> None:
+        """Close ``conn``; its stream, unless it ended, is broken until its wrapper connects again."""
+        self._close(conn)
+        if conn.key is None:
+            return
+        stream = self._streams[conn.key]
+        if stream.conn is conn and not stream.ended:
+            stream.conn, stream.broke, stream.why = None, time.monotonic(), why
 
     def expire(self) -> None:
         """Drop connections that have not greeted within the allowed time (not a wrapper's)."""
         now = time.monotonic()
         for conn in [c for c in self._connections.values() if c.key is None and now - c.since > _GREETING_S]:
-            self._close(conn, None)
+            self._refuse(conn)
 
     def close(self, end: Callable[[int, Stream], None]) -> None:
-        """Accept what is waiting, then close every connection (ending its stream) and the listener."""
+        """Accept what is waiting, then close every connection (ending its stream) and the listener; note what was lost."""
         self._accept()
         for conn in list(self._connections.values()):
-            self._close(conn, end)
+            if conn.key is None:
+                self._refuse(conn)  # a stranger's, still waiting to greet
+            self._close(conn)
+        for key, stream in sorted(self._streams.items()):
+            if not stream.ended:
+                if stream.conn is None:  # broken, and its wrapper did not come back
+                    self.lost.append((key, stream.received, stream.why))
+                stream.ended = True
+                end(*key)
         if self._selector is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(self.listener)
@@ -307,41 +521,59 @@ class Relay:
     def _accept(self) -> None:
         while True:
             try:
-                sock, _ = self.listener.accept()
+                sock, address = self.listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError:  # ECONNABORTED, EMFILE: try again on the next wake
                 return
             sock.setblocking(False)  # noqa: FBT003 - the socket API
-            self._connections[sock.fileno()] = _Connection(sock)
+            conn = self._connections[sock.fileno()] = _Connection(sock)
+            with contextlib.suppress(IndexError, TypeError):
+                conn.peer = str(address[0]).removeprefix("::ffff:")
             if self._selector is not None:
                 self._selector.register(sock, selectors.EVENT_READ, self._callback)
+            waiting = [c for c in self._connections.values() if c.key is None]
+            if len(waiting) > self.count * 2 + _STRANGERS:  # a flood of connections that do not greet: drop the oldest
+                self._refuse(min(waiting, key=lambda c: c.since))
 
     def _greet(self, conn: _Connection, data: bytes) -> None:
-        """Read the wrapper's greeting ``TOKEN INDEX STREAM``; acknowledge it, or drop a stranger."""
+        """Read the wrapper's greeting ``TOKEN INDEX STREAM``; acknowledge it with what poprun has, or drop a stranger."""
         conn.greeting += data
         line, newline, rest = conn.greeting.partition(b"\n")
         if not newline:
             if not data or len(conn.greeting) > _HEADER_MAX:
-                self._close(conn, None)
+                self._refuse(conn)
             return
         words = line.split()
         key = _key(words[1:], self.count) if len(words) == 3 and secrets.compare_digest(  # noqa: PLR2004
             words[0], self.token.encode()) else None
-        if key is None or key in self._taken or rest:
-            self._close(conn, None)
+        if key is None or rest:
+            self._refuse(conn)
             return
-        conn.key = key
-        self._taken.add(key)
-        self.started.add(key[0])
-        with contextlib.suppress(OSError, IndexError):
-            peer = conn.sock.getpeername()[0]
-            self.peers[key[0]] = peer.removeprefix("::ffff:")  # an IPv4 address on a dual-stack socket
+        stream = self._streams.get(key)
+        if stream is None:
+            stream = self._streams[key] = _Stream()
+            self.started.add(key[0])
+            if conn.peer:
+                self.peers[key[0]] = conn.peer
+        else:  # its wrapper connects again: its old connection broke (poprun may not have noticed yet)
+            self.resumed += 1
+            if stream.conn is not None:  # reset, not closed: a wrapper takes a clean close for poprun's going
+                with contextlib.suppress(OSError):
+                    stream.conn.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
+                self._close(stream.conn)
+        conn.key, stream.conn, stream.broke = key, conn, None
         self._keep_alive(conn.sock)
         try:
-            conn.sock.send(b"k")
-        except OSError:
-            self._close(conn, None)
+            conn.sock.send(b"k" + stream.received.to_bytes(8, "big"))
+            stream.acked = stream.received
+        except OSError as exc:
+            self._break(conn, exc.strerror or str(exc))
+
+    def _refuse(self, conn: _Connection) -> None:
+        """Close a connection that is not a wrapper's (no greeting in time, a wrong token, a bad greeting)."""
+        self.refused[conn.peer or "?"] = self.refused.get(conn.peer or "?", 0) + 1
+        self._close(conn)
 
     def _keep_alive(self, sock: socket.socket) -> None:
         """Probe a silent connection, so that a host that stops answering breaks it within the host timeout."""
@@ -353,14 +585,62 @@ class Relay:
             for option, value in zip(KEEPALIVE, (step, step, 2), strict=True):
                 sock.setsockopt(socket.IPPROTO_TCP, option, value)
 
-    def _close(self, conn: _Connection, end: Callable[[int, Stream], None] | None) -> None:
-        self._connections.pop(conn.sock.fileno(), None)
+    def _close(self, conn: _Connection) -> None:
+        if self._connections.pop(conn.sock.fileno(), None) is None:
+            return
         if self._selector is not None:
             with contextlib.suppress(KeyError, ValueError):
                 self._selector.unregister(conn.sock)
         conn.sock.close()
-        if conn.key is not None and end is not None:
-            end(*conn.key)
+
+
+def output_lost(lost: list[tuple[tuple[int, Stream], int, str]], hosts: list[str], reconnect_s: int) -> list[Diagnostic]:
+    """Return PR414 for each stream whose connection broke and did not come back: ``(stream, bytes that arrived, why)``."""
+    from poprun.core.diagnostic import error
+    from poprun.core.span import SourceSpan
+
+    return [error("PR414", f"output of instance {index} lost on its way to poprun",
+                  detail=f"the connection of instance {index}'s {stream} on {hosts[index]} broke after {received} "
+                         f"bytes ({why}) and its relay did not connect again within {reconnect_s} s: what the "
+                         "instance wrote after that did not arrive",
+                  span=SourceSpan.environment(f"instance {index}"),
+                  hint=f"check the network between this machine and {hosts[index]} (a firewall or NAT that drops or "
+                       "resets connections) and that nothing there kills poprun's relay process (a child of the "
+                       "instance's wrapper, in a session of its own); --output-filename's files lack that output too")
+            for (index, stream), received, why in lost]
+
+
+def relay_refused(refused: dict[str, int]) -> Diagnostic:
+    """Return PR415: connections to the relay's port that were not a wrapper's were refused (``address -> count``)."""
+    from poprun.core.diagnostic import warning
+    from poprun.core.span import SourceSpan
+
+    count = sum(refused.values())
+    where = ", ".join(f"{address} ({n})" if n > 1 else address for address, n in sorted(refused.items())[:5])
+    more = f" and {len(refused) - 5} more addresses" if len(refused) > 5 else ""  # noqa: PLR2004
+    return warning("PR415", "connections to the output relay refused",
+                   detail=f"{count} connection{'s' if count > 1 else ''} to poprun's output relay did not authenticate "
+                          f"as an instance and {'were' if count > 1 else 'was'} closed, from {where}{more}; no "
+                          "instance's output was taken from them",
+                   span=SourceSpan.environment("the output relay"),
+                   hint="something else connects to the port poprun listens on for its instances' output (a port "
+                        "scanner, a health check, another user): harmless to the run, but worth knowing about")
+
+
+def through_mpirun(indices: list[int], hosts: list[str]) -> Diagnostic:
+    """Return PR416: the output of ``indices`` went through mpirun (their wrappers could not reach poprun's relay)."""
+    from poprun.core.diagnostic import warning
+    from poprun.core.span import SourceSpan
+
+    named = ", ".join(f"{i} on {hosts[i]}" for i in indices)
+    many = len(indices) > 1
+    return warning("PR416", "instance output went through mpirun",
+                   detail=f"the relay wrapper of instance{'s' if many else ''} {named} could not connect to poprun's "
+                          f"output relay, so {'their' if many else 'its'} output went through mpirun's --tag-output, "
+                          "which loses lines of bulk output and may cut long lines",
+                   span=SourceSpan.environment("the output relay"),
+                   hint="let those hosts connect back to this machine on the relay's port (a firewall between them), "
+                        "and give them python3 (or poprun's Python at the same path)")
 
 
 def _key(words: list[bytes], count: int) -> tuple[int, Stream] | None:

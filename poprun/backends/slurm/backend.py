@@ -29,7 +29,8 @@ Output: ``--label`` prefixes every line with its task number (``N: ``, right-ali
 :class:`LabelSplitter` gives each instance's lines to the :class:`~poprun.backends._process.output.Router`,
 which tags, filters and keeps the failure report's tail exactly as for the other backends.
 srun splits a line longer than 1024 bytes into labelled pieces of 1024 (an exactly 1024-byte
-line is followed by an empty piece); the splitter joins them again. Lines srun writes itself are
+line is followed by an empty piece); the splitter passes each piece on without its newline, so
+that the router joins them again as they come (a line of any length, never held whole here). Lines srun writes itself are
 unlabelled; its reports of instances ending (``srun: error: h3: task 4: Exited with exit code 3``)
 tell which instance ended and how (:func:`parse_task_ends`) and are not shown, since poprun's
 failure report says the same.
@@ -197,7 +198,6 @@ class LabelSplitter:
     def __init__(self, stream: Stream) -> None:
         self._stream = stream
         self._rest = b""
-        self._open: dict[int, bytes] = {}  # a task's line that srun cut, until its last piece
 
     def feed(self, chunk: bytes) -> list[Piece]:
         """Take ``chunk``, just read from the pipe; return the lines it completes."""
@@ -210,13 +210,11 @@ class LabelSplitter:
         return out
 
     def end(self) -> list[Piece]:
-        """Take the end of the pipe; return what is left (cut lines as they are)."""
+        """Take the end of the pipe; return what is left (the router ends a line srun cut and did not finish)."""
         out: list[Piece] = []
         if self._rest:
             self._line(self._rest, out)
             self._rest = b""
-        out += [(index, self._stream, part + b"\n") for index, part in sorted(self._open.items())]
-        self._open.clear()
         return out
 
     def _line(self, line: bytes, out: list[Piece]) -> None:
@@ -228,11 +226,8 @@ class LabelSplitter:
         if _STEP_NOTE.fullmatch(body):
             _add(out, None, self._stream, body + b"\n")
             return
-        joined = self._open.pop(index, b"") + body
-        if len(body) == SRUN_PIECE:
-            self._open[index] = joined
-            return
-        _add(out, index, self._stream, joined + b"\n")
+        # a piece of a line srun cut goes on without newline: the router joins it to the rest as it comes
+        _add(out, index, self._stream, body if len(body) == SRUN_PIECE else body + b"\n")
 
 
 def _add(out: list[Piece], index: int | None, stream: Stream, data: bytes) -> None:

@@ -160,3 +160,19 @@ def test_poprun_stop_ends_a_slurm_run_on_every_node(slurm_hosts: TestHosts, tmp_
 
     assert (0, 143) == (stopped.returncode, proc.returncode), stopped.stderr + err
     assert wait_for(lambda: not marked_anywhere(slurm_hosts, mark), within_s=10), marked_anywhere(slurm_hosts, mark)
+
+
+def test_long_lines_from_slurm_tasks_arrive_whole(slurm_hosts: TestHosts, tmp_path: Path) -> None:
+    """srun cuts lines into 1024-byte pieces; a 3 MiB and a 40 MiB line (every byte value) still arrive whole, byte-exact."""
+    from tests.e2e.test_long_lines import SIZES, WRITER, expected, record_log, shape
+
+    runs = tmp_path / "runs"
+    done = subprocess.run(["salloc", "--quiet", "-N1", "--ntasks-per-node=1", *POPRUN, "--num-replicas", "1",
+                           PY, "-c", WRITER, *map(str, SIZES)], cwd=tmp_path, capture_output=True, timeout=240,
+                          env=environ(slurm_hosts, POPRUN_RUNS_DIR=str(runs)), check=False)
+
+    want = expected(*SIZES)
+    assert 0 == done.returncode, done.stderr[-2000:]
+    assert shape(want) == shape(done.stdout)
+    assert want == done.stdout
+    assert want == record_log(runs, 0)
