@@ -31,6 +31,9 @@ from poprun.core.outcome import signal_name
 from poprun.planner.plan import Recovery
 
 PRE_RESTART_TIMEOUT_S = 600.0  # the pre-restart command's longest run: a health check that hangs ends the run
+# The pre-restart command's first shell: it moves itself into the cgroup $1 (where it may; else it stays in the
+# watchdog's process group only), then runs the command $2 exactly as `/bin/sh -c COMMAND` would.
+_ENTER = '{ echo "$$" >"$1/cgroup.procs"; } 2>/dev/null; exec /bin/sh -c "$2"'
 
 
 def seconds(ms: int) -> str:
@@ -90,22 +93,26 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     Its output goes where poprun's own does (the terminal's stderr and stdout are inherited, as
     for a hook). It runs in a process group of its own, led by a watchdog as a launch's is
     (:mod:`poprun.backends._process.watchdog`: should poprun die meanwhile, even by SIGKILL,
-    nothing of the command is left), killed when ``cancelled`` is set (poprun stopped
-    meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and once it ends (what it left in the
-    background goes with it).
+    nothing of the command is left), and, where cgroup v2 can be written, in the watchdog's
+    cgroup from before its first instruction (so a helper that leaves the group, ``setsid``
+    or a double fork, is held too), from either scope's thread; it is killed when
+    ``cancelled`` is set (poprun stopped meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and
+    once it ends (what it left in the background goes with it).
     """
-    from poprun.backends._process.watchdog import Watchdog, WatchdogError, starting_in
+    from poprun.backends._process.watchdog import Watchdog, WatchdogError
 
     env = dict(environ) | dict(variables)
     try:
         watchdog = Watchdog(env=environ)
     except WatchdogError as exc:
         return f"the pre-restart command could not start ({exc.strerror})"
+    # The command's shell moves itself into the watchdog's cgroup before it runs the command, so that whatever it
+    # starts begins there (a setsid helper, a double fork): poprun itself never moves, which it could not do from a
+    # restart's thread (--restart-scope instance) while another thread starts an instance
+    argv = ["/bin/sh", "-c", command] if watchdog.cgroup is None else \
+        ["/bin/sh", "-c", _ENTER, "poprun-pre-restart", watchdog.cgroup.path, command]
     try:
-        if threading.current_thread() is threading.main_thread():  # between attempts, nothing else starts: the
-            starting_in(watchdog.group)  # command begins in the watchdog's cgroup (a daemon of it goes too). Not
-            # from a restart's thread (--restart-scope instance): poprun, moving meanwhile, could start an instance there
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,  # noqa: S603
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,  # noqa: S603
                                 process_group=watchdog.group)
         watchdog.await_ready()
     except (OSError, WatchdogError) as exc:
