@@ -532,10 +532,12 @@ def _stop(run_id: str, path: str, timeout: float) -> int:
 
 def _signal(supervisor: store.Supervisor, sig: int) -> bool:
     """
-    Send ``sig`` to the supervisor if it is still the process the record names (pid and start time).
+    Send ``sig``, then SIGCONT, to the supervisor if it is still the process the record names (pid and start time).
 
     A pidfd holds the process while its start time is checked, so a reused pid is never signalled.
-    Return False when it is gone.
+    SIGCONT follows, as kill(1) and a shell's ``kill`` do for a stopped job: a supervisor
+    suspended (Ctrl-Z, SIGSTOP) would otherwise hold ``sig`` pending until someone continued
+    it; it then continues its instances and stops them. Return False when it is gone.
     """
     try:
         handle = os.pidfd_open(supervisor.pid)
@@ -545,6 +547,7 @@ def _signal(supervisor: store.Supervisor, sig: int) -> bool:
         if not supervisor.alive():
             return False
         signal.pidfd_send_signal(handle, sig)
+        signal.pidfd_send_signal(handle, signal.SIGCONT)
     except ProcessLookupError:
         return False
     finally:
