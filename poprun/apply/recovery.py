@@ -12,7 +12,9 @@ error or a program that cannot run does not get better by running again), the bu
 (``--max-restarts``), or the crash-loop guard trips: ``--crash-loop`` failures in a row, each
 sooner than ``--min-uptime`` after its start. The wait before restart k is
 ``min(backoff * 2**(k-1), backoff_max)``; then the ``--pre-restart`` command runs here (a health
-check): its failure ends the run.
+check): its failure ends the run. A restart granted is made only once it starts
+(:meth:`RestartBudget.begun`); one that never does (a stop meanwhile, its check failed, the run
+ended first) is given back (:meth:`RestartBudget.cancelled`), and neither told nor counted as made.
 
 :class:`LimitWatch` is the one thread that keeps the time limits of a run: ``--timeout`` for the
 whole run, restarts included; ``--stall-timeout``, when no instance has written output for that
@@ -47,9 +49,22 @@ class RestartBudget:
 
     def __init__(self, recovery: Recovery) -> None:
         self.recovery = recovery
-        self.used = 0  # restarts granted so far, every instance together
+        self.used = 0  # restarts granted so far, every instance together (those waiting to start included)
+        self.waiting = 0  # ... of which have not started yet: each one starts (begun) or is cancelled
         self.quick = 0  # failures in a row sooner than min_uptime after their start
         self._lock = threading.Lock()
+
+    def begun(self) -> None:
+        """Tell that a restart granted by :meth:`decide` has started: it is made."""
+        with self._lock:
+            self.waiting = max(0, self.waiting - 1)
+
+    def cancelled(self) -> None:
+        """Tell that a restart granted by :meth:`decide` will never start (a stop, the run ended first): it is given back."""
+        with self._lock:
+            if self.waiting:
+                self.waiting -= 1
+                self.used -= 1
 
     @property
     def enabled(self) -> bool:
@@ -74,6 +89,9 @@ class RestartBudget:
             if self.used >= r.max_restarts:
                 if r.max_restarts == 0:
                     return None, "not restarted: no restart allowed (--max-restarts 0)"
+                if self.waiting:
+                    return None, (f"not restarted: all {r.max_restarts} restarts of the run are taken: "
+                                  f"{self.used - self.waiting} made, {self.waiting} waiting to start (--max-restarts)")
                 return None, f"not restarted: all {r.max_restarts} restarts of the run are used (--max-restarts)"
             self.quick = self.quick + 1 if uptime_s * 1000 < r.min_uptime_ms else 0
             if self.quick >= r.crash_loop:
@@ -81,6 +99,7 @@ class RestartBudget:
                               f"{seconds(r.min_uptime_ms)} of its start (--crash-loop {r.crash_loop}, "
                               f"--min-uptime {seconds(r.min_uptime_ms)[:-2]})")
             self.used += 1
+            self.waiting += 1
             delay_ms = min(r.backoff_ms * 2 ** (self.used - 1), r.backoff_max_ms)
             return delay_ms / 1000, f"restart {self.used} of {r.max_restarts} in {seconds(delay_ms)}"
 
