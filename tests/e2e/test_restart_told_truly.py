@@ -148,3 +148,15 @@ def test_restarts_that_ran_are_told_as_they_start(tmp_path: Path) -> None:
     assert 3 == kinds.count("attempt-started") == kinds.count("attempt-ended")
     assert [(0, 0), (1, 1), (2, 2)] == list(enumerate(
         e["attempt"] for e in events(tmp_path) if e["event"] == "attempt-started"))
+
+
+def test_a_restart_due_after_the_signal_before_the_limit_does_not_begin(tmp_path: Path) -> None:
+    """Scope instance: --signal comes 2 s in, during instance 0's 6 s back-off: its restart never begins (the limit is near)."""
+    done = poprun(*TWO, *INSTANCE, "--max-restarts", "2", "--restart-backoff", "6", "--timeout", "20",
+                  "--signal", "USR1@18", "sh", "-c",
+                  'trap "" USR1; [ "$POPDIST_INSTANCE_INDEX" = 0 ] && exit 3; sleep 30', cwd=tmp_path)
+
+    assert 3 == done.returncode, done.stderr
+    assert ([], [], [], []) == restarts_told(done.stderr, tmp_path), done.stderr
+    assert ["not restarted: SIGUSR1 was sent 18 s before the time limit (--signal)"] == \
+        [a["next"] for a in report(tmp_path)["attempts"]]
