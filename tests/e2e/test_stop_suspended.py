@@ -18,9 +18,11 @@ import pytest
 
 from tests.conftest import Marked
 from tests.e2e.test_runs import PY, poprun, runs_env
+from tests.golden.harness import assert_golden
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
+GOLDEN = Path(__file__).parent / "runs_golden"
 READY = 'echo "ready $$"'
 
 
@@ -153,3 +155,29 @@ def test_stop_ends_a_suspended_detached_run(tmp_path: Path, marked: Marked, how:
     assert 0 == stopped.returncode, stopped.stderr
     assert f"poprun: stopped run {run_id}: it ended with status 143\n" == stopped.stderr
     assert {} == marked.survivors(within_s=5.0)
+
+
+def test_stop_of_a_run_whose_supervisor_ignores_sigterm_says_so_at_once(tmp_path: Path, marked: Marked) -> None:
+    """poprun started with SIGTERM ignored (it keeps it so): stop is PR618 at once, not PR607 'stop again' forever."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    launch = f"trap '' TERM; exec {PY} -m poprun.cli.main --num-instances 2 --num-replicas 2 sh -c 'echo ready; exec sleep 60'"
+    proc = subprocess.Popen(["sh", "-c", launch], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        assert "ready" in proc.stdout.readline()
+        (run,) = (tmp_path / "runs").iterdir()
+
+        # WHEN
+        began = time.monotonic()
+        stopped = poprun(env, "stop", run.name, "--timeout", "1", timeout=60)
+        took = time.monotonic() - began
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+    # THEN
+    assert_golden(GOLDEN / "PR618_stop_a_run_whose_supervisor_ignores_sigterm",
+                  f"{stopped.stderr}exit {stopped.returncode}\n".replace(run.name, "RUN").replace(str(proc.pid), "N"))
+    assert took < 30
+    assert {} == marked.survivors(within_s=5.0)  # its watchdog ended every instance when poprun was killed
