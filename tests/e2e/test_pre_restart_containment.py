@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -128,3 +129,51 @@ def test_a_failing_check_leaves_none_of_its_helpers(tmp_path: Path, marked: Mark
     assert "not restarted: the pre-restart command failed with status 1" in err
     assert gone(f"sleep\0{seconds}\0", within_s=3)
     assert {} == marked.survivors(within_s=5.0)
+
+
+@pytest.mark.parametrize("scope", ["all", "instance"])
+def test_a_check_killed_by_a_signal_is_said_so(tmp_path: Path, marked: Marked, scope: str) -> None:
+    """The check dies of SIGKILL: the run ends with the failure's status, and the report says how the check ended."""
+    proc = start(runs_env(marked, tmp_path), tmp_path, scope, "kill -KILL $$")
+    _, err = proc.communicate(timeout=60)
+
+    assert 3 == proc.returncode, err
+    assert "not restarted: the pre-restart command was killed by SIGKILL" in err
+
+
+def test_a_check_that_reads_its_input_gets_none_and_ends(tmp_path: Path, marked: Marked) -> None:
+    """poprun's stdin is a pipe that stays open: a check that reads its input reads nothing (not the instances')."""
+    env = runs_env(marked, tmp_path)
+    read_end, write_end = os.pipe()  # this test holds the write end open throughout
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--num-instances", "2", "--num-replicas", "2",
+                             "--max-restarts", "1", "--restart-backoff", "0.05", "--min-uptime", "0", "--pre-restart",
+                             'read -r line; echo "check read [$line]" >&2', "sh", "-c",
+                             '[ "$POPRUN_RESTART_COUNT" = 0 ] && exit 3; echo done'],
+                            cwd=tmp_path, env=env, stdin=read_end, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    os.close(read_end)
+    try:
+        out, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        os.close(write_end)
+
+    assert 0 == proc.returncode, err
+    assert "check read []" in err
+    assert ["done", "done"] == out.split()
+
+
+def test_a_check_that_hangs_is_ended_at_its_deadline_with_what_it_started(monkeypatch: pytest.MonkeyPatch,
+                                                                          cleanup: list[str]) -> None:
+    """A check that never ends is killed at its deadline, a helper it started with setsid too, and says why."""
+    from poprun.apply import recovery
+
+    seconds = marker(5)
+    cleanup.append(f"sleep\0{seconds}\0")
+    monkeypatch.setattr(recovery, "PRE_RESTART_TIMEOUT_S", 1.0)
+
+    failed = recovery.run_pre_restart(helpers(seconds) + "exec sleep 60", dict(os.environ), {},
+                                      cancelled=threading.Event())
+
+    assert "the pre-restart command did not end within 1 s" == failed
+    assert gone(f"sleep\0{seconds}\0", within_s=5)
