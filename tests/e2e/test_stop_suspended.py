@@ -181,3 +181,26 @@ def test_stop_of_a_run_whose_supervisor_ignores_sigterm_says_so_at_once(tmp_path
                   f"{stopped.stderr}exit {stopped.returncode}\n".replace(run.name, "RUN").replace(str(proc.pid), "N"))
     assert took < 30
     assert {} == marked.survivors(within_s=5.0)  # its watchdog ended every instance when poprun was killed
+
+
+def test_a_killed_supervisor_not_yet_reaped_is_lost_not_running(tmp_path: Path, marked: Marked) -> None:
+    """poprun SIGKILLed, its parent yet to reap it (a zombie): ps says lost, and stop says so at once (PR603)."""
+    # GIVEN
+    env = runs_env(marked, tmp_path)
+    proc, _ = foreground(env, "exec sleep 60")
+    try:
+        os.kill(proc.pid, signal.SIGKILL)
+        assert await_states([proc.pid], "Z")
+
+        # WHEN
+        listed = poprun(env, "ps", "--json", timeout=60)
+        stopped = poprun(env, "stop", "last", "--timeout", "30", timeout=60)
+    finally:
+        proc.kill()
+        proc.communicate(timeout=30)
+
+    # THEN
+    assert ["lost"] == [run["state"] for run in json.loads(listed.stdout)]
+    assert 1 == stopped.returncode, stopped.stderr
+    assert "error[PR603]: run is not running" in stopped.stderr
+    assert {} == marked.survivors(within_s=5.0)  # its watchdog ended every instance
