@@ -160,3 +160,19 @@ def test_a_restart_due_after_the_signal_before_the_limit_does_not_begin(tmp_path
     assert ([], [], [], []) == restarts_told(done.stderr, tmp_path), done.stderr
     assert ["not restarted: SIGUSR1 was sent 18 s before the time limit (--signal)"] == \
         [a["next"] for a in report(tmp_path)["attempts"]]
+
+
+@pytest.mark.parametrize("scope", ["all", "instance"])
+def test_with_a_crash_loop_guard_what_is_told_is_what_ran(tmp_path: Path, scope: str) -> None:
+    """Both instances fail at once, each run: however the failures interleave, the restarts told are those that ran."""
+    done = poprun(*TWO, "--restart-scope", scope, "--max-restarts", "5", "--crash-loop", "3", "--min-uptime", "30",
+                  "--restart-backoff", "0.05", "sh", "-c", "exit 3",
+                  cwd=tmp_path)
+
+    assert 3 == done.returncode, done.stderr
+    assert "crash loop: 3 failures in a row" in done.stderr
+    said, ended, reported, began = restarts_told(done.stderr, tmp_path)
+    attempts = [e for e in events(tmp_path) if e["event"] == "attempt-started"]
+    made = len(began) if scope == "instance" else len(attempts) - 1  # scope all: each attempt but the first
+    assert made == len(set(said)) == len(ended) == len(reported), (said, ended, reported, began, attempts)
+    assert report(tmp_path)["gave_up"].startswith("not restarted: crash loop")
