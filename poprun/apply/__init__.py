@@ -430,11 +430,7 @@ class _Attempts:
             self.relay.restarted = restarts.started if restarts is not None else None
             began = time.monotonic()
             self.control._between = False  # noqa: SLF001 - a stop now unwinds the launch's start again
-            result = _launch(self.backend, applied, self.environ, relay=self.relay, control=self.control,
-                             clock=self.clock, cache=self.cache, restarter=restarts, attempts=self,
-                             started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
-                                                    variables=tuple(sorted(variables.items())),
-                                                    cache=self.cache.path if self.cache is not None else None))
+            result = self._launch(applied, variables, restarts)
             if restarts is not None:
                 return self._instances_ended(result, restarts, port, began)
             # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
@@ -460,6 +456,21 @@ class _Attempts:
             if self.budget.enabled:
                 self._ended(self.attempts[-1], why)
             return self._result(result)
+
+    def _launch(self, applied: LaunchPlan, variables: Mapping[str, str],
+                restarts: _InstanceRestarts | None) -> ApplyResult:
+        """Launch an attempt of ``applied`` (``variables`` added) and wait; return how it ended."""
+        try:
+            return _launch(self.backend, applied, self.environ, relay=self.relay, control=self.control,
+                           clock=self.clock, cache=self.cache, restarter=restarts, attempts=self,
+                           started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
+                                                  variables=tuple(sorted(variables.items())),
+                                                  cache=self.cache.path if self.cache is not None else None))
+        except Stopped as exc:  # as a restart's launch started (nothing of it is left): the attempts so far stay
+            if not self.attempts:
+                raise
+            return ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
+                                                             message=f"stopped by {signal_name(exc.signum)}"))
 
     def _ended(self, attempt: Attempt, why: str, *, delay: float | None = None) -> None:
         """Tell that ``attempt`` ended and ``why``; ``delay``: it was restarted, after that wait (call as the restart begins)."""
