@@ -570,7 +570,12 @@ class _Attempts:
         finally:
             with self._limit_lock:
                 self.waiting = False
-        self._next_port = self._master_port()  # a stop meanwhile ends the run here, before the restart is told
+        try:
+            self._next_port = self._master_port()  # a stop meanwhile ends the run here, before the restart is told
+        except DiagnosticError as exc:  # the user's MASTER_PORT is taken now (PR440): the restart cannot begin
+            self.warnings.extend(exc.diagnostics)
+            return self._stopped(ApplyResult(statuses=())) or "; ".join(
+                f"{d.summary} ({d.code})" for d in exc.diagnostics)
         if self.control.signals or self.limit or self.signalled:
             return self._stopped(ApplyResult(statuses=())) or "stopped"
         return None

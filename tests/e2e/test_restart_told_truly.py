@@ -10,13 +10,16 @@ from __future__ import annotations
 
 import re
 import signal
+import socket
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from tests.e2e.test_recovery_adversarial import TWO, poprun, started
+from tests.e2e.test_recovery_adversarial import TWO, environment, poprun, started
 from tests.e2e.test_recovery_cli import events, report
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -176,3 +179,33 @@ def test_with_a_crash_loop_guard_what_is_told_is_what_ran(tmp_path: Path, scope:
     made = len(began) if scope == "instance" else len(attempts) - 1  # scope all: each attempt but the first
     assert made == len(set(said)) == len(ended) == len(reported), (said, ended, reported, began, attempts)
     assert report(tmp_path)["gave_up"].startswith("not restarted: crash loop")
+
+
+def test_a_restart_whose_master_port_was_taken_meanwhile_is_not_told(tmp_path: Path) -> None:
+    """MASTER_PORT set by the user and taken during attempt 0: no restart (PR440 said), attempt 0's status stays."""
+    # GIVEN a free port, set as MASTER_PORT
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = environment(tmp_path, {"MASTER_PORT": str(port)})
+    program = '[ "$POPDIST_INSTANCE_INDEX" = 0 ] && touch started; while [ ! -e held ]; do sleep 0.02; done; exit 3'
+    proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", *TWO, "--max-restarts", "1",
+                             "--restart-backoff", "0.05", "--min-uptime", "0", "sh", "-c", program],
+                            cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with socket.socket() as holder:
+        try:
+            _await((tmp_path / "started").exists, "attempt 0 did not start")
+            # WHEN something else takes the port before the restart
+            holder.bind(("0.0.0.0", port))  # noqa: S104 - as a server would
+            holder.listen()
+            (tmp_path / "held").touch()
+            _, err = proc.communicate(timeout=60)
+        finally:
+            proc.kill()
+
+    # THEN
+    assert 3 == proc.returncode, err
+    assert f"error[PR440]: port {port} is already in use on localhost" in err
+    assert ([], [], [], []) == restarts_told(err, tmp_path), err
+    assert [f"not restarted: port {port} is already in use on localhost (PR440)"] == \
+        [a["next"] for a in report(tmp_path)["attempts"]]
