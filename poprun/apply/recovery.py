@@ -24,6 +24,7 @@ long (each attempt starts its clock afresh); ``--signal SIG@S`` S seconds before
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -36,6 +37,7 @@ PRE_RESTART_TIMEOUT_S = 600.0  # the pre-restart command's longest run: a health
 # The pre-restart command's first shell: it moves itself into the cgroup $1 (where it may; else it stays in the
 # watchdog's process group only), then runs the command $2 exactly as `/bin/sh -c COMMAND` would.
 _ENTER = '{ echo "$$" >"$1/cgroup.procs"; } 2>/dev/null; exec /bin/sh -c "$2"'
+_MARK = "POPRUN_PRE_RESTART"  # in the command's environment, a value of its own: what it started, found by it
 
 
 def seconds(ms: int) -> str:
@@ -116,11 +118,14 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     cgroup from before its first instruction (so a helper that leaves the group, ``setsid``
     or a double fork, is held too), from either scope's thread; it is killed when
     ``cancelled`` is set (poprun stopped meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and
-    once it ends (what it left in the background goes with it).
+    once it ends (what it left in the background goes with it). Where no cgroup holds it, what
+    left the group (``setsid``) is found among the processes re-parented to poprun (a
+    subreaper) by a variable only the command was given, and killed when it ends.
     """
-    from poprun.backends._process.watchdog import Watchdog, WatchdogError
+    from poprun.backends._process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
 
-    env = dict(environ) | dict(variables)
+    mark = f"{_MARK}={os.urandom(8).hex()}"  # what the command starts carries it, where no cgroup holds it
+    env = dict(environ) | dict(variables) | dict([mark.split("=", 1)])
     try:
         watchdog = Watchdog(env=environ)
     except WatchdogError as exc:
@@ -144,6 +149,7 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
         return _wait_pre_restart(proc, cancelled)
     finally:
         watchdog.close()  # the group and the cgroup: what the command left behind too
+        kill_adopted_carrying(mark.encode(), watchdog.group)  # and what was re-parented here (no cgroup: setsid)
 
 
 def _wait_pre_restart(proc: subprocess.Popen[bytes], cancelled: threading.Event) -> str | None:

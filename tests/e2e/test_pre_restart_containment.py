@@ -67,14 +67,15 @@ def cleanup() -> list[str]:
             os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.parametrize("cgroup", ["1", "0"])
 @pytest.mark.parametrize("scope", ["all", "instance"])
 def test_the_pre_restart_commands_helpers_end_with_it_while_the_run_goes_on(
-        tmp_path: Path, marked: Marked, scope: str, cleanup: list[str]) -> None:
-    """The check starts helpers and succeeds: they are gone once it ended, while the restarted run goes on."""
+        tmp_path: Path, marked: Marked, scope: str, cgroup: str, cleanup: list[str]) -> None:
+    """The check starts helpers and succeeds: they are gone once it ended, while the restarted run goes on (no cgroup too)."""
     # GIVEN
     seconds = marker(1)
     cleanup.append(f"sleep\0{seconds}\0")
-    proc = start(runs_env(marked, tmp_path), tmp_path, scope, helpers(seconds) + "exit 0")
+    proc = start(runs_env(marked, tmp_path) | {"POPRUN_CGROUP": cgroup}, tmp_path, scope, helpers(seconds) + "exit 0")
     try:
         # WHEN instance 0 runs again, the check having ended
         assert await_file(tmp_path / "restarted"), "instance 0 did not start again"
@@ -115,14 +116,15 @@ def test_poprun_ended_while_the_check_runs_leaves_nothing_of_it(tmp_path: Path, 
     assert {} == marked.survivors(within_s=5.0)
 
 
+@pytest.mark.parametrize("cgroup", ["1", "0"])
 @pytest.mark.parametrize("scope", ["all", "instance"])
-def test_a_failing_check_leaves_none_of_its_helpers(tmp_path: Path, marked: Marked, scope: str,
+def test_a_failing_check_leaves_none_of_its_helpers(tmp_path: Path, marked: Marked, scope: str, cgroup: str,
                                                    cleanup: list[str]) -> None:
     """The check starts helpers and fails: the run ends with the failure's status, and nothing of the check is left."""
     seconds = marker(4)
     cleanup.append(f"sleep\0{seconds}\0")
 
-    proc = start(runs_env(marked, tmp_path), tmp_path, scope, helpers(seconds) + "exit 1")
+    proc = start(runs_env(marked, tmp_path) | {"POPRUN_CGROUP": cgroup}, tmp_path, scope, helpers(seconds) + "exit 1")
     _, err = proc.communicate(timeout=60)
 
     assert 3 == proc.returncode, err
