@@ -37,7 +37,7 @@ PRE_RESTART_TIMEOUT_S = 600.0  # the pre-restart command's longest run: a health
 # The pre-restart command's first shell: it moves itself into the cgroup $1 (where it may; else it stays in the
 # watchdog's process group only), then runs the command $2 exactly as `/bin/sh -c COMMAND` would.
 _ENTER = '{ echo "$$" >"$1/cgroup.procs"; } 2>/dev/null; exec /bin/sh -c "$2"'
-_MARK = "POPRUN_PRE_RESTART"  # in the command's environment, a value of its own: what it started, found by it
+_MARK = "POPRUN_PRE_RESTART_MARK"  # in the command's environment, a value of its own: what it started, found by it
 
 
 def seconds(ms: int) -> str:
