@@ -102,6 +102,11 @@ def test_poprun_ended_while_the_check_runs_leaves_nothing_of_it(tmp_path: Path, 
     try:
         assert await_pid(f"sleep\0{hang}\0", within_s=30), "the pre-restart command did not start"
         assert len(await_pid(f"sleep\0{seconds}\0")) >= 1
+        assert await_file(next((tmp_path / "runs").iterdir()) / "events.jsonl")
+        deadline = time.monotonic() + 30  # the launch has returned: a stop stops it (it does not unwind its start)
+        while '"launch-running"' not in next((tmp_path / "runs").iterdir()).joinpath("events.jsonl").read_text():
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
 
         # WHEN
         proc.send_signal(getattr(signal, how))

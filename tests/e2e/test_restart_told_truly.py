@@ -106,6 +106,7 @@ def test_a_stop_before_the_restart_starts_tells_no_restart(tmp_path: Path, scope
                    backoff, "--pre-restart", check, "sh", "-c",
                    '[ "$POPDIST_INSTANCE_INDEX" = 0 ] && { touch failed; exit 3; }; exec sleep 60', cwd=tmp_path)
     try:
+        _await(lambda: '"launch-running"' in _events_text(tmp_path), "the launch did not run")  # a stop stops it
         if during == "pre-restart":
             _await((tmp_path / "checking").exists, "the check did not start")
         else:  # instance 0 ended, to start again alone (scope instance), or every instance (scope all)
