@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 from popdist import env as names
 from popdist.env import EXECUTABLE_CACHE_PATH
@@ -111,6 +111,7 @@ class Control:
         self._tell: _Relay | None = None
         self._finished = False  # apply() has returned: a stop now changes nothing
         self._woken = threading.Event()  # set by every stop: a wait between attempts ends
+        self._between = False  # a launch ended, the next has not begun: a stop is told (signals, woken), never raised
 
     def stop(self, signum: int) -> None:
         """Stop the launch because of signal ``signum`` (see the class docstring)."""
@@ -122,9 +123,9 @@ class Control:
         if self._finished:
             return
         if self._launch is None:
-            if threading.current_thread() is threading.main_thread():
+            if threading.current_thread() is threading.main_thread() and not self._between:
                 raise Stopped(signum)
-            return  # apply() stops the launch once it exists
+            return  # apply() stops the launch once it exists (between attempts: the wait ends, nothing starts)
         self._stopping(f"received {signal_name(signum)}")
         self._launch.terminate(self._grace())
 
@@ -189,6 +190,7 @@ class _Relay:
         self.watch: LimitWatch | None = None
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         self.notes: list[Diagnostic] = []  # warnings told as the run went on (PR425), for the report
+        self.restarted: Callable[[int], None] | None = None  # told first when an instance starts again alone
         if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
             self.instance_lines = self._instance_lines
         if plan.recovery.stall_timeout_ms:
@@ -220,6 +222,8 @@ class _Relay:
             if told is None or self.notes:
                 return
             self.notes.append(told)
+        if isinstance(event, InstanceStarted) and event.restart and self.restarted is not None:
+            self.restarted(event.index)  # its restart is made now: told before it is seen to start
         if isinstance(event, InstanceStarted) and 0 <= event.index < len(self.plan.instances):
             instance = self.plan.instances[event.index]
             event = event if event.host else evolve(event, host=instance.host)
@@ -396,6 +400,7 @@ class _Attempts:
         self._limit_lock = threading.Lock()
         self.watch: LimitWatch | None = None
         self._first_port: tuple[int, bool, bool, Diagnostic | None] | None = first_port
+        self._next_port: tuple[int, bool] | None = None  # the next attempt's, chosen as its restart was to begin
         self.waiting = False  # between attempts: the back-off and the pre-restart command
         self.limit_waiting = False  # the limit came then: no instance ran, none was stopped by it
         self.signalled = 0  # --signal's signal, once sent: no restart after it (the time limit is near)
@@ -409,6 +414,8 @@ class _Attempts:
         try:
             return self._run()
         finally:
+            self.control._between = False  # noqa: SLF001 - the attempts are over
+            self.relay.restarted = None
             if self.watch is not None:
                 self.watch.close()
 
@@ -423,7 +430,8 @@ class _Attempts:
                 span=SourceSpan.derived("restart_scope"),
                 hint="use --restart-scope all (every instance starts again), or the local, offline or ssh backend"),))
         while True:
-            port, chosen = self._master_port()
+            port, chosen = self._next_port or self._master_port()
+            self._next_port = None
             variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
             if chosen:
                 variables[names.TORCH_MASTER_PORT] = str(port)
@@ -440,58 +448,108 @@ class _Attempts:
             if self.watch is not None:
                 self.watch.attempt()
             restarts = _InstanceRestarts(self, number) if instance_scope else None
+            self.relay.restarted = restarts.started if restarts is not None else None
             began = time.monotonic()
-            result = _launch(self.backend, applied, self.environ, relay=self.relay, control=self.control,
-                             clock=self.clock, cache=self.cache, restarter=restarts, attempts=self,
-                             started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
-                                                    variables=tuple(sorted(variables.items())),
-                                                    cache=self.cache.path if self.cache is not None else None))
+            self.control._between = False  # noqa: SLF001 - a stop now unwinds the launch's start again
+            result = self._launch(applied, variables, restarts)
             result = self.errors.read(result)
             if restarts is not None:
-                first = len(self.attempts)
-                self.attempts.extend(restarts.attempts)
-                number = len(self.attempts)
-                if restarts.pending and self.control.signals and not self.limit:  # stopped while one waited
-                    return self._stopped_waiting(result, [first + k for k in restarts.pending.values()])
+                return self._instances_ended(result, restarts, port, began)
             # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
             status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limit))
             delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self._stopped(result))
-            if result.error is not None or restarts is not None:
-                delay, why = None, why if restarts is None or status == 0 else (restarts.gave_up or why)
             self.attempts.append(Attempt(number=number, status=status, root_cause=result.root_cause,
                                          seconds=round(time.monotonic() - began, 3), master_port=port,
                                          next="" if delay is None and status == 0 else why, cause=_cause(result)))
-            if self.budget.enabled:
-                cause = self.attempts[-1].cause
-                self.relay.event(AttemptEnded(attempt=number, status=status, root_cause=result.root_cause,
-                                              restart=delay is not None, delay_ms=int((delay or 0) * 1000),
-                                              reason=f"{cause}; {why}" if cause else why))
             if delay is not None:
                 stopped = self._between(delay, number + 1)
-                if stopped is None:
+                if stopped is None:  # the restart begins: told and counted now, never before
+                    self.budget.begun()
+                    self._ended(self.attempts[-1], why, delay=delay)
                     number += 1
                     continue
-                self.attempts[-1] = evolve(self.attempts[-1], next=f"not restarted: {stopped}")
+                self.budget.cancelled()
+                why = f"not restarted: {stopped}"
+                self.attempts[-1] = evolve(self.attempts[-1], next=why)
                 if self.control.signals and not self.limit:  # stopped while waiting to restart: as before a launch
                     sig = self.control.signals[-1]
                     result = evolve(result, error=ApplyError(
                         status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {number + 1}"))
+            if self.budget.enabled:
+                self._ended(self.attempts[-1], why)
             return self._result(result)
 
-    def _stopped_waiting(self, result: ApplyResult, waiting: list[int]) -> ApplyResult:
-        """Return ``result`` of a launch stopped while instances (``self.attempts[k]`` for k in ``waiting``) waited to restart."""
-        sig = self.control.signals[-1]
-        for k in waiting:
-            self.attempts[k] = evolve(self.attempts[k], next=f"not restarted: poprun was stopped ({signal_name(sig)})")
-        restart = min(self.attempts[k].number + 1 for k in waiting)
-        return self._result(evolve(result, error=ApplyError(
-            status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {restart}")))
+    def _launch(self, applied: LaunchPlan, variables: Mapping[str, str],
+                restarts: _InstanceRestarts | None) -> ApplyResult:
+        """Launch an attempt of ``applied`` (``variables`` added) and wait; return how it ended."""
+        try:
+            return _launch(self.backend, applied, self.environ, relay=self.relay, control=self.control,
+                           clock=self.clock, cache=self.cache, restarter=restarts, attempts=self,
+                           started=LaunchStarting(backend=self.plan.backend.name, instances=len(self.plan.instances),
+                                                  variables=tuple(sorted(variables.items())),
+                                                  cache=self.cache.path if self.cache is not None else None))
+        except Stopped as exc:  # as a restart's launch started (nothing of it is left): the attempts so far stay
+            if not self.attempts:
+                raise
+            return ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
+                                                             message=f"stopped by {signal_name(exc.signum)}"))
 
-    def _result(self, result: ApplyResult) -> ApplyResult:
-        """Return the last attempt's result with what the attempts, limits and stacks add."""
-        gave_up = ""
-        if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
-            gave_up = self.attempts[-1].next
+    def _ended(self, attempt: Attempt, why: str, *, delay: float | None = None) -> None:
+        """Tell that ``attempt`` ended and ``why``; ``delay``: it was restarted, after that wait (call as the restart begins)."""
+        reason = f"{attempt.cause}; {why}" if attempt.cause else why
+        self.relay.event(AttemptEnded(attempt=attempt.number, status=attempt.status, root_cause=attempt.root_cause,
+                                      restart=delay is not None, delay_ms=int((delay or 0) * 1000), reason=reason))
+
+    def _instances_ended(self, result: ApplyResult, restarts: _InstanceRestarts, port: int,
+                         began: float) -> ApplyResult:
+        """
+        Return ``result`` of a launch that restarted instances alone, with its attempts: each restart made, each not.
+
+        A restart granted that never started (a stop, its pre-restart command failed, it could not
+        start again, another instance's failure ended the run first) is given back, and its attempt
+        says why; when the run ended with that very failure, it is the last attempt.
+        """
+        stopped = self._stopped(result)
+        root = result.failure(result.root_cause)
+        cause = _cause(result)
+        cancelled, own = [], None
+        for index, position in sorted(restarts.pending.items(), key=lambda item: item[1]):
+            mine = root is not None and root.pid == restarts.held.get(index)
+            why = restarts.failed.get(index) or (
+                f"not restarted: {stopped}" if stopped else "not restarted: it could not start again" if mine
+                else f"not restarted: the run ended first ({cause})" if cause else "not restarted: the run ended first")
+            self.budget.cancelled()
+            restarts.attempts[position] = evolve(restarts.attempts[position], next=why)
+            cancelled.append(position)
+            own = position if mine else own
+        first = len(self.attempts)
+        self.attempts.extend(restarts.attempts)
+        for position in cancelled:
+            self._ended(self.attempts[first + position], self.attempts[first + position].next)
+        if cancelled and self.control.signals and not self.limit:  # stopped while one waited: as before a launch
+            sig = self.control.signals[-1]
+            restart = min(self.attempts[first + k].number + 1 for k in cancelled)
+            return self._result(evolve(result, error=ApplyError(
+                status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {restart}")))
+        if own is not None:  # the run ended with the failure whose restart was given up: that is its last attempt
+            return self._result(result, gave_up=self.attempts[first + own].next)
+        status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limit))
+        refused = restarts.refused.get(root.pid) if root is not None and root.pid is not None else None
+        why = "succeeded" if status == 0 else refused or (
+            f"not restarted: {stopped}" if stopped else
+            "not restarted: its host stopped answering" if root is not None and root.lost else "not restarted")
+        self.attempts.append(Attempt(number=len(self.attempts), status=status, root_cause=result.root_cause,
+                                     seconds=round(time.monotonic() - began, 3), master_port=port,
+                                     next="" if status == 0 else why, cause=cause))
+        self._ended(self.attempts[-1], why)
+        return self._result(result)
+
+    def _result(self, result: ApplyResult, *, gave_up: str | None = None) -> ApplyResult:
+        """Return the last attempt's result with what the attempts, limits and stacks add (``gave_up``: why it ended)."""
+        if gave_up is None:
+            gave_up = ""
+            if self.budget.enabled and self.attempts and self.attempts[-1].status != 0:
+                gave_up = self.attempts[-1].next
         stacks = self._stacks_with_faulthandler()
         if self.limit and not self.limit_waiting:  # poprun stopped every instance (faulthandler's SIGABRT
             # included): none is the root cause. A limit reached while waiting to restart stopped none of them:
@@ -515,7 +573,7 @@ class _Attempts:
         return ""
 
     def _between(self, delay: float, number: int) -> str | None:
-        """Wait ``delay`` seconds, then run the pre-restart command; return why the run stops instead, or None."""
+        """Wait ``delay`` seconds, run the pre-restart command, choose the next MASTER_PORT; return why the run stops instead, or None."""
         woken = self.control._woken  # noqa: SLF001
         if self.watch is not None:
             self.watch.pause()
@@ -534,6 +592,14 @@ class _Attempts:
         finally:
             with self._limit_lock:
                 self.waiting = False
+        try:
+            self._next_port = self._master_port()  # a stop meanwhile ends the run here, before the restart is told
+        except DiagnosticError as exc:  # the user's MASTER_PORT is taken now (PR440): the restart cannot begin
+            self.warnings.extend(exc.diagnostics)
+            return self._stopped(ApplyResult(statuses=())) or "; ".join(
+                f"{d.summary} ({d.code})" for d in exc.diagnostics)
+        if self.control.signals or self.limit or self.signalled:
+            return self._stopped(ApplyResult(statuses=())) or "stopped"
         return None
 
     def _master_port(self) -> tuple[int, bool]:
@@ -694,13 +760,23 @@ def _ended(index: int, host: str, sig: int | None, exit_code: int | None) -> str
 
 
 class _InstanceRestarts:
-    """The apply step's :class:`~poprun.backends.base.Restarter` for ``--restart-scope instance``: the run's one budget."""
+    """
+    The apply step's :class:`~poprun.backends.base.Restarter` for ``--restart-scope instance``: the run's one budget.
+
+    A restart granted (:meth:`restart_after`) is *pending* until the backend tells that the
+    instance started again (:meth:`started`, through the relay): only then is it counted as made
+    and told (``attempt-ended`` with ``restart``, the line on stderr). The apply step gives back
+    those still pending when the launch has ended (:meth:`_Attempts._instances_ended`).
+    """
 
     def __init__(self, attempts: _Attempts, first: int) -> None:
         self._attempts, self._next = attempts, first
         self.attempts: list[Attempt] = []
-        self.gave_up = ""
-        self.pending: dict[int, int] = {}  # instance -> its position in attempts: waiting to start again
+        self.pending: dict[int, int] = {}  # instance -> its position in attempts: granted, not started yet
+        self.held: dict[int, int] = {}  # instance -> the pid of its run that failed, while pending
+        self.refused: dict[int, str] = {}  # the pid of a failed run not restarted -> why
+        self.failed: dict[int, str] = {}  # instance -> why its restart was given up (its pre-restart command)
+        self._delays: dict[int, float] = {}  # position in attempts -> the wait before that restart
         self._counts: dict[int, int] = {}
         self._lock = threading.Lock()
 
@@ -709,7 +785,8 @@ class _InstanceRestarts:
         stopped = a._stopped(ApplyResult(statuses=()))  # noqa: SLF001
         delay, why = a.budget.decide(ended.status, uptime_s, stopped=stopped)
         if delay is None:  # the run's last attempt is the launch's own result
-            self.gave_up = why
+            with self._lock:
+                self.refused[ended.pid] = why
             return None
         host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
         with self._lock:
@@ -719,24 +796,34 @@ class _InstanceRestarts:
             self.attempts.append(attempt)
             self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
             self.pending[ended.index] = len(self.attempts) - 1
-        a.relay.event(AttemptEnded(attempt=attempt.number, status=ended.status, root_cause=ended.index,
-                                   restart=True, delay_ms=int(delay * 1000), reason=f"{attempt.cause}; {why}"))
+            self.held[ended.index] = ended.pid
+            self._delays[len(self.attempts) - 1] = delay
         return delay
+
+    def started(self, index: int) -> None:
+        """Instance ``index`` started again: its restart is made; tell it (the backend's thread, before its start)."""
+        with self._lock:
+            position = self.pending.pop(index, None)
+            self.held.pop(index, None)
+        if position is None:
+            return
+        a = self._attempts
+        a.budget.begun()
+        a._ended(self.attempts[position], self.attempts[position].next, delay=self._delays[position])  # noqa: SLF001
 
     def prepare(self, index: int) -> Mapping[str, str] | None:
         a = self._attempts
         count = self._counts.get(index, 0)
-        if a.control.signals or a.limit:
+        if a.control.signals or a.limit or a.signalled:  # --signal sent: a restart now would only meet the limit
             return None
         if a.recovery.pre_restart:
             failed = run_pre_restart(a.recovery.pre_restart, a.environ,
                                      {RUN_ID: a.run_id, names.RESTART_COUNT: str(count)},
                                      cancelled=a.control._woken)  # noqa: SLF001
             if failed is not None:
-                self.gave_up = f"not restarted: {failed}"
+                with self._lock:
+                    self.failed[index] = f"not restarted: {failed}"
                 return None
-        with self._lock:
-            self.pending.pop(index, None)
         return ({names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
                 | a.errors.files(count, [index]).get(index, {}))
 
@@ -817,7 +904,9 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
         raise
     finally:
         clock.lap("run")
-        control._launch = None  # noqa: SLF001 - between attempts a stop unwinds the wait
+        if attempts is not None and attempts.budget.enabled:  # until the next launch a stop ends the wait before
+            control._between = True  # noqa: SLF001 - a restart (or the restart's start), it raises nothing
+        control._launch = None  # noqa: SLF001
         if attempts is not None:
             attempts.launch = None
     if relay.failed is not None:

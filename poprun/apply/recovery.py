@@ -12,7 +12,9 @@ error or a program that cannot run does not get better by running again), the bu
 (``--max-restarts``), or the crash-loop guard trips: ``--crash-loop`` failures in a row, each
 sooner than ``--min-uptime`` after its start. The wait before restart k is
 ``min(backoff * 2**(k-1), backoff_max)``; then the ``--pre-restart`` command runs here (a health
-check): its failure ends the run.
+check): its failure ends the run. A restart granted is made only once it starts
+(:meth:`RestartBudget.begun`); one that never does (a stop meanwhile, its check failed, the run
+ended first) is given back (:meth:`RestartBudget.cancelled`), and neither told nor counted as made.
 
 :class:`LimitWatch` is the one thread that keeps the time limits of a run: ``--timeout`` for the
 whole run, restarts included; ``--stall-timeout``, when no instance has written output for that
@@ -22,6 +24,7 @@ long (each attempt starts its clock afresh); ``--signal SIG@S`` S seconds before
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import threading
 import time
@@ -31,6 +34,10 @@ from poprun.core.outcome import signal_name
 from poprun.planner.plan import Recovery
 
 PRE_RESTART_TIMEOUT_S = 600.0  # the pre-restart command's longest run: a health check that hangs ends the run
+# The pre-restart command's first shell: it moves itself into the cgroup $1 (where it may; else it stays in the
+# watchdog's process group only), then runs the command $2 exactly as `/bin/sh -c COMMAND` would.
+_ENTER = '{ echo "$$" >"$1/cgroup.procs"; } 2>/dev/null; exec /bin/sh -c "$2"'
+_MARK = "POPRUN_PRE_RESTART_MARK"  # in the command's environment, a value of its own: what it started, found by it
 
 
 def seconds(ms: int) -> str:
@@ -44,9 +51,22 @@ class RestartBudget:
 
     def __init__(self, recovery: Recovery) -> None:
         self.recovery = recovery
-        self.used = 0  # restarts granted so far, every instance together
+        self.used = 0  # restarts granted so far, every instance together (those waiting to start included)
+        self.waiting = 0  # ... of which have not started yet: each one starts (begun) or is cancelled
         self.quick = 0  # failures in a row sooner than min_uptime after their start
         self._lock = threading.Lock()
+
+    def begun(self) -> None:
+        """Tell that a restart granted by :meth:`decide` has started: it is made."""
+        with self._lock:
+            self.waiting = max(0, self.waiting - 1)
+
+    def cancelled(self) -> None:
+        """Tell that a restart granted by :meth:`decide` will never start (a stop, the run ended first): it is given back."""
+        with self._lock:
+            if self.waiting:
+                self.waiting -= 1
+                self.used -= 1
 
     @property
     def enabled(self) -> bool:
@@ -71,6 +91,9 @@ class RestartBudget:
             if self.used >= r.max_restarts:
                 if r.max_restarts == 0:
                     return None, "not restarted: no restart allowed (--max-restarts 0)"
+                if self.waiting:
+                    return None, (f"not restarted: all {r.max_restarts} restarts of the run are taken: "
+                                  f"{self.used - self.waiting} made, {self.waiting} waiting to start (--max-restarts)")
                 return None, f"not restarted: all {r.max_restarts} restarts of the run are used (--max-restarts)"
             self.quick = self.quick + 1 if uptime_s * 1000 < r.min_uptime_ms else 0
             if self.quick >= r.crash_loop:
@@ -78,6 +101,7 @@ class RestartBudget:
                               f"{seconds(r.min_uptime_ms)} of its start (--crash-loop {r.crash_loop}, "
                               f"--min-uptime {seconds(r.min_uptime_ms)[:-2]})")
             self.used += 1
+            self.waiting += 1
             delay_ms = min(r.backoff_ms * 2 ** (self.used - 1), r.backoff_max_ms)
             return delay_ms / 1000, f"restart {self.used} of {r.max_restarts} in {seconds(delay_ms)}"
 
@@ -90,22 +114,29 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     Its output goes where poprun's own does (the terminal's stderr and stdout are inherited, as
     for a hook). It runs in a process group of its own, led by a watchdog as a launch's is
     (:mod:`poprun.backends._process.watchdog`: should poprun die meanwhile, even by SIGKILL,
-    nothing of the command is left), killed when ``cancelled`` is set (poprun stopped
-    meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and once it ends (what it left in the
-    background goes with it).
+    nothing of the command is left), and, where cgroup v2 can be written, in the watchdog's
+    cgroup from before its first instruction (so a helper that leaves the group, ``setsid``
+    or a double fork, is held too), from either scope's thread; it is killed when
+    ``cancelled`` is set (poprun stopped meanwhile), after :data:`PRE_RESTART_TIMEOUT_S`, and
+    once it ends (what it left in the background goes with it). Where no cgroup holds it, what
+    left the group (``setsid``) is found among the processes re-parented to poprun (a
+    subreaper) by a variable only the command was given, and killed when it ends.
     """
-    from poprun.backends._process.watchdog import Watchdog, WatchdogError, starting_in
+    from poprun.backends._process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
 
-    env = dict(environ) | dict(variables)
+    mark = f"{_MARK}={os.urandom(8).hex()}"  # what the command starts carries it, where no cgroup holds it
+    env = dict(environ) | dict(variables) | dict([mark.split("=", 1)])
     try:
         watchdog = Watchdog(env=environ)
     except WatchdogError as exc:
         return f"the pre-restart command could not start ({exc.strerror})"
+    # The command's shell moves itself into the watchdog's cgroup before it runs the command, so that whatever it
+    # starts begins there (a setsid helper, a double fork): poprun itself never moves, which it could not do from a
+    # restart's thread (--restart-scope instance) while another thread starts an instance
+    argv = ["/bin/sh", "-c", command] if watchdog.cgroup is None else \
+        ["/bin/sh", "-c", _ENTER, "poprun-pre-restart", watchdog.cgroup.path, command]
     try:
-        if threading.current_thread() is threading.main_thread():  # between attempts, nothing else starts: the
-            starting_in(watchdog.group)  # command begins in the watchdog's cgroup (a daemon of it goes too). Not
-            # from a restart's thread (--restart-scope instance): poprun, moving meanwhile, could start an instance there
-        proc = subprocess.Popen(["/bin/sh", "-c", command], env=env, stdin=subprocess.DEVNULL,  # noqa: S603
+        proc = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL,  # noqa: S603
                                 process_group=watchdog.group)
         watchdog.await_ready()
     except (OSError, WatchdogError) as exc:
@@ -118,6 +149,7 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
         return _wait_pre_restart(proc, cancelled)
     finally:
         watchdog.close()  # the group and the cgroup: what the command left behind too
+        kill_adopted_carrying(mark.encode(), watchdog.group)  # and what was re-parented here (no cgroup: setsid)
 
 
 def _wait_pre_restart(proc: subprocess.Popen[bytes], cancelled: threading.Event) -> str | None:

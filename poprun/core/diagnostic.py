@@ -130,6 +130,7 @@ CODES: dict[str, str] = {
     "PR607": "run did not stop in time",
     "PR608": "run has no report yet",
     "PR609": "no such attempt in the run",
+    "PR618": "run's supervisor ignores SIGTERM",
 }
 
 

@@ -49,8 +49,12 @@ class Supervisor:
     host: str
 
     def alive(self) -> bool:
-        """Return whether it still runs here (the same pid with the same start time); False on another host."""
-        return self.host == os.uname().nodename and start_time(self.pid) == self.started
+        """
+        Return whether it still runs here (the same pid with the same start time); False on another host.
+
+        A supervisor that has ended but is not reaped yet (a zombie: killed, its parent busy) runs no more.
+        """
+        return self.host == os.uname().nodename and start_time(self.pid, zombie=False) == self.started
 
 
 @record

@@ -279,7 +279,9 @@ def test_a_stop_while_one_instance_waits_to_restart_alone_ends_as_a_stop(tmp_pat
         assert proc.stdout is not None
         assert "up" in proc.stdout.readline()
         deadline = time.monotonic() + 10
-        while time.monotonic() < deadline and "attempt-ended" not in (the_run(tmp_path) / "events.jsonl").read_text():
+        while time.monotonic() < deadline and not all(  # the launch has returned (a stop now stops it), and 0 waits
+                needle in (the_run(tmp_path) / "events.jsonl").read_text()
+                for needle in ('"launch-running"', '"restarting":true')):
             time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)
         _, err = proc.communicate(timeout=20)

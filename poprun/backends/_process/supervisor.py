@@ -168,6 +168,10 @@ class LocalLaunch:
         self._watchdog.signal(sig)
         if self._stop is not None:
             self._stop(sig)
+        if sig == signal.SIGTERM:  # as kill(1) does for a stopped job: a suspended instance (SIGSTOP, Ctrl-Z) would
+            self._watchdog.signal(signal.SIGCONT)  # hold SIGTERM pending until the grace period's SIGKILL
+            if self._stop is not None:
+                self._stop(signal.SIGCONT)
 
     def _wake(self) -> None:
         """Wake the supervisor up; call with the lock held (the pipe is closed once finished)."""

@@ -290,3 +290,43 @@ def kill_adopted(group: int, known: Collection[int], since: int, *, within_s: fl
         if not orphans:
             time.sleep(0.002)  # SIGKILL is on its way to the group
     return killed
+
+
+def kill_adopted_carrying(needle: bytes, group: int, *, within_s: float = 1.0) -> list[int]:
+    """
+    Kill and reap every process re-parented to this one from ``group`` or whose environment holds ``needle``.
+
+    For what a command poprun ran left behind out of its group (``setsid``) where no cgroup
+    holds it: its environment carries a marker (``NAME=VALUE``) only that command was given.
+    Call it after killing ``group`` (the command's): it goes on until that group is gone, so
+    that every child of its processes has been re-parented here, and while such children are
+    found (a killed process's own are re-parented here in turn); for at most ``within_s``. Does
+    nothing unless this process is a subreaper. Return the pids killed.
+    """
+    killed: list[int] = []
+    deadline = time.monotonic() + within_s
+    mine = str(group).encode()
+    while _subreaper and time.monotonic() < deadline:
+        found = [pid for pid in _children() if _stat(pid)[2:3] == [mine] or _carries(pid, needle)]
+        for pid in found:
+            with contextlib.suppress(OSError):
+                if os.getpgid(pid) == pid:  # it leads a group of its own (setsid): take the group
+                    os.killpg(pid, signal.SIGKILL)
+                os.kill(pid, signal.SIGKILL)
+        for pid in found:
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)
+        killed += found
+        if not found and not _group_exists(group):
+            break
+        if not found:
+            time.sleep(0.002)  # SIGKILL is on its way to the group
+    return killed
+
+
+def _carries(pid: int, needle: bytes) -> bool:
+    """Return whether process ``pid``'s environment holds the entry ``needle``."""
+    try:
+        return needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False

@@ -4,7 +4,7 @@
 Layer: ``poprun.cli``. The records are read by :mod:`poprun.runs.store` (untrusted input: every
 problem is a diagnostic). RUN is a run id, a unique prefix of one, or ``last`` (the newest run).
 Exit statuses: 0; 2 for a command-line error or a record that cannot be read (PR600-PR602,
-PR605); 1 when the run is not in a state the command can act on (PR603, PR604, PR607, PR608);
+PR605); 1 when the run is not in a state the command can act on (PR603, PR604, PR607, PR608, PR618);
 ``attach`` ends with the run's own status, or 130 when detached with Ctrl-C; 141 when stdout
 was closed (``poprun logs RUN | head``).
 """
@@ -545,6 +545,12 @@ def _stop(run_id: str, path: str, timeout: float) -> int:
                               detail=f"run {run_id} is supervised by poprun (PID {supervisor.pid if supervisor else '?'})"
                               f" on {where}: poprun signals only processes of its own host", span=SourceSpan.flag("RUN"),
                               hint=f"run 'poprun stop {run_id}' on {where}")])
+    if _ignores(supervisor.pid, signal.SIGTERM):
+        raise _not_now([error("PR618", "run's supervisor ignores SIGTERM",
+                              detail=f"run {run_id}'s supervisor (PID {supervisor.pid}) was started with SIGTERM "
+                              "ignored, and keeps it so: nothing was sent", span=SourceSpan.flag("RUN"),
+                              hint=f"'kill -KILL {supervisor.pid}' ends it, and its watchdog every instance (the run "
+                              "is then lost, without a report)")])
     if not _signal(supervisor, signal.SIGTERM):
         return _stopped(run_id, path)  # it ended in the meantime
     deadline = time.monotonic() + timeout
@@ -560,12 +566,24 @@ def _stop(run_id: str, path: str, timeout: float) -> int:
                           hint=f"wait, then 'poprun ps'; 'poprun stop {run_id}' again kills every instance at once")])
 
 
+def _ignores(pid: int, sig: int) -> bool:
+    """Return whether process ``pid`` ignores ``sig`` (``SigIgn`` of ``/proc/PID/status``); False when unknown."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as file:  # noqa: PTH123
+            mask = next((line.split(":", 1)[1] for line in file if line.startswith("SigIgn:")), "0")
+        return bool(int(mask.strip(), 16) >> (sig - 1) & 1)
+    except (OSError, ValueError):
+        return False
+
+
 def _signal(supervisor: store.Supervisor, sig: int) -> bool:
     """
-    Send ``sig`` to the supervisor if it is still the process the record names (pid and start time).
+    Send ``sig``, then SIGCONT, to the supervisor if it is still the process the record names (pid and start time).
 
     A pidfd holds the process while its start time is checked, so a reused pid is never signalled.
-    Return False when it is gone.
+    SIGCONT follows, as kill(1) and a shell's ``kill`` do for a stopped job: a supervisor
+    suspended (Ctrl-Z, SIGSTOP) would otherwise hold ``sig`` pending until someone continued
+    it; it then continues its instances and stops them. Return False when it is gone.
     """
     try:
         handle = os.pidfd_open(supervisor.pid)
@@ -575,6 +593,7 @@ def _signal(supervisor: store.Supervisor, sig: int) -> bool:
         if not supervisor.alive():
             return False
         signal.pidfd_send_signal(handle, sig)
+        signal.pidfd_send_signal(handle, signal.SIGCONT)
     except ProcessLookupError:
         return False
     finally:
