@@ -29,7 +29,8 @@ stopped. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to 
 and tears its daemons down), then SIGKILL to the whole group after the grace period, and to
 mpirun's children outside it (its ssh clients, in groups of their own, which would keep its
 pipes open); when mpirun exits, whatever of its children is left is killed too. On other hosts,
-mpirun's daemons end their instances when they lose mpirun. If poprun dies, even by SIGKILL,
+mpirun's daemons end their instances when they lose mpirun, and each instance's relay helper
+kills its instance (and a daemon that outlives it) once its connection to poprun ends or breaks. If poprun dies, even by SIGKILL,
 the watchdog kills mpirun.
 """
 

@@ -31,6 +31,17 @@ through mpirun, tagged, as before, with OpenMPI's losses.
 A connection that stays silent is probed by TCP keepalives (:data:`KEEPALIVE`): a host that
 stops answering (its link down, its power off) breaks the connections of its instances within
 the host timeout, and poprun names it (PR411).
+
+The relay process is also the instance's watchdog on its host, as the ssh backend's wrapper is:
+when poprun's end of a connection ends (poprun closed it, or died) or breaks (no answer to the
+keepalives, or data unacknowledged, for the host timeout: ``TCP_USER_TIMEOUT``) while the
+program still holds the pipe, the launch is over for this host, whatever happened to mpirun's
+daemon there (its ssh session killed, the daemon hung, the host cut off). The relay then
+SIGKILLs the program's process group (mpirun's daemon makes each program a group leader) and,
+when the program's parent is mpirun's daemon (``orted``, ``prted``) that has not ended on its
+own within 2 s, that daemon. Both are known by pid and start time, taken before the program
+started: a reused pid is never killed. A wrapper that could not reach poprun has no relay, and
+no such watchdog.
 """
 
 from __future__ import annotations
@@ -62,7 +73,8 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # in a session of its own (no child of the program, out of reach of signals to the instance's
 # group, holding no descriptor of mpirun's), copies each pipe to its connection until every
 # writer has closed it, or until poprun closes the connection (the socket becomes readable:
-# poprun never writes after its "k").
+# poprun never writes after its "k"): then, or when a send fails, it kills the program and a daemon
+# parent that outlives it (stop(); "watch" is their pids and start times, taken before the exec).
 WRAPPER = r"""import os, select, socket, sys
 def addresses(given):
     found = [a for a in given.split(",") if a]
@@ -90,9 +102,40 @@ def keep(s):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_KEEPALIVE, 1)
         for o, v in ((socket.TCP_KEEPIDLE, %(step)s), (socket.TCP_KEEPINTVL, %(step)s), (socket.TCP_KEEPCNT, 2)):
             s.setsockopt(socket.IPPROTO_TCP, o, v)
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT, %(step)s * 3000)
     except (OSError, AttributeError):
         pass
-def relay(pairs):
+def born(pid):
+    try:
+        with open("/proc/%%d/stat" %% pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+def daemon(pid):
+    try:
+        with open("/proc/%%d/comm" %% pid, "rb") as f:
+            return f.read().strip() in (b"orted", b"prted")
+    except OSError:
+        return False
+def stop(watch):
+    me, mine, parent, theirs = watch
+    if mine is not None and born(me) == mine:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(me, 9)
+            except OSError:
+                pass
+    if theirs is None:
+        return
+    for _ in range(20):
+        if born(parent) != theirs:
+            return
+        select.select([], [], [], 0.1)
+    try:
+        os.kill(parent, 9)
+    except OSError:
+        pass
+def relay(pairs, watch):
     os.setsid()
     null = os.open(os.devnull, os.O_RDWR)
     for fd in (0, 1, 2):
@@ -108,9 +151,8 @@ def relay(pairs):
         ready = select.select(list(ends) + list(back), [], [])[0]
         for fd in ready:
             if fd in back:
-                r, s = back.pop(fd)
-                ends.pop(r, None)
-                continue
+                stop(watch)
+                return
             s = ends[fd]
             data = os.read(fd, 262144)
             try:
@@ -118,7 +160,8 @@ def relay(pairs):
                     s.sendall(data)
                     continue
             except OSError:
-                pass
+                stop(watch)
+                return
             del ends[fd]
             back.pop(s.fileno(), None)
             s.close()
@@ -141,11 +184,13 @@ def main():
         os.close(w)
         pairs.append((r, s))
     if pairs:
+        me, parent = os.getpid(), os.getppid()
+        watch = (me, born(me), parent, born(parent) if daemon(parent) else None)
         child = os.fork()
         if child == 0:
             try:
                 if os.fork() == 0:
-                    relay(pairs)
+                    relay(pairs, watch)
             finally:
                 os._exit(0)
         os.waitpid(child, 0)
