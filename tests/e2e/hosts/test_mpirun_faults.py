@@ -195,6 +195,7 @@ def test_a_host_whose_every_sshd_is_killed_keeps_nothing_of_the_launch(fault_hos
 
         assert 125 == proc.returncode, err
         assert "error[PR411]: host h2 stopped answering" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err  # the healthy hosts are not blamed
         assert {} == marked.survivors(within_s=3)
         left = lambda: marked_anywhere(fault_hosts, mark) or fault_hosts.processes("h2", "^orted ")  # noqa: E731
         assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 5), left()
@@ -204,3 +205,35 @@ def test_a_host_whose_every_sshd_is_killed_keeps_nothing_of_the_launch(fault_hos
         proc.wait()
         signal_on(fault_hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
         fault_hosts.start_sshd("h2")
+
+
+@pytest.mark.parametrize("what", ["sshd-and-instance", "everything"])
+def test_a_frozen_host_is_named_and_keeps_nothing_once_it_wakes(fault_hosts: TestHosts, marked: Marked,
+                                                                what: str) -> None:
+    """
+    h2's sshd and instance are SIGSTOPped mid-run (or everything of the launch there: its daemon and relay helper
+    too): PR411 names h2, exit 125; nothing of the launch is left there once it can run again (at once, or once woken).
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    frozen = f"^sshd|^sh -c echo started|{running(mark)}" + ("|^orted |" + mark if what == "everything" else "")
+    proc = start(fault_hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(fault_hosts, "h2", frozen, signal.SIGSTOP)
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 30)
+        noticed = time.monotonic() - cut
+
+        assert 125 == proc.returncode, err
+        assert "error[PR411]: host h2 stopped answering" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err  # the healthy hosts are not blamed
+        assert noticed < HOST_TIMEOUT_S + 10, noticed
+        assert {} == marked.survivors(within_s=3)
+        signal_on(fault_hosts, "h2", frozen, signal.SIGCONT)  # the host wakes up
+        left = lambda: marked_anywhere(fault_hosts, mark) or fault_hosts.processes("h2", "^orted ")  # noqa: E731
+        assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 5), left()
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(fault_hosts, "h2", "^sshd", signal.SIGCONT)
+        signal_on(fault_hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
