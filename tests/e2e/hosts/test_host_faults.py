@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -184,3 +185,46 @@ def test_piped_stdin_reaches_instance_0_on_another_host_and_no_other(test_hosts:
     assert 0 == done.returncode, done.stderr
     assert {f"instance 0 read {len(data.encode())} bytes", "instance 1 read 0 bytes"} == set(done.stdout.splitlines())
     assert set() == set(Path("/tmp").glob("poprun-stdin-*")) - before, "the FIFO's directory is left on the host"
+
+
+def signal_on(hosts: TestHosts, name: str, pattern: str, sig: signal.Signals) -> list[str]:
+    """Send ``sig`` to each process on host ``name`` whose command line matches ``pattern``; return them."""
+    found = hosts.processes(name, pattern)
+    for line in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), sig)
+    return found
+
+
+@pytest.mark.parametrize("relay", ["direct", "relayed"])
+def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_path: Path, short_tmp: Path,
+                                                  relay: str) -> None:
+    """
+    Every sshd of h4 and its instance are SIGSTOPped mid-run (a hung host, not a dead one): PR411
+    names h4 within the host timeout and a few seconds, exit 125, and its wrapper kills the frozen instance there.
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    program = f"^sh -c sh -c 'sleep 60; :' {mark}-child"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", ",".join(test_hosts.names), "--num-instances", "4",
+                             "--num-replicas", "4", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S),
+                                                                 "TMPDIR": str(short_tmp),
+                                                                 "POPRUN_SSH_RELAY": "on" if relay == "relayed" else "off"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 4, within_s=30), "never ran"
+        assert signal_on(test_hosts, "h4", f"^sshd|{program}|{running(mark)}", signal.SIGSTOP)
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        noticed = time.monotonic() - cut
+        assert 125 == proc.returncode, err
+        assert "Root cause: error[PR411]: host h4 stopped answering (instance 3 ran there)" in err, err
+        assert noticed < HOST_TIMEOUT_S + 10, noticed
+        assert wait_for(lambda: not ssh_clients_left(short_tmp), within_s=2), ssh_clients_left(short_tmp)
+        assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+            marked_anywhere(test_hosts, mark)
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(test_hosts, "h4", "^sshd", signal.SIGCONT)
+        signal_on(test_hosts, "h4", mark, signal.SIGKILL)  # what a failed check left
