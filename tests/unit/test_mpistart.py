@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from poprun.backends.mpirun.mpirelay import Relay
-from poprun.backends.mpirun.mpistart import host_timeout, mpirun_settings, ssh_host_named
+from poprun.backends.mpirun.mpistart import host_timeout, mpirun_settings, ssh_host_named, startup_failure
 
 SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
 
@@ -103,3 +103,19 @@ def test_an_address_that_ssh_printed_is_told_as_the_host_ssh_config_names(tmp_pa
 
     assert "h9" == ssh_host_named("10.1.2.3", ["h8", "h9"], f"-F {config} -o ServerAliveInterval=5")
     assert "10.9.9.9" == ssh_host_named("10.9.9.9", ["h8", "h9"], f"-F {config}")
+
+
+def test_a_host_mpirun_could_not_start_on_is_named_by_ssh_not_by_mpiruns_setpgid_warning() -> None:
+    """mpirun's own setpgid warning ("Permission denied(13)") comes first: PR422 names h2 (by its address, mapped), from ssh's words."""
+    from tests.unit.test_mpicommand import plan_of
+
+    plan = plan_of("--host", "h1,h2,h3", "--num-instances", "3", "--num-replicas", "3")
+    text = ("[vm:18986] plm:rsh: Warning: setpgid(18997,18997) failed in parent with errno=Permission denied(13)\n"
+            "ssh: connect to host 10.77.72.12 port 22: Connection refused\n"
+            "--------------------------------------------------------------------------\n"
+            "ORTE was unable to reliably start one or more daemons.\n")
+
+    found = startup_failure(text, 255, plan, named={"10.77.72.12": "h2"}.get)
+
+    assert ("PR422", "mpirun could not start on host h2", "ssh: connect to host 10.77.72.12 port 22: Connection refused") \
+        == (found.code, found.summary, found.detail)

@@ -336,7 +336,7 @@ class MpirunLaunch(LauncherLaunch):
         if self._lost:
             raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
         if code != 0 and not stopped and not self._started():
-            raise DiagnosticError([startup_failure(text, code, self._plan)])
+            raise DiagnosticError([startup_failure(text, code, self._plan, named=self._host_at)])
         self._release()
         count = len(self._plan.instances)
         found = parse_failure(text) if code != 0 else None

@@ -237,3 +237,16 @@ def test_a_frozen_host_is_named_and_keeps_nothing_once_it_wakes(fault_hosts: Tes
         proc.wait()
         signal_on(fault_hosts, "h2", "^sshd", signal.SIGCONT)
         signal_on(fault_hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
+
+
+def test_a_host_whose_ssh_server_is_down_before_the_launch_is_named(fault_hosts: TestHosts, tmp_path: Path) -> None:
+    """h2's sshd is down: PR422 names h2 (not its address, nor mpirun's own setpgid warning), exit 125."""
+    fault_hosts.stop_sshd("h2")
+    try:
+        done = poprun(fault_hosts, "--backend", "mpirun", "--host", "h1,h2,h3", "--num-instances", "3",
+                      "--num-replicas", "3", "true", cwd=tmp_path)
+    finally:
+        fault_hosts.start_sshd("h2")
+
+    assert_golden(GOLDEN / "PR422_ssh_server_of_a_host_is_down",
+                  normalised(fault_hosts, f"{done.stderr}exit {done.returncode}\n"))
