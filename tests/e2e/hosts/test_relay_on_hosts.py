@@ -203,3 +203,31 @@ def test_a_leaf_whose_ssh_server_is_gone_before_the_launch_is_named(test_hosts: 
     assert "error[PR406]: host 'h4' cannot be reached" in done.stderr, done.stderr
     assert "(from its relay h3; " in done.stderr, done.stderr
     assert not marked_anywhere(test_hosts, mark)
+
+
+def test_an_instance_of_a_lost_leaf_is_not_started_again(test_hosts: TestHosts, tmp_path: Path,
+                                                         short_tmp: Path) -> None:
+    """--restart-scope instance: h4's sshd is killed mid-run; its instance is lost (PR411), never restarted there."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    events = tmp_path / "events.jsonl"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--events", str(events), "--max-restarts", "3",
+                             "--restart-scope", "instance", "--host", ",".join(test_hosts.names), "--num-instances",
+                             "4", "--num-replicas", "4", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | RELAYED | {
+                                "POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S), "TMPDIR": str(short_tmp)},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 4, within_s=30), "never ran"
+        test_hosts.stop_sshd("h4")
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+        test_hosts.start_sshd("h4")
+
+    assert 125 == proc.returncode, err
+    assert "Root cause: error[PR411]: host h4 stopped answering (instance 3 ran there)" in err, err
+    seen = [e for e in map(json.loads, events.read_text().splitlines()) if e["event"] == "instance-ended"]
+    assert not [e for e in seen if e.get("restarting")], seen
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+        marked_anywhere(test_hosts, mark)
