@@ -196,12 +196,14 @@ def signal_on(hosts: TestHosts, name: str, pattern: str, sig: signal.Signals) ->
     return found
 
 
-@pytest.mark.parametrize("relay", ["direct", "relayed"])
+@pytest.mark.parametrize(("relay", "host"), [("direct", "h4"), ("relayed", "h4"), ("relayed", "h3")],
+                         ids=["direct", "leaf", "relay"])
 def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_path: Path, short_tmp: Path,
-                                                  relay: str) -> None:
+                                                  relay: str, host: str) -> None:
     """
-    Every sshd of h4 and its instance are SIGSTOPped mid-run (a hung host, not a dead one): PR411
-    names h4 within the host timeout and a few seconds, exit 125, and its wrapper kills the frozen instance there.
+    Every sshd of a host and its instance are SIGSTOPped mid-run (a hung host, not a dead one): PR411 names
+    it within the host timeout and a few seconds, exit 125, and its wrapper kills the frozen instance there.
+    Through relays (h3 relays for h4), a frozen leaf is named as a direct host is; a frozen relay for its leaf too.
     """
     mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
     program = f"^sh -c sh -c 'sleep 60; :' {mark}-child"
@@ -213,12 +215,13 @@ def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_pat
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 4, within_s=30), "never ran"
-        assert signal_on(test_hosts, "h4", f"^sshd|{program}|{running(mark)}", signal.SIGSTOP)
+        assert signal_on(test_hosts, host, f"^sshd|{program}|{running(mark)}", signal.SIGSTOP)
         cut = time.monotonic()
         _, err = proc.communicate(timeout=60)
         noticed = time.monotonic() - cut
         assert 125 == proc.returncode, err
-        assert "Root cause: error[PR411]: host h4 stopped answering (instance 3 ran there)" in err, err
+        assert f"Root cause: error[PR411]: host {host} stopped answering (" in err, err
+        assert {"h4": 1, "h3": 2}[host] == len(re.findall(rf"lost: host {host}\b", err)), err
         assert noticed < HOST_TIMEOUT_S + 10, noticed
         assert wait_for(lambda: not ssh_clients_left(short_tmp), within_s=2), ssh_clients_left(short_tmp)
         assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
@@ -226,5 +229,5 @@ def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_pat
     finally:
         proc.kill()
         proc.wait()
-        signal_on(test_hosts, "h4", "^sshd", signal.SIGCONT)
-        signal_on(test_hosts, "h4", mark, signal.SIGKILL)  # what a failed check left
+        signal_on(test_hosts, host, "^sshd", signal.SIGCONT)
+        signal_on(test_hosts, host, mark, signal.SIGKILL)  # what a failed check left
