@@ -250,3 +250,27 @@ def test_a_host_whose_ssh_server_is_down_before_the_launch_is_named(fault_hosts:
 
     assert_golden(GOLDEN / "PR422_ssh_server_of_a_host_is_down",
                   normalised(fault_hosts, f"{done.stderr}exit {done.returncode}\n"))
+
+
+def test_a_host_cut_off_with_a_hung_daemon_keeps_nothing(h2_comes_back: TestHosts, marked: Marked) -> None:
+    """
+    h2's daemon hangs (SIGSTOP) and its link goes down: PR411 names h2, exit 125; with h2 still cut off, its
+    instance's relay helper, whose keepalives to poprun get no answer, kills the instance and the daemon there.
+    """
+    hosts, mark = h2_comes_back, f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = start(hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(hosts, "h2", "^orted ", signal.SIGSTOP), "the check below would see nothing"
+        hosts.set_link("h2", up=False)
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 30)
+
+        assert 125 == proc.returncode, err
+        assert "error[PR411]: host h2 stopped answering" in err, err
+        assert {} == marked.survivors(within_s=3)
+        left = lambda: marked_anywhere(hosts, mark) or hosts.processes("h2", "^orted ")  # noqa: E731
+        assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 10), left()  # h2 still cut off
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
