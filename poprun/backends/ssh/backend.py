@@ -163,11 +163,19 @@ exit $__poprun_s"""
 # The second session of an instance that reads poprun's standard input: once the wrapper has
 # made the FIFO ($1/in, waited for 10 s at most), copy this session's input into it, only if
 # the directory and the FIFO are this user's (a FIFO planted by someone else never gets a byte).
+# The copy ends when the wrapper has removed the directory (its instance ended, or was killed
+# for want of poprun's heartbeat): on a host cut off from poprun, its input never ends.
 _STDIN = """\
 __poprun_i=0
 until [ -d "$1" ] && [ ! -h "$1" ] && [ -O "$1" ] && [ -p "$1/in" ] && [ ! -h "$1/in" ] && [ -O "$1/in" ]; do
   [ $__poprun_i -lt 200 ] || exit 0; sleep 0.05; __poprun_i=$((__poprun_i + 1)); done
-exec cat > "$1/in"
+exec 3<&0
+cat <&3 > "$1/in" 3<&- &
+__poprun_c=$!
+exec 3<&- </dev/null
+while [ -d "$1" ] && kill -0 $__poprun_c 2>/dev/null; do sleep 1; done
+kill $__poprun_c 2>/dev/null
+wait $__poprun_c
 """
 # Reads the environment poprun sends before anything else (a count of bytes, then that many
 # bytes of `export NAME='value'` lines), so that no value is ever on a command line (ps shows

@@ -231,3 +231,44 @@ def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_pat
         proc.wait()
         signal_on(test_hosts, host, "^sshd", signal.SIGCONT)
         signal_on(test_hosts, host, mark, signal.SIGKILL)  # what a failed check left
+
+
+def holding(hosts: TestHosts, name: str, needle: str) -> list[str]:
+    """Return the processes of host ``name`` with an open file whose path holds ``needle``."""
+    found = []
+    for line in hosts.processes(name, "."):
+        pid = line.split()[0]
+        with contextlib.suppress(OSError):
+            if any(needle in str(fd.readlink()) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                found.append(line)
+    return found
+
+
+def test_the_copy_of_stdin_on_a_lost_host_ends_too(test_hosts: TestHosts, tmp_path: Path,
+                                                    link_down: list[str]) -> None:
+    """poprun's stdin stays open, instance 0 on h1; h1's link goes down: nothing on h1 keeps its stdin FIFO (the copy ends)."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2", "--num-instances", "2",
+                             "--num-replicas", "2", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 2, within_s=20), "never ran"
+        assert wait_for(lambda: holding(test_hosts, "h1", "/poprun-stdin-"), within_s=10), "no copy of stdin to see"
+        link_down.append("h1")
+        test_hosts.set_link("h1", up=False)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    assert 125 == proc.returncode, err
+    assert "Root cause: error[PR411]: host h1 stopped answering" in err, err
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5)
+    assert wait_for(lambda: not holding(test_hosts, "h1", "/poprun-stdin-"), within_s=HOST_TIMEOUT_S + 5), \
+        holding(test_hosts, "h1", "/poprun-stdin-")
