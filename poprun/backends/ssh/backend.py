@@ -1125,25 +1125,28 @@ class SshBackend:
                            respawn=respawn)
 
 
-def _lost(plan: LaunchPlan, client: SshClient, remote: frozenset[int], slots: dict[int, int]) -> Callable[[int], str | None]:
+def _lost(plan: LaunchPlan, client: SshClient, remote: frozenset[int],
+          slots: dict[int, int]) -> Callable[[int, bool], str | None]:
     """
-    Return the launch's ``lost(index)``, asked when a remote session ends with ssh's 255: the host that stopped answering, or None.
+    Return the launch's ``lost(index, stopped)``, asked when a remote session ends with ssh's 255: the host that stopped answering, or None.
 
     The instance's host when its connection went; its relay when the relay's connection went;
     a leaf whose relay's connection is up when a new session through the relay cannot reach
     it (:meth:`SshClient.answers`): the relay's ssh to the leaf failed, as a direct host's
-    connection would have. A program that exits with 255 itself is no lost host.
+    connection would have. A program that exits with 255 itself is no lost host. A leaf is
+    not asked after poprun began stopping the launch (``stopped``): it is no root cause then,
+    and every leaf's program exiting 255 on SIGTERM would cost a session each, one at a time.
     """
     gone: set[str] = set()  # leaves found lost: their other instances need not ask again
     _, _, host_timeout_s, connect_timeout_s = client.settings
 
-    def lost(index: int) -> str | None:
+    def lost(index: int, stopped: bool) -> str | None:
         host = plan.instances[index].host
         if index not in remote:
             return None
         if not client.connected(host, slot=slots[index]):
             return client.routes.host(host)
-        if host not in client.routes.via:
+        if host not in client.routes.via or (stopped and host not in gone):
             return None
         if host in gone or not client.answers(host, slot=slots[index],
                                               timeout_s=max(host_timeout_s, connect_timeout_s + 5)):
