@@ -274,3 +274,27 @@ def test_a_host_cut_off_with_a_hung_daemon_keeps_nothing(h2_comes_back: TestHost
         proc.kill()
         proc.wait()
         signal_on(hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
+
+
+def test_a_host_whose_daemon_is_killed_keeps_nothing_of_the_launch(fault_hosts: TestHosts, marked: Marked) -> None:
+    """
+    mpirun's daemon on h2 is SIGKILLed mid-run (its instance, orphaned, would run on): poprun ends 125 naming
+    h2, and nothing of the launch is left anywhere (the instance's relay helper kills it).
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = start(fault_hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(fault_hosts, "h2", "^orted ", signal.SIGKILL), "the check below would see nothing"
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 15)
+
+        assert 125 == proc.returncode, err
+        assert "host h2" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err
+        assert {} == marked.survivors(within_s=3)
+        assert wait_for(lambda: not marked_anywhere(fault_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+            marked_anywhere(fault_hosts, mark)
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(fault_hosts, "h2", mark, signal.SIGKILL)  # what a failed check left
