@@ -26,9 +26,11 @@ PR421-PR423, exit 125). A host that stops answering is noticed within the host t
 relay's keepalives, by the ssh clients' ServerAlive and by mpirun's own keepalives
 (:func:`~poprun.backends.mpirun.mpistart.mpirun_settings`), named (PR411, exit 125), and the launch is
 stopped. When mpirun only says it lost a daemon (its ssh client ended: a host hung, with ssh's own
-words silenced by ``LogLevel``), the host is the one whose ssh client of mpirun ended first while
-mpirun ran (each is watched by a pidfd), else those whose instances fell silent; never a
-healthy host beside one already named, and never instance 0 for mpirun's own status. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
+words silenced by ``LogLevel``), the hosts are those whose ssh client of mpirun ended while mpirun
+ran (each is watched by a pidfd) and whose SSH server does not greet (else the first to end: the
+others end in mpirun's teardown, in the same instant on a busy machine), else those whose
+instances fell silent; never a healthy host beside one already named, and never instance 0 for
+mpirun's own status. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
 and tears its daemons down), then SIGKILL to the whole group after the grace period, and to
 mpirun's children outside it (its ssh clients, in groups of their own, which would keep its
 pipes open); when mpirun exits, whatever of its children is left is killed too. On other hosts,
@@ -67,6 +69,7 @@ from poprun.backends.mpirun.command import mpirun_command, render_explained
 from poprun.backends.mpirun.mpiout import TagSplitter, parse_failure
 from poprun.backends.mpirun.mpirelay import RELAY_VARIABLE, Relay, relay_words
 from poprun.backends.mpirun.mpistart import (
+    greets,
     host_lost,
     lost_daemon,
     lost_hosts,
@@ -91,6 +94,7 @@ if TYPE_CHECKING:
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 _DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
 _DRAIN_MAX_S = 5.0  # and every one this long after (a program's child that outlived it may hold one)
+_GREET_S = 3.0  # how long a host whose ssh client of mpirun ended may take to greet (see mpistart.greets)
 _TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the relay's greetings
 
 
@@ -327,9 +331,11 @@ class MpirunLaunch(LauncherLaunch):
         """
         text = self._messages.decode(errors="replace")
         if code != 0 and self._started() and lost_daemon(text) and not self._lost:  # a daemon's ssh ended
-            if self._clients_ended:  # the first of mpirun's ssh clients to end is the host that stopped answering
-                host = self._clients_ended[0]
-                self._lost[host] = f"mpirun's ssh connection to {host} ended, and mpirun lost its daemon there"
+            if self._clients_ended:  # a host whose ssh client of mpirun ended: those that do not greet, else the first
+                ended = list(dict.fromkeys(self._clients_ended))
+                silent = [host for host in ended if not greets(host, self._ssh_args, timeout_s=_GREET_S)]
+                for host in silent or ended[:1]:
+                    self._lost[host] = f"mpirun's ssh connection to {host} ended, and mpirun lost its daemon there"
             for index in sorted(self._silent) if not self._lost else ():  # else: the instances that fell silent
                 host = self._plan.instances[index].host
                 self._lost.setdefault(host, f"mpirun lost its daemon on {host}, and instance {index} there fell silent")

@@ -96,6 +96,35 @@ def mpirun_settings(global_args: Sequence[str], environ: Mapping[str, str]) -> S
     return Settings(global_args=tuple(args), env=env, merge=merge, host_timeout_s=timeout, ssh_args=ssh_args)
 
 
+def greets(host: str, ssh_args: str, *, timeout_s: float) -> bool:
+    """
+    Return whether ``host``'s SSH server sends its greeting within ``timeout_s`` (where mpirun's ssh reaches it).
+
+    No session, no login: ``ssh -G`` (mpirun's ssh options) says where the host is, and a TCP
+    connection there waits for the ``SSH-`` line. A host that is hung, cut off or whose server
+    died never greets; one reached through a proxy is taken as greeting (it cannot be asked so).
+    """
+    import shlex
+    import socket
+    import subprocess
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        done = subprocess.run(["ssh", *shlex.split(ssh_args), "-G", "--", host], capture_output=True, text=True,  # noqa: S603, S607 - ssh, as mpirun runs it
+                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return True
+    said = dict(line.partition(" ")[::2] for line in done.stdout.splitlines())
+    if done.returncode != 0 or said.get("proxycommand", "none") != "none" or said.get("proxyjump", "none") != "none":
+        return True
+    try:
+        with socket.create_connection((said.get("hostname", host), int(said.get("port", "22"))),
+                                      timeout=max(0.1, deadline - time.monotonic())) as sock:
+            return sock.recv(4).startswith(b"SSH-")
+    except (OSError, ValueError):
+        return False
+
+
 def ssh_host_named(name: str, hosts: Sequence[str], ssh_args: str) -> str:
     """
     Return the host of ``hosts`` that ssh reaches at ``name`` (an address ssh printed), else ``name``.
