@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import selectors
 import shutil
 import socket
+import threading
 from pathlib import Path
 
 import pytest
 
 from poprun.backends.mpirun.mpirelay import Relay
-from poprun.backends.mpirun.mpistart import host_timeout, mpirun_settings, ssh_host_named
+from poprun.backends.mpirun.mpistart import greets, host_timeout, mpirun_settings, ssh_host_named, startup_failure
 
 SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
 
@@ -103,3 +105,46 @@ def test_an_address_that_ssh_printed_is_told_as_the_host_ssh_config_names(tmp_pa
 
     assert "h9" == ssh_host_named("10.1.2.3", ["h8", "h9"], f"-F {config} -o ServerAliveInterval=5")
     assert "10.9.9.9" == ssh_host_named("10.9.9.9", ["h8", "h9"], f"-F {config}")
+
+
+def test_a_host_mpirun_could_not_start_on_is_named_by_ssh_not_by_mpiruns_setpgid_warning() -> None:
+    """mpirun's own setpgid warning ("Permission denied(13)") comes first: PR422 names h2 (by its address, mapped), from ssh's words."""
+    from tests.unit.test_mpicommand import plan_of
+
+    plan = plan_of("--host", "h1,h2,h3", "--num-instances", "3", "--num-replicas", "3")
+    text = ("[vm:18986] plm:rsh: Warning: setpgid(18997,18997) failed in parent with errno=Permission denied(13)\n"
+            "ssh: connect to host 10.77.72.12 port 22: Connection refused\n"
+            "--------------------------------------------------------------------------\n"
+            "ORTE was unable to reliably start one or more daemons.\n")
+
+    found = startup_failure(text, 255, plan, named={"10.77.72.12": "h2"}.get)
+
+    assert ("PR422", "mpirun could not start on host h2", "ssh: connect to host 10.77.72.12 port 22: Connection refused") \
+        == (found.code, found.summary, found.detail)
+
+
+@pytest.mark.skipif(shutil.which("ssh") is None, reason="needs OpenSSH's ssh -G")
+@pytest.mark.parametrize(("greeting", "expected"), [(b"SSH-2.0-OpenSSH_9.2\r\n", True), (None, False)])
+def test_a_host_greets_only_when_its_server_sends_the_ssh_line(greeting: bytes | None, expected: bool) -> None:
+    """A server that sends "SSH-..." greets; one that accepts and says nothing (hung) does not, within the time given."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        server.settimeout(5)
+        def answer() -> None:
+            conn, _ = server.accept()
+            with conn, contextlib.suppress(OSError):  # the client goes when it has seen enough (a reset)
+                if greeting is not None:
+                    conn.sendall(greeting)
+                conn.recv(1)  # held open until the client goes
+
+        thread = threading.Thread(target=answer, daemon=True)
+        thread.start()
+        assert expected is greets("hung-or-not", f"-o Hostname=127.0.0.1 -o Port={port}", timeout_s=1.5)
+        thread.join(5)
+
+
+def test_a_host_whose_port_is_closed_does_not_greet() -> None:
+    """Nothing listens there: no greeting."""
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+    assert not greets("gone", f"-o Hostname=127.0.0.1 -o Port={port}", timeout_s=1.5)

@@ -87,7 +87,7 @@ class LocalLaunch:
     def __init__(self, plan: LaunchPlan, procs: Sequence[subprocess.Popen[bytes]], *, watchdog: Watchdog,
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
                  stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
-                 finish: Callable[[], None] | None = None, lost: Callable[[int], str | None] | None = None,
+                 finish: Callable[[], None] | None = None, lost: Callable[[int, bool], str | None] | None = None,
                  restarter: Restarter | None = None, respawn: Respawn | None = None) -> None:
         """
         Supervise ``procs`` (one per instance, in the launch's process group) until they end.
@@ -97,9 +97,10 @@ class LocalLaunch:
         their ssh connections, and kills those connections). The exit status of an
         instance in ``remote`` is its remote program's, 128+N meaning killed by signal N.
         ``finish`` runs once every process of the launch is gone (the ssh backend closes its
-        connections). ``lost(index)``, asked when a remote instance ends with ssh's status 255,
-        names the host that stopped answering, or None (then that host, not the instance, is to
-        blame): the instance's own, or the relay through which it was reached.
+        connections). ``lost(index, stopped)``, asked when a remote instance ends with ssh's status 255
+        (``stopped``: after poprun began stopping the launch), names the host that stopped answering,
+        or None (then that host, not the instance, is to blame): the instance's own, or the relay
+        through which it was reached.
         ``restarter`` and ``respawn`` together start a failed instance again (see the module docstring).
         """
         self._plan, self._procs, self._watchdog, self._router = plan, list(procs), watchdog, router
@@ -364,7 +365,7 @@ class LocalLaunch:
             stopped = self._stopping
         if index in self._remote and _SIGNALLED < code <= _SIGNALLED + _MAX_SIGNAL:
             code = _SIGNALLED - code  # the remote shell's 128+N: killed by signal N there
-        gone = self._lost(index) if code == _SSH_FAILED and self._lost is not None else None
+        gone = self._lost(index, stopped) if code == _SSH_FAILED and self._lost is not None else None
         via = gone if gone and gone != self._plan.instances[index].host else ""
         end = InstanceEnded(index=index, pid=proc.pid, exit_code=code if code >= 0 else None,
                             signal=-code if code < 0 else None, stopped=stopped, lost=bool(gone), via=via)

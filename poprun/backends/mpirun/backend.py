@@ -25,11 +25,17 @@ started, its failure is told as mpirun's or a host's (:mod:`poprun.backends.mpir
 PR421-PR423, exit 125). A host that stops answering is noticed within the host timeout by the
 relay's keepalives, by the ssh clients' ServerAlive and by mpirun's own keepalives
 (:func:`~poprun.backends.mpirun.mpistart.mpirun_settings`), named (PR411, exit 125), and the launch is
-stopped. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
+stopped. When mpirun only says it lost a daemon (its ssh client ended: a host hung, with ssh's own
+words silenced by ``LogLevel``), the hosts are those whose ssh client of mpirun ended while mpirun
+ran (each is watched by a pidfd) and whose SSH server does not greet (else the first to end: the
+others end in mpirun's teardown, in the same instant on a busy machine), else those whose
+instances fell silent; never a healthy host beside one already named, and never instance 0 for
+mpirun's own status. To stop the launch poprun sends mpirun SIGTERM (mpirun passes it on to every instance
 and tears its daemons down), then SIGKILL to the whole group after the grace period, and to
 mpirun's children outside it (its ssh clients, in groups of their own, which would keep its
 pipes open); when mpirun exits, whatever of its children is left is killed too. On other hosts,
-mpirun's daemons end their instances when they lose mpirun. If poprun dies, even by SIGKILL,
+mpirun's daemons end their instances when they lose mpirun, and each instance's relay helper
+kills its instance (and a daemon that outlives it) once its connection to poprun ends or breaks. If poprun dies, even by SIGKILL,
 the watchdog kills mpirun.
 """
 
@@ -70,6 +76,7 @@ from poprun.backends.mpirun.mpirelay import (
     through_mpirun,
 )
 from poprun.backends.mpirun.mpistart import (
+    greets,
     host_lost,
     lost_daemon,
     lost_hosts,
@@ -94,6 +101,7 @@ if TYPE_CHECKING:
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 _DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
 _DRAIN_MAX_S = 5.0  # and every one this long after (a program's child that outlived it may hold one)
+_GREET_S = 3.0  # how long a host whose ssh client of mpirun ended may take to greet (see mpistart.greets)
 _TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the relay's greetings
 
 
@@ -118,6 +126,8 @@ class MpirunLaunch(LauncherLaunch):
         self._pidfd: int | None = None
         self._selector: selectors.BaseSelector | None = None
         self._silent: set[int] = set()  # instances whose connection was still open when reading ended
+        self._clients: dict[int, str] = {}  # pidfd -> the host of mpirun's ssh client it watches
+        self._clients_ended: list[str] = []  # hosts whose ssh client of mpirun ended while mpirun ran, in order
         super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
 
     def _splitter(self, stream: Stream) -> TagSplitter:
@@ -165,6 +175,7 @@ class MpirunLaunch(LauncherLaunch):
         self._silent = self._relay.open_instances() | (set(range(len(self._plan.instances))) - self._relay.started
                                                         - self._tagged_by)
         self._kill_children()
+        self._forget_clients()
         self._relay.close(self._router.end)
         if self._pidfd is not None:
             os.close(self._pidfd)
@@ -180,7 +191,7 @@ class MpirunLaunch(LauncherLaunch):
         if now - self._looked_at >= _TICK_S:
             self._looked_at = now
             self._relay.expire()
-            self._remember_children()
+            self._remember_children(watch=True)
 
     # -- stopping --------------------------------------------------------------------------
     def _kill(self) -> None:
@@ -189,9 +200,47 @@ class MpirunLaunch(LauncherLaunch):
         super()._kill()
         self._kill_children()
 
-    def _remember_children(self) -> None:
+    def _remember_children(self, *, watch: bool = False) -> None:
+        """Remember mpirun's children; with ``watch`` (the reading thread's tick), watch its new ssh clients too."""
         for pid in _children_of(self._proc.pid):
-            self._children.setdefault(pid, _start_time(pid))
+            if pid not in self._children:
+                self._children[pid] = _start_time(pid)
+                if watch:
+                    self._watch_client(pid)
+
+    def _watch_client(self, pid: int) -> None:
+        """Watch ``pid`` when it is one of mpirun's ssh clients (its argv names a host of the plan): note when it ends."""
+        if self._selector is None or self._ended_at is not None:
+            return
+        try:
+            words = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return
+        hosts = set(self._plan.topology.hosts)
+        host = next((w.decode(errors="replace") for w in words[1:] if w.decode(errors="replace") in hosts), None)
+        if host is None or Path(words[0].decode(errors="replace")).name != "ssh":
+            return
+        with contextlib.suppress(OSError, AttributeError):  # pidfd_open: Linux 5.3
+            fd = os.pidfd_open(pid)
+            self._clients[fd] = host
+            self._selector.register(fd, selectors.EVENT_READ, self._client_ended)
+
+    def _client_ended(self, fd: int) -> None:
+        """One of mpirun's ssh clients ended: while mpirun runs and poprun has not begun to stop it, its host is the suspect."""
+        host = self._clients.pop(fd)
+        if self._selector is not None:
+            self._selector.unregister(fd)
+        os.close(fd)
+        if self._ended_at is None and not self._stopping:
+            self._clients_ended.append(host)
+
+    def _forget_clients(self) -> None:
+        for fd in list(self._clients):
+            if self._selector is not None:
+                with contextlib.suppress(KeyError, ValueError):
+                    self._selector.unregister(fd)
+            os.close(fd)
+        self._clients.clear()
 
     def _kill_children(self, *, adopted: bool = True) -> None:
         """
@@ -290,14 +339,19 @@ class MpirunLaunch(LauncherLaunch):
                 own failure (PR412, PR421-PR423).
         """
         text = self._messages.decode(errors="replace")
-        if code != 0 and self._started() and lost_daemon(text):  # a daemon's ssh ended: its instances went silent
-            for index in sorted(self._silent):
+        if code != 0 and self._started() and lost_daemon(text) and not self._lost:  # a daemon's ssh ended
+            if self._clients_ended:  # a host whose ssh client of mpirun ended: those that do not greet, else the first
+                ended = list(dict.fromkeys(self._clients_ended))
+                silent = [host for host in ended if not greets(host, self._ssh_args, timeout_s=_GREET_S)]
+                for host in silent or ended[:1]:
+                    self._lost[host] = f"mpirun's ssh connection to {host} ended, and mpirun lost its daemon there"
+            for index in sorted(self._silent) if not self._lost else ():  # else: the instances that fell silent
                 host = self._plan.instances[index].host
                 self._lost.setdefault(host, f"mpirun lost its daemon on {host}, and instance {index} there fell silent")
         if self._lost:
             raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
         if code != 0 and not stopped and not self._started():
-            raise DiagnosticError([startup_failure(text, code, self._plan)])
+            raise DiagnosticError([startup_failure(text, code, self._plan, named=self._host_at)])
         hosts = [i.host for i in self._plan.instances]
         if self._relay.lost:  # output lost for good: the run cannot be taken for a success
             raise DiagnosticError(output_lost(self._relay.lost, hosts, self._relay.reconnect_s))

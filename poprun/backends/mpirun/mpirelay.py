@@ -44,6 +44,18 @@ broke and did not come back within the host timeout (5 s at least) is lost outpu
 the instance, exit 125. Connections to the relay's port that do not authenticate are closed
 (beyond two per instance and 64 more waiting at once, the oldest first) and told at the end
 (PR415, a warning); an instance whose wrapper could not reach poprun at all is told too (PR416).
+
+The relay process is also the instance's watchdog on its host, as the ssh backend's wrapper is:
+when poprun's end of a connection ends (poprun closed it, or died, or refuses a new one) or
+breaks for good (no answer to the keepalives, or data unacknowledged, for the host timeout:
+``TCP_USER_TIMEOUT``, and no new connection within it) while the program still holds the
+pipe, the launch is over for this host, whatever happened to mpirun's
+daemon there (its ssh session killed, the daemon hung, the host cut off). The relay then
+SIGKILLs the program's process group (mpirun's daemon makes each program a group leader) and,
+when the program's parent is mpirun's daemon (``orted``, ``prted``) that has not ended on its
+own within 2 s, that daemon. Both are known by pid and start time, taken before the program
+started: a reused pid is never killed. A wrapper that could not reach poprun has no relay, and
+no such watchdog.
 """
 
 from __future__ import annotations
@@ -87,7 +99,10 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # (a reset) is made again and the rest sent from where poprun has it; one that poprun closes,
 # or a port that refuses, means poprun is gone: the relay closes its pipes and ends. It holds
 # mpirun's own stdout and stderr of the instance until the program's pid ends (pidfd; without
-# pidfd_open, not at all): mpirun forwards stdin only while they are open.
+# pidfd_open, not at all): mpirun forwards stdin only while they are open. When poprun is gone
+# (closed, refused, or unreachable for the host timeout) while the program still holds a pipe,
+# it kills the program and a daemon parent that outlives it (stop(); "guard" is their pids and
+# start times, taken before the exec).
 WRAPPER = r"""import os, select, socket, struct, sys, time
 def addresses(given):
     found = [a for a in given.split(",") if a]
@@ -152,7 +167,37 @@ class Out(object):
             raise OSError("bad acknowledgement")
         del self.kept[:upto - self.base]
         self.base = upto
-def relay(outs, places, port, token, index, held, pid):
+def born(pid):
+    try:
+        with open("/proc/%%d/stat" %% pid, "rb") as f:
+            return f.read().rsplit(b")", 1)[1].split()[19]
+    except (OSError, IndexError):
+        return None
+def daemon(pid):
+    try:
+        with open("/proc/%%d/comm" %% pid, "rb") as f:
+            return f.read().strip() in (b"orted", b"prted")
+    except OSError:
+        return False
+def stop(watch):
+    me, mine, parent, theirs = watch
+    if mine is not None and born(me) == mine:
+        for kill in (os.killpg, os.kill):
+            try:
+                kill(me, 9)
+            except OSError:
+                pass
+    if theirs is None:
+        return
+    for _ in range(20):
+        if born(parent) != theirs:
+            return
+        select.select([], [], [], 0.1)
+    try:
+        os.kill(parent, 9)
+    except OSError:
+        pass
+def relay(outs, places, port, token, index, held, pid, guard):
     os.setsid()
     watch = None
     try:
@@ -179,6 +224,8 @@ def relay(outs, places, port, token, index, held, pid):
         while time.time() < until:
             s, have = connect(places, port, token, index, o.name)
             if s is None and have:
+                if o.r is not None:
+                    stop(guard)
                 o.quit()
                 return
             if s is not None:
@@ -197,6 +244,8 @@ def relay(outs, places, port, token, index, held, pid):
                     o.s = None
             time.sleep(0.2)
         o.gone = True
+        if o.r is not None:
+            stop(guard)
     if not held:
         watch = None
     while [o for o in outs if not o.done and not o.gone] or [o for o in outs if o.r is not None] or watch is not None:
@@ -233,6 +282,8 @@ def relay(outs, places, port, token, index, held, pid):
                 try:
                     got = o.s.recv(4096, socket.MSG_DONTWAIT)
                     if not got:
+                        if o.r is not None:
+                            stop(guard)
                         o.quit()
                         continue
                     o.acks += got
@@ -272,11 +323,13 @@ def main():
         os.close(w)
         outs.append(Out(r, s, name))
     if outs:
+        me, parent = os.getpid(), os.getppid()
+        guard = (me, born(me), parent, born(parent) if daemon(parent) else None)
         child = os.fork()
         if child == 0:
             try:
                 if os.fork() == 0:
-                    relay(outs, places, int(port or 0), token, index, held, pid)
+                    relay(outs, places, int(port or 0), token, index, held, pid, guard)
             finally:
                 os._exit(0)
         os.waitpid(child, 0)

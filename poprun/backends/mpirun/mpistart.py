@@ -26,7 +26,7 @@ from poprun.core.span import SourceSpan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    from collections.abc import Mapping, Sequence
+    from collections.abc import Callable, Mapping, Sequence
 
     from poprun.planner.plan import LaunchPlan
 
@@ -96,6 +96,35 @@ def mpirun_settings(global_args: Sequence[str], environ: Mapping[str, str]) -> S
     return Settings(global_args=tuple(args), env=env, merge=merge, host_timeout_s=timeout, ssh_args=ssh_args)
 
 
+def greets(host: str, ssh_args: str, *, timeout_s: float) -> bool:
+    """
+    Return whether ``host``'s SSH server sends its greeting within ``timeout_s`` (where mpirun's ssh reaches it).
+
+    No session, no login: ``ssh -G`` (mpirun's ssh options) says where the host is, and a TCP
+    connection there waits for the ``SSH-`` line. A host that is hung, cut off or whose server
+    died never greets; one reached through a proxy is taken as greeting (it cannot be asked so).
+    """
+    import shlex
+    import socket
+    import subprocess
+
+    deadline = time.monotonic() + timeout_s
+    try:
+        done = subprocess.run(["ssh", *shlex.split(ssh_args), "-G", "--", host], capture_output=True, text=True,  # noqa: S603, S607 - ssh, as mpirun runs it
+                              timeout=timeout_s, check=False, stdin=subprocess.DEVNULL)
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return True
+    said = dict(line.partition(" ")[::2] for line in done.stdout.splitlines())
+    if done.returncode != 0 or said.get("proxycommand", "none") != "none" or said.get("proxyjump", "none") != "none":
+        return True
+    try:
+        with socket.create_connection((said.get("hostname", host), int(said.get("port", "22"))),
+                                      timeout=max(0.1, deadline - time.monotonic())) as sock:
+            return sock.recv(4).startswith(b"SSH-")
+    except (OSError, ValueError):
+        return False
+
+
 def ssh_host_named(name: str, hosts: Sequence[str], ssh_args: str) -> str:
     """
     Return the host of ``hosts`` that ssh reaches at ``name`` (an address ssh printed), else ``name``.
@@ -141,7 +170,10 @@ def mpirun_missing() -> Diagnostic:
 _UNKNOWN = re.compile(r"mpirun: Error: (unknown option .*|.*)")
 _SLOTS = re.compile(r"There are not enough slots available in the system|All nodes which are allocated for this job "
                     r"are already filled")
-_SSH = re.compile(r"^(ssh: .*|.*Permission denied.*|Host key verification failed.*)$", re.MULTILINE)
+# ssh's own words first; then its refusals, but not mpirun's own "[HOST:PID] plm:rsh: Warning: setpgid(...) failed
+# ... errno=Permission denied(13)", which says nothing about a host
+_SSH = (re.compile(r"^(ssh: .*)$", re.MULTILINE),
+        re.compile(r"^((?!\[[^\]]*\] plm:).*Permission denied.*|Host key verification failed.*)$", re.MULTILINE))
 _DAEMONS = "ORTE was unable to reliably start one or more daemons"  # also when a daemon's ssh dies mid-run
 
 
@@ -150,12 +182,13 @@ def lost_daemon(text: str) -> bool:
     return _DAEMONS in text
 
 
-def startup_failure(text: str, code: int, plan: LaunchPlan) -> Diagnostic:
+def startup_failure(text: str, code: int, plan: LaunchPlan, *, named: Callable[[str], str] | None = None) -> Diagnostic:
     """
     Return what mpirun said when it ended with ``code`` before starting any instance (``text``: its stderr).
 
     PR421 it refused its arguments, PR423 not enough slots, PR422 it could not start its
-    daemon on a host (ssh's own words), else PR412 with mpirun's first lines.
+    daemon on a host (ssh's own words), else PR412 with mpirun's first lines. ``named(address)``
+    returns the plan's host that ssh reached at an address it printed (else the address).
     """
     span = SourceSpan.environment("mpirun")
     found = _UNKNOWN.search(text)
@@ -169,10 +202,12 @@ def startup_failure(text: str, code: int, plan: LaunchPlan) -> Diagnostic:
                      hint="poprun gives each host as many slots as it has instances; remove options of "
                           "--mpi-global-args that change the mapping (--map-by, -np, --host, --hostfile), or add "
                           "--oversubscribe")
-    ssh = _SSH.search(text)
+    ssh = next((found for pattern in _SSH if (found := pattern.search(text)) is not None), None)
     if ssh is not None or _DAEMONS in text:
         line = ssh[1].strip() if ssh is not None else _DAEMONS
         host = _plan_host(_ssh_host(line), plan)
+        if host is not None and named is not None and host not in plan.topology.hosts:
+            host = named(host)
         return error("PR422", f"mpirun could not start on {f'host {host}' if host else 'a host'}",
                      detail=line, span=SourceSpan.environment(f"host {host}" if host else "mpirun"),
                      hint="mpirun starts its daemon on each host with ssh: check that 'ssh HOST' logs in without a "

@@ -93,6 +93,7 @@ SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for ins
 CONTROL_PERSIST_S = 30  # how long a host's shared connection outlives its last use, should poprun die
 HOST_TIMEOUT = "POPRUN_HOST_TIMEOUT"  # seconds without an answer before a host is declared lost
 DEFAULT_HOST_TIMEOUT_S = 15.0
+_SSH_FAILED = 255  # ssh's status when it, not the remote command, failed
 _MARK = "poprun-preflight"
 _OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"
 _MADE = ".poprun-made"  # in a temporary cache made on a host: the record that this poprun made it (holds _TOKEN)
@@ -162,11 +163,19 @@ exit $__poprun_s"""
 # The second session of an instance that reads poprun's standard input: once the wrapper has
 # made the FIFO ($1/in, waited for 10 s at most), copy this session's input into it, only if
 # the directory and the FIFO are this user's (a FIFO planted by someone else never gets a byte).
+# The copy ends when the wrapper has removed the directory (its instance ended, or was killed
+# for want of poprun's heartbeat): on a host cut off from poprun, its input never ends.
 _STDIN = """\
 __poprun_i=0
 until [ -d "$1" ] && [ ! -h "$1" ] && [ -O "$1" ] && [ -p "$1/in" ] && [ ! -h "$1/in" ] && [ -O "$1/in" ]; do
   [ $__poprun_i -lt 200 ] || exit 0; sleep 0.05; __poprun_i=$((__poprun_i + 1)); done
-exec cat > "$1/in"
+exec 3<&0
+cat <&3 > "$1/in" 3<&- &
+__poprun_c=$!
+exec 3<&- </dev/null
+while [ -d "$1" ] && kill -0 $__poprun_c 2>/dev/null; do sleep 1; done
+kill $__poprun_c 2>/dev/null
+wait $__poprun_c
 """
 # Reads the environment poprun sends before anything else (a count of bytes, then that many
 # bytes of `export NAME='value'` lines), so that no value is ever on a command line (ps shows
@@ -353,6 +362,23 @@ class SshClient:
         except (OSError, subprocess.TimeoutExpired):
             return False
         return done.returncode == 0
+
+    def answers(self, host: str, *, slot: int = 0, timeout_s: float) -> bool:
+        """
+        Return whether a new session reaches ``host`` within ``timeout_s`` (a leaf: from its relay).
+
+        Asked of a leaf whose session ended with ssh's 255 while its relay's connection is up:
+        the relay's ssh to the leaf failed (the leaf stopped answering), or the program there
+        exited with 255 itself; only a session that cannot be had tells the two apart.
+        """
+        argv = [*self._options(slot), "-o", "ControlMaster=no", "-T", "--", self.routes.host(host),
+                self.routes.command(host, "exit 0")]
+        try:
+            done = subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,  # noqa: S603
+                                  stderr=subprocess.DEVNULL, timeout=timeout_s, check=False)
+        except (OSError, subprocess.TimeoutExpired):
+            return False
+        return done.returncode != _SSH_FAILED
 
     def close(self, *, timeout_s: float = 2.0) -> None:
         """
@@ -1099,14 +1125,34 @@ class SshBackend:
                            respawn=respawn)
 
 
-def _lost(plan: LaunchPlan, client: SshClient, remote: frozenset[int], slots: dict[int, int]) -> Callable[[int], str | None]:
-    """Return the launch's ``lost(index)``: the host whose connection went (the instance's, or its relay's), or None."""
+def _lost(plan: LaunchPlan, client: SshClient, remote: frozenset[int],
+          slots: dict[int, int]) -> Callable[[int, bool], str | None]:
+    """
+    Return the launch's ``lost(index, stopped)``, asked when a remote session ends with ssh's 255: the host that stopped answering, or None.
 
-    def lost(index: int) -> str | None:
+    The instance's host when its connection went; its relay when the relay's connection went;
+    a leaf whose relay's connection is up when a new session through the relay cannot reach
+    it (:meth:`SshClient.answers`): the relay's ssh to the leaf failed, as a direct host's
+    connection would have. A program that exits with 255 itself is no lost host. A leaf is
+    not asked after poprun began stopping the launch (``stopped``): it is no root cause then,
+    and every leaf's program exiting 255 on SIGTERM would cost a session each, one at a time.
+    """
+    gone: set[str] = set()  # leaves found lost: their other instances need not ask again
+    _, _, host_timeout_s, connect_timeout_s = client.settings
+
+    def lost(index: int, stopped: bool) -> str | None:
         host = plan.instances[index].host
-        if index not in remote or client.connected(host, slot=slots[index]):
+        if index not in remote:
             return None
-        return client.routes.host(host)
+        if not client.connected(host, slot=slots[index]):
+            return client.routes.host(host)
+        if host not in client.routes.via or (stopped and host not in gone):
+            return None
+        if host in gone or not client.answers(host, slot=slots[index],
+                                              timeout_s=max(host_timeout_s, connect_timeout_s + 5)):
+            gone.add(host)
+            return host
+        return None
 
     return lost
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -183,7 +184,95 @@ def test_piped_stdin_reaches_instance_0_on_another_host_and_no_other(test_hosts:
 
     assert 0 == done.returncode, done.stderr
     assert {f"instance 0 read {len(data.encode())} bytes", "instance 1 read 0 bytes"} == set(done.stdout.splitlines())
+
     def left() -> set[Path]:  # other work on the machine may hold a FIFO of its own a while
         return set(Path("/tmp").glob("poprun-stdin-*")) - before
 
     assert wait_for(lambda: not left(), within_s=15), f"the FIFO's directory is left on the host: {left()}"
+
+
+def signal_on(hosts: TestHosts, name: str, pattern: str, sig: signal.Signals) -> list[str]:
+    """Send ``sig`` to each process on host ``name`` whose command line matches ``pattern``; return them."""
+    found = hosts.processes(name, pattern)
+    for line in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), sig)
+    return found
+
+
+@pytest.mark.parametrize(("relay", "host"), [("direct", "h4"), ("relayed", "h4"), ("relayed", "h3")],
+                         ids=["direct", "leaf", "relay"])
+def test_a_frozen_host_is_named_and_keeps_nothing(test_hosts: TestHosts, tmp_path: Path, short_tmp: Path,
+                                                  relay: str, host: str) -> None:
+    """
+    Every sshd of a host and its instance are SIGSTOPped mid-run (a hung host, not a dead one): PR411 names
+    it within the host timeout and a few seconds, exit 125, and its wrapper kills the frozen instance there.
+    Through relays (h3 relays for h4), a frozen leaf is named as a direct host is; a frozen relay for its leaf too.
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    program = f"^sh -c sh -c 'sleep 60; :' {mark}-child"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", ",".join(test_hosts.names), "--num-instances", "4",
+                             "--num-replicas", "4", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S),
+                                                                 "TMPDIR": str(short_tmp),
+                                                                 "POPRUN_SSH_RELAY": "on" if relay == "relayed" else "off"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 4, within_s=30), "never ran"
+        assert signal_on(test_hosts, host, f"^sshd|{program}|{running(mark)}", signal.SIGSTOP)
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+        noticed = time.monotonic() - cut
+        assert 125 == proc.returncode, err
+        assert f"Root cause: error[PR411]: host {host} stopped answering (" in err, err
+        assert {"h4": 1, "h3": 2}[host] == len(re.findall(rf"lost: host {host}\b", err)), err
+        assert noticed < HOST_TIMEOUT_S + 10, noticed
+        assert wait_for(lambda: not ssh_clients_left(short_tmp), within_s=2), ssh_clients_left(short_tmp)
+        assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+            marked_anywhere(test_hosts, mark)
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(test_hosts, host, "^sshd", signal.SIGCONT)
+        signal_on(test_hosts, host, mark, signal.SIGKILL)  # what a failed check left
+
+
+def holding(hosts: TestHosts, name: str, needle: str) -> list[str]:
+    """Return the processes of host ``name`` with an open file whose path holds ``needle``."""
+    found = []
+    for line in hosts.processes(name, "."):
+        pid = line.split()[0]
+        with contextlib.suppress(OSError):
+            if any(needle in str(fd.readlink()) for fd in Path(f"/proc/{pid}/fd").iterdir()):
+                found.append(line)
+    return found
+
+
+def test_the_copy_of_stdin_on_a_lost_host_ends_too(test_hosts: TestHosts, tmp_path: Path,
+                                                    link_down: list[str]) -> None:
+    """poprun's stdin stays open, instance 0 on h1; h1's link goes down: nothing on h1 keeps its stdin FIFO (the copy ends)."""
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "--host", "h1,h2", "--num-instances", "2",
+                             "--num-replicas", "2", "sh", "-c", SLEEPER.format(mark=mark), mark], cwd=tmp_path,
+                            env=os.environ | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)},
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(test_hosts, running(mark))) == 2, within_s=20), "never ran"
+        assert wait_for(lambda: holding(test_hosts, "h1", "/poprun-stdin-"), within_s=10), "no copy of stdin to see"
+        link_down.append("h1")
+        test_hosts.set_link("h1", up=False)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.wait(timeout=60)
+        err = proc.stderr.read()
+    finally:
+        proc.kill()
+        proc.wait()
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
+
+    assert 125 == proc.returncode, err
+    assert "Root cause: error[PR411]: host h1 stopped answering" in err, err
+    assert wait_for(lambda: not marked_anywhere(test_hosts, mark), within_s=HOST_TIMEOUT_S + 5)
+    assert wait_for(lambda: not holding(test_hosts, "h1", "/poprun-stdin-"), within_s=HOST_TIMEOUT_S + 5), \
+        holding(test_hosts, "h1", "/poprun-stdin-")

@@ -8,6 +8,8 @@ clients too); on the hosts, the instances carry a mark in their command line.
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 import signal
 import subprocess
@@ -86,9 +88,9 @@ def test_a_host_whose_link_goes_down_is_named_and_everything_ends(h2_comes_back:
     """
     h2's link goes down mid-run: poprun says PR411 for h2 within the host timeout, and nothing is left.
 
-    Nothing here (poprun, mpirun, its ssh clients), nothing on h1 and h3, and nothing on h2
-    soon after its link is back (cut off, it keeps its instances until its daemon's keepalives
-    to mpirun fail, which OpenMPI does not always notice).
+    Nothing here (poprun, mpirun, its ssh clients), nothing on h1 and h3, and nothing on h2 within the
+    host timeout, its link still down: the relay helper of its instance, whose connection to poprun
+    broke, kills the instance (and mpirun's daemon there, which may not notice).
     """
     # GIVEN
     hosts, mark = h2_comes_back, f"poprun-mark-{uuid.uuid4().hex[:8]}"
@@ -108,8 +110,8 @@ def test_a_host_whose_link_goes_down_is_named_and_everything_ends(h2_comes_back:
     assert took < HOST_TIMEOUT_S + 5, f"poprun took {took:.1f} s to notice"
     assert {} == marked.survivors(within_s=3)
     assert wait_for(lambda: not marked_anywhere(hosts, mark).keys() - {"h2"}, within_s=3), marked_anywhere(hosts, mark)
-    hosts.set_link("h2", up=True)  # cut off, h2 may keep them until its daemon's keepalives fail; back, it ends them
-    assert wait_for(lambda: not marked_anywhere(hosts, mark), within_s=HOST_TIMEOUT_S), marked_anywhere(hosts, mark)
+    left = lambda: marked_anywhere(hosts, mark) or hosts.processes("h2", "^orted ")  # noqa: E731
+    assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 5), left()  # h2 still cut off
 
 
 def test_a_host_whose_sessions_are_killed_is_named(fault_hosts: TestHosts, marked: Marked) -> None:
@@ -157,3 +159,142 @@ def test_mpirun_that_cannot_reach_a_host_says_so(case: str, fault_hosts: TestHos
     text = normalised(fault_hosts, f"{done.stderr}exit {done.returncode}\n")
     text = re.sub(r"(resolve hostname \S+: ).*", r"\1<resolver's reason>", text)
     assert_golden(GOLDEN / case, text)
+
+
+
+def signal_on(hosts: TestHosts, name: str, pattern: str, sig: signal.Signals) -> list[str]:
+    """Send ``sig`` to each process on host ``name`` whose command line matches ``pattern``; return them."""
+    found = hosts.processes(name, pattern)
+    for line in found:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(int(line.split()[0]), sig)
+    return found
+
+
+@pytest.mark.parametrize("hung", [False, True], ids=["daemon-alive", "daemon-hung"])
+def test_a_host_whose_every_sshd_is_killed_keeps_nothing_of_the_launch(fault_hosts: TestHosts, marked: Marked,
+                                                                       hung: bool) -> None:
+    """
+    Every sshd of h2 (its listener too) is SIGKILLed mid-run: PR411 names h2, exit 125, and nothing is left anywhere.
+
+    mpirun's daemon on h2 lives on (its connection to mpirun is its own, not ssh's); when it
+    has hung too (SIGSTOPped: it never ends h2's instance), each instance's relay helper, whose
+    connection to poprun ended, kills its program and the daemon: on h2, nothing of the launch
+    (instance, relay helper, orted) outlives poprun by more than the host timeout.
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = start(fault_hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
+        if hung:
+            assert signal_on(fault_hosts, "h2", "^orted ", signal.SIGSTOP), "the check below would see nothing"
+
+        fault_hosts.stop_sshd("h2")
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 15)
+        ended = time.monotonic()
+
+        assert 125 == proc.returncode, err
+        assert "error[PR411]: host h2 stopped answering" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err  # the healthy hosts are not blamed
+        assert {} == marked.survivors(within_s=3)
+        left = lambda: marked_anywhere(fault_hosts, mark) or fault_hosts.processes("h2", "^orted ")  # noqa: E731
+        assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 5), left()
+        assert time.monotonic() - ended < HOST_TIMEOUT_S + 5
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(fault_hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
+        fault_hosts.start_sshd("h2")
+
+
+@pytest.mark.parametrize("what", ["sshd-and-instance", "everything"])
+def test_a_frozen_host_is_named_and_keeps_nothing_once_it_wakes(fault_hosts: TestHosts, marked: Marked,
+                                                                what: str) -> None:
+    """
+    h2's sshd and instance are SIGSTOPped mid-run (or everything of the launch there: its daemon and relay helper
+    too): PR411 names h2, exit 125; nothing of the launch is left there once it can run again (at once, or once woken).
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    frozen = f"^sshd|^sh -c echo started|{running(mark)}" + ("|^orted |" + mark if what == "everything" else "")
+    proc = start(fault_hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(fault_hosts, "h2", frozen, signal.SIGSTOP)
+        cut = time.monotonic()
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 30)
+        noticed = time.monotonic() - cut
+
+        assert 125 == proc.returncode, err
+        assert "error[PR411]: host h2 stopped answering" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err  # the healthy hosts are not blamed
+        assert noticed < HOST_TIMEOUT_S + 10, noticed
+        assert {} == marked.survivors(within_s=3)
+        signal_on(fault_hosts, "h2", frozen, signal.SIGCONT)  # the host wakes up
+        left = lambda: marked_anywhere(fault_hosts, mark) or fault_hosts.processes("h2", "^orted ")  # noqa: E731
+        assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 5), left()
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(fault_hosts, "h2", "^sshd", signal.SIGCONT)
+        signal_on(fault_hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
+
+
+def test_a_host_whose_ssh_server_is_down_before_the_launch_is_named(fault_hosts: TestHosts, tmp_path: Path) -> None:
+    """h2's sshd is down: PR422 names h2 (not its address, nor mpirun's own setpgid warning), exit 125."""
+    fault_hosts.stop_sshd("h2")
+    try:
+        done = poprun(fault_hosts, "--backend", "mpirun", "--host", "h1,h2,h3", "--num-instances", "3",
+                      "--num-replicas", "3", "true", cwd=tmp_path)
+    finally:
+        fault_hosts.start_sshd("h2")
+
+    assert_golden(GOLDEN / "PR422_ssh_server_of_a_host_is_down",
+                  normalised(fault_hosts, f"{done.stderr}exit {done.returncode}\n"))
+
+
+def test_a_host_cut_off_with_a_hung_daemon_keeps_nothing(h2_comes_back: TestHosts, marked: Marked) -> None:
+    """
+    h2's daemon hangs (SIGSTOP) and its link goes down: PR411 names h2, exit 125; with h2 still cut off, its
+    instance's relay helper, whose keepalives to poprun get no answer, kills the instance and the daemon there.
+    """
+    hosts, mark = h2_comes_back, f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = start(hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(hosts, "h2", "^orted ", signal.SIGSTOP), "the check below would see nothing"
+        hosts.set_link("h2", up=False)
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 30)
+
+        assert 125 == proc.returncode, err
+        assert "error[PR411]: host h2 stopped answering" in err, err
+        assert {} == marked.survivors(within_s=3)
+        left = lambda: marked_anywhere(hosts, mark) or hosts.processes("h2", "^orted ")  # noqa: E731
+        assert wait_for(lambda: not left(), within_s=HOST_TIMEOUT_S + 10), left()  # h2 still cut off
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(hosts, "h2", f"^orted |{mark}", signal.SIGKILL)  # what a failed check left
+
+
+def test_a_host_whose_daemon_is_killed_keeps_nothing_of_the_launch(fault_hosts: TestHosts, marked: Marked) -> None:
+    """
+    mpirun's daemon on h2 is SIGKILLed mid-run (its instance, orphaned, would run on): poprun ends 125 naming
+    h2, and nothing of the launch is left anywhere (the instance's relay helper kills it).
+    """
+    mark = f"poprun-mark-{uuid.uuid4().hex[:8]}"
+    proc = start(fault_hosts, marked, mark)
+    try:
+        assert wait_for(lambda: len(marked_anywhere(fault_hosts, running(mark))) == 3, within_s=20), "never ran"
+        assert signal_on(fault_hosts, "h2", "^orted ", signal.SIGKILL), "the check below would see nothing"
+        _, err = proc.communicate(timeout=HOST_TIMEOUT_S + 15)
+
+        assert 125 == proc.returncode, err
+        assert "host h2" in err, err
+        assert not re.search(r"host h[13] stopped answering|Root cause", err), err
+        assert {} == marked.survivors(within_s=3)
+        assert wait_for(lambda: not marked_anywhere(fault_hosts, mark), within_s=HOST_TIMEOUT_S + 5), \
+            marked_anywhere(fault_hosts, mark)
+    finally:
+        proc.kill()
+        proc.wait()
+        signal_on(fault_hosts, "h2", mark, signal.SIGKILL)  # what a failed check left
