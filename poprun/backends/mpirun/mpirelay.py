@@ -39,7 +39,9 @@ the host timeout, and poprun names it (PR411).
 A connection that is reset (``ss -K``, a NAT or firewall flush, a middlebox) loses nothing: the
 relay process numbers the bytes it sends (frames, :class:`Relay`), keeps those poprun has not
 acknowledged (at most :data:`WINDOW`; then it stops reading the program's pipe until poprun
-catches up), connects again and sends on from where poprun has them. A stream whose connection
+catches up), connects again and sends on from where poprun has them. A connection that timed
+out (poprun unanswered for the host timeout: the host is cut off, and poprun names it lost) is
+not made again. A stream whose connection
 broke and did not come back within the host timeout (5 s at least) is lost output: PR414 names
 the instance, exit 125. Connections to the relay's port that do not authenticate are closed
 (beyond two per instance and 64 more waiting at once, the oldest first) and told at the end
@@ -48,7 +50,7 @@ the instance, exit 125. Connections to the relay's port that do not authenticate
 The relay process is also the instance's watchdog on its host, as the ssh backend's wrapper is:
 when poprun's end of a connection ends (poprun closed it, or died, or refuses a new one) or
 breaks for good (no answer to the keepalives, or data unacknowledged, for the host timeout:
-``TCP_USER_TIMEOUT``, and no new connection within it) while the program still holds the
+``TCP_USER_TIMEOUT``; or reset, and no new connection within the host timeout) while the program still holds the
 pipe, the launch is over for this host, whatever happened to mpirun's
 daemon there (its ssh session killed, the daemon hung, the host cut off). The relay then
 SIGKILLs the program's process group (mpirun's daemon makes each program a group leader) and,
@@ -96,14 +98,15 @@ _LOST = frozenset((errno.ETIMEDOUT, errno.EHOSTUNREACH, errno.ENETUNREACH, errno
 # group), copies each pipe to its connection in frames until
 # every writer has closed it (then an empty frame, and poprun's last acknowledgement), keeping
 # what poprun has not acknowledged (Out.kept, at most WINDOW bytes); a connection that fails
-# (a reset) is made again and the rest sent from where poprun has it; one that poprun closes,
+# (a reset) is made again and the rest sent from where poprun has it (one that timed out, poprun
+# unanswered for the host timeout, is not: the host is cut off); one that poprun closes,
 # or a port that refuses, means poprun is gone: the relay closes its pipes and ends. It holds
 # mpirun's own stdout and stderr of the instance until the program's pid ends (pidfd; without
 # pidfd_open, not at all): mpirun forwards stdin only while they are open. When poprun is gone
 # (closed, refused, or unreachable for the host timeout) while the program still holds a pipe,
 # it kills the program and a daemon parent that outlives it (stop(); "guard" is their pids and
 # start times, taken before the exec).
-WRAPPER = r"""import os, select, socket, struct, sys, time
+WRAPPER = r"""import errno, os, select, socket, struct, sys, time
 def addresses(given):
     found = [a for a in given.split(",") if a]
     ssh = os.environ.get("SSH_CONNECTION", "").split()
@@ -214,12 +217,17 @@ def relay(outs, places, port, token, index, held, pid, guard):
     for fd in keepfds + [1 << 20]:
         os.closerange(low, min(fd, 1 << 20))
         low = fd + 1
-    def broken(o):
+    def broken(o, e):
         try:
             o.s.close()
         except OSError:
             pass
         o.s = None
+        if getattr(e, "errno", None) == errno.ETIMEDOUT:
+            o.gone = True
+            if o.r is not None:
+                stop(guard)
+            return
         until = time.time() + %(again)s
         while time.time() < until:
             s, have = connect(places, port, token, index, o.name)
@@ -273,8 +281,8 @@ def relay(outs, places, port, token, index, held, pid, guard):
                     if o.s is None:
                         raise OSError("not connected")
                     o.send(data) if data else o.s.sendall(struct.pack(">I", 0))
-                except OSError:
-                    broken(o)
+                except OSError as e:
+                    broken(o, e)
             elif fd in talking:
                 o = talking[fd]
                 if o.s is None or o.s.fileno() != fd or o.done:
@@ -296,11 +304,11 @@ def relay(outs, places, port, token, index, held, pid, guard):
                         o.s = None
                 except BlockingIOError:
                     pass
-                except OSError:
+                except OSError as e:
                     if o.r is None and not o.kept:
                         o.done = True
                     else:
-                        broken(o)
+                        broken(o, e)
 def main():
     index, streams, given = sys.argv[1:4]
     program = sys.argv[4:]
