@@ -15,9 +15,12 @@ import itertools
 import re
 import string
 from collections.abc import Iterable, Iterator
-from typing import TypeAlias
 
 from poprun.core.record import positional_record
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import TypeAlias
 
 __all__ = ["MAX_HOSTS", "HostlistError", "NaturalKey", "compress", "expand", "natural_key"]
 
