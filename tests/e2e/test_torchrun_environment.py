@@ -18,7 +18,8 @@ PY = sys.executable
 PRINT = """
 import json, os
 base = set(json.loads(os.environ["BASE_NAMES"]))
-print(json.dumps({k: v for k, v in os.environ.items() if k not in base and k != "_"}), flush=True)
+with open(os.path.join(os.environ["OUT"], os.environ["RANK"] + ".json"), "w") as out:  # not stdout: workers share it
+    json.dump({k: v for k, v in os.environ.items() if k not in base and k != "_"}, out)
 """
 # Values that differ on purpose: the run's id and error file are poprun's own, torchrun's store is its agent's,
 # and OMP_NUM_THREADS is the plan's share of the CPUs (torchrun's is 1 for several processes on a node).
@@ -28,13 +29,15 @@ OWN = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "TORCHELASTIC_USE_AGENT
 
 def environments(command: list[str], tmp_path: Path) -> list[dict[str, str]]:
     """Run ``command`` on the probe program; return each worker's new variables, by RANK."""
+    out = tmp_path / command[2]  # torch.distributed.run or poprun.cli.main
+    out.mkdir()
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("POPDIST_", "MASTER_", "POPRUN_", "TORCH", "OMP_", "MKL_", "PET_"))}
-    env |= {"BASE_NAMES": json.dumps([*env, "BASE_NAMES"]), "MASTER_PORT": str(free_port_pair()),
-            "POPRUN_RUNS_DIR": str(tmp_path / "runs")}
+    env |= {"BASE_NAMES": json.dumps([*env, "BASE_NAMES", "OUT"]), "MASTER_PORT": str(free_port_pair()),
+            "POPRUN_RUNS_DIR": str(tmp_path / "runs"), "OUT": str(out)}
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=100, check=False)
     assert 0 == done.returncode, done.stderr
-    found = [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    found = [json.loads(path.read_text()) for path in out.glob("*.json")]
     return sorted(found, key=lambda e: int(e["RANK"]))
 
 
