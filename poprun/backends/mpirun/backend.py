@@ -353,7 +353,8 @@ class MpirunLaunch(LauncherLaunch):
         if code != 0 and not stopped and not self._started():
             raise DiagnosticError([startup_failure(text, code, self._plan, named=self._host_at)])
         hosts = [i.host for i in self._plan.instances]
-        if self._relay.lost:  # output lost for good: the run cannot be taken for a success
+        if self._relay.lost and not stopped:  # output lost for good: the run cannot be taken for a success
+            # (once poprun stops the launch, what the instances had left to say is cut short anyway)
             raise DiagnosticError(output_lost(self._relay.lost, hosts, self._relay.reconnect_s))
         self._release()
         count = len(self._plan.instances)
