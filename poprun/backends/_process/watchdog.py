@@ -49,7 +49,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
 from poprun.backends._process.cgroup import Cgroup
@@ -272,24 +272,7 @@ def kill_adopted(group: int, known: Collection[int], since: int, *, within_s: fl
     children are re-parented here in turn); for at most ``within_s``. ``known`` are children to
     leave alone. Return the pids killed.
     """
-    killed: list[int] = []
-    deadline = time.monotonic() + within_s
-    while _subreaper and time.monotonic() < deadline:
-        orphans = [pid for pid in _children() if pid not in known and _start_time(pid) >= since]
-        for pid in orphans:
-            with contextlib.suppress(OSError):
-                if os.getpgid(pid) == pid:  # it leads a group of its own (setsid): take the group
-                    os.killpg(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGKILL)
-        for pid in orphans:
-            with contextlib.suppress(ChildProcessError):
-                os.waitpid(pid, 0)
-        killed += orphans
-        if not orphans and not _group_exists(group):
-            break
-        if not orphans:
-            time.sleep(0.002)  # SIGKILL is on its way to the group
-    return killed
+    return _kill_children(lambda pid: pid not in known and _start_time(pid) >= since, group, within_s)
 
 
 def kill_adopted_carrying(needle: bytes, group: int, *, within_s: float = 1.0) -> list[int]:
@@ -303,11 +286,16 @@ def kill_adopted_carrying(needle: bytes, group: int, *, within_s: float = 1.0) -
     found (a killed process's own are re-parented here in turn); for at most ``within_s``. Does
     nothing unless this process is a subreaper. Return the pids killed.
     """
+    mine = str(group).encode()
+    return _kill_children(lambda pid: _stat(pid)[2:3] == [mine] or _carries(pid, needle), group, within_s)
+
+
+def _kill_children(chosen: Callable[[int], bool], group: int, within_s: float) -> list[int]:
+    """Kill (with its group, when it leads one) and reap each child ``chosen`` picks, until ``group`` is gone and none is left."""
     killed: list[int] = []
     deadline = time.monotonic() + within_s
-    mine = str(group).encode()
     while _subreaper and time.monotonic() < deadline:
-        found = [pid for pid in _children() if _stat(pid)[2:3] == [mine] or _carries(pid, needle)]
+        found = [pid for pid in _children() if chosen(pid)]
         for pid in found:
             with contextlib.suppress(OSError):
                 if os.getpgid(pid) == pid:  # it leads a group of its own (setsid): take the group

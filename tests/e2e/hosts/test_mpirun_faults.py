@@ -8,8 +8,6 @@ clients too); on the hosts, the instances carry a mark in their command line.
 
 from __future__ import annotations
 
-import contextlib
-import os
 import re
 import signal
 import subprocess
@@ -22,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import Marked
+from tests.e2e.hosts.test_host_faults import signal_on
 from tests.e2e.hosts.test_ssh_backend import SLEEPER, marked_anywhere, poprun, wait_for
 from tests.golden.harness import assert_golden
 from tests.testhosts import TestHosts
@@ -160,15 +159,6 @@ def test_mpirun_that_cannot_reach_a_host_says_so(case: str, fault_hosts: TestHos
     text = re.sub(r"(resolve hostname \S+: ).*", r"\1<resolver's reason>", text)
     assert_golden(GOLDEN / case, text)
 
-
-
-def signal_on(hosts: TestHosts, name: str, pattern: str, sig: signal.Signals) -> list[str]:
-    """Send ``sig`` to each process on host ``name`` whose command line matches ``pattern``; return them."""
-    found = hosts.processes(name, pattern)
-    for line in found:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(int(line.split()[0]), sig)
-    return found
 
 
 @pytest.mark.parametrize("hung", [False, True], ids=["daemon-alive", "daemon-hung"])
