@@ -94,10 +94,11 @@ class Control:
     How the caller of :func:`apply` stops the launch, or pauses it; one per apply.
 
     :meth:`stop` takes a signal number (SIGINT, SIGTERM, SIGHUP): called from a signal handler
-    before the launch has started (the partition step, a backend's preflight waiting on a host
-    that does not answer), it raises :class:`Stopped` there, which unwinds every step, the
-    backend's start included (a backend undoes what it began); once the launch runs, it stops
-    the instances (SIGTERM, SIGKILL after the grace period; a second stop kills at once).
+    before any instance of the attempt has started (the partition step, a backend's preflight
+    waiting on a host that does not answer), it raises :class:`Stopped` there, which unwinds
+    every step, the backend's start included (a backend undoes what it began); once an instance
+    has started (the launch may not have returned yet), it stops the instances as soon as the
+    launch exists: SIGTERM, SIGKILL after the grace period; a second stop kills at once.
     Called from another thread before the launch, it takes effect as soon as the launch exists.
     :meth:`output_closed` stops the launch as SIGPIPE would stop a tool, once. ``signals``
     lists every stop, SIGPIPE included.
@@ -123,7 +124,8 @@ class Control:
         if self._finished:
             return
         if self._launch is None:
-            if threading.current_thread() is threading.main_thread() and not self._between:
+            started = self._tell is not None and self._tell.attempt_started
+            if threading.current_thread() is threading.main_thread() and not self._between and not started:
                 raise Stopped(signum)
             return  # apply() stops the launch once it exists (between attempts: the wait ends, nothing starts)
         self._stopping(f"received {signal_name(signum)}")
@@ -183,6 +185,7 @@ class _Relay:
         self._stopping = False
         self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
+        self.attempt_started = False  # an instance of this attempt has started: a stop waits for the launch
         self._running: set[int] = set()  # instances running now (none: the stall clock stops)
         self._waiting: set[int] = set()  # instances waiting to start again alone (--restart-scope instance)
         self.hold_until = 0.0  # (monotonic) until then a failure is not handed back to the backend (see hold)
@@ -224,10 +227,13 @@ class _Relay:
             self.notes.append(told)
         if isinstance(event, InstanceStarted) and event.restart and self.restarted is not None:
             self.restarted(event.index)  # its restart is made now: told before it is seen to start
+        if isinstance(event, LaunchStarting):
+            self.attempt_started = False
         if isinstance(event, InstanceStarted) and 0 <= event.index < len(self.plan.instances):
             instance = self.plan.instances[event.index]
             event = event if event.host else evolve(event, host=instance.host)
             self._pids[event.index] = event.pid
+            self.attempt_started = True
         if self.watch is not None and isinstance(event, InstanceStarted | InstanceEnded):
             self._alive(event)
         with self._calls:
