@@ -146,6 +146,48 @@ def test_a_second_stop_kills_at_once(tmp_path):
     assert 130 == exit_status(result, failed_output=False)
 
 
+class _StoppedWhileStarting(RecordingBackend):
+    """A backend whose launch is stopped (Control.stop in the main thread, as a signal handler) while it starts."""
+
+    def __init__(self, control, *, started_first):
+        super().__init__({0: Outcome(until_stopped=True)})
+        self.control, self.started_first = control, started_first
+        self.unwound = False
+
+    def launch(self, plan, *, env_source, sink, **kwargs):
+        if self.started_first:
+            sink.event(events.InstanceStarted(index=0, pid=100))
+        try:
+            self.control.stop(signal.SIGINT)
+        except BaseException:
+            self.unwound = True
+            raise
+        return super().launch(plan, env_source=env_source, sink=sink, **kwargs)
+
+
+def test_a_stop_once_an_instance_started_waits_for_the_launch_and_gives_the_grace(tmp_path):
+    """Ctrl-C after an instance of the attempt started, before the launch returned: SIGTERM with the grace, not an unwind."""
+    control = Control(grace_s=2.0)
+    backend = _StoppedWhileStarting(control, started_first=True)
+
+    result, _ = _apply(backend, probe_plan("pass", tmp_path, backend="local"), control=control)
+
+    assert (False, [2.0]) == (backend.unwound, backend.running[0].terminations)
+    assert (signal.SIGINT,) == result.signals
+    assert 130 == exit_status(result, failed_output=False)
+
+
+def test_a_stop_before_any_instance_started_unwinds_the_start(tmp_path):
+    """Ctrl-C while the backend starts and no instance runs yet (a preflight on a silent host): it unwinds at once."""
+    control = Control(grace_s=2.0)
+    backend = _StoppedWhileStarting(control, started_first=False)
+
+    result, _ = _apply(backend, probe_plan("pass", tmp_path, backend="local"), control=control)
+
+    assert (True, []) == (backend.unwound, backend.running)
+    assert 130 == exit_status(result, failed_output=False)
+
+
 def test_a_closed_output_stream_stops_the_launch_once_as_sigpipe(tmp_path):
     """output_closed twice: one SIGPIPE, one termination with the grace; exit 141 and nothing said."""
     backend = RecordingBackend({0: Outcome(until_stopped=True)})
