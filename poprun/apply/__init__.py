@@ -274,6 +274,11 @@ class _Relay:
                 if self._waiting and not self._running:
                     self.watch.pause()
 
+    @property
+    def is_stopping(self) -> bool:
+        """Whether every instance is being stopped (a failure that is not restarted, a stop, a limit)."""
+        return self._stopping
+
     def stopping(self, why: str) -> None:
         """Tell that every instance is being stopped, and why: once, for the first reason."""
         with self._lock:
@@ -827,8 +832,9 @@ class _InstanceRestarts:
                                      {RUN_ID: a.run_id, names.RESTART_COUNT: str(count)},
                                      cancelled=a.control._woken)  # noqa: SLF001
             if failed is not None:
-                with self._lock:
-                    self.failed[index] = f"not restarted: {failed}"
+                if not a.relay.is_stopping:  # else the launch's end killed the command: the run ended first
+                    with self._lock:
+                        self.failed[index] = f"not restarted: {failed}"
                 return None
         return ({names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
                 | a.errors.files(count, [index]).get(index, {}))
