@@ -39,6 +39,8 @@ def test_every_code_has_a_golden_case_and_a_doc_page():
 
     assert [] == sorted(set(CODES) - triggered)
     assert [] == sorted(c for c in CODES if not (docs / f"{c}.md").is_file())
+    table = (docs / "README.md").read_text()
+    assert [] == sorted(c for c in CODES if f"| [{c}]({c}.md) | {CODES[c]} |" not in table)  # the index's row
 
 
 def test_each_case_triggers_the_code_it_is_named_for(monkeypatch):
