@@ -115,3 +115,30 @@ def test_a_slow_reader_gets_every_line_once(tmp_path: Path) -> None:
 
     assert (0, b"") == (proc.returncode, err)
     assert sorted(f"{i} {n}" for i in range(2) for n in range(20000)) == sorted(got.decode().splitlines())
+
+
+@pytest.mark.parametrize("command", ["logs -f", "attach"])
+def test_following_a_run_into_a_stdout_nobody_reads_ends_on_sigterm(tmp_path: Path, marked: Marked,
+                                                                    command: str) -> None:
+    """poprun logs -f / attach, its stdout a full pipe nobody reads: SIGTERM ends it (143), the run goes on."""
+    env = marked.env | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")}
+    detached = subprocess.run([sys.executable, "-m", "poprun.cli.main", "--detach", "--offline-mode=1",
+                               sys.executable, "-c", WRITER.format(stream="stdout")], cwd=tmp_path, env=env,
+                              capture_output=True, text=True, timeout=60, check=True)
+    run = detached.stdout.strip()
+    read_end, write_end = full_pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", *command.split(), run], cwd=tmp_path,
+                                env=env, stdout=write_end, stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        deadline = time.monotonic() + 60
+        while unread(read_end) < 100 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        os.close(read_end)
+        subprocess.run([sys.executable, "-m", "poprun.cli.main", "stop", run], env=env, capture_output=True,
+                       timeout=60, check=False)
+
+    assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), err
