@@ -142,3 +142,31 @@ def test_following_a_run_into_a_stdout_nobody_reads_ends_on_sigterm(tmp_path: Pa
                        timeout=60, check=False)
 
     assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), err
+
+
+def test_a_stop_works_while_nobody_reads_the_events_on_stdout(tmp_path: Path, marked: Marked) -> None:
+    """--events - into a pipe nobody reads, full before the first event: SIGTERM ends poprun with 143, no traceback."""
+    read_end, write_end = full_pipe()
+    os.write(write_end, b"\n" * 4096)  # full before poprun starts: its first event waits
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", "--events", "-", "--offline-mode=1",
+                                 "--num-instances", "8", "--num-replicas", "8", "sleep", "600"], cwd=tmp_path,
+                                env=marked.env | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")}, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        deadline = time.monotonic() + 60
+        while not any('"run-started"' in f.read_text() for f in (tmp_path / "runs").glob("*/events.jsonl")) and \
+                time.monotonic() < deadline:  # recorded, then written to stdout: that write waits
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("poprun did not end within 90 s of SIGTERM while nobody read its events")
+    finally:
+        os.close(read_end)
+
+    assert 143 == proc.returncode, err
+    assert {} == survivors(LAUNCH_MARKER, marked.value, within_s=30)
