@@ -125,6 +125,11 @@ class Console:
             self._ticker = threading.Thread(target=self._tick, name="poprun-status", daemon=True)
             self._ticker.start()
 
+    @property
+    def stops(self) -> int:
+        """Return how many stops have come (:meth:`stopped`)."""
+        return len(self._stops)
+
     def final(self, text: str) -> None:
         """Write ``text`` to stderr once the run has ended (its outcome), bounded after a stop as every write is."""
         with self._lock:

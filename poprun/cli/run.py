@@ -257,9 +257,9 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         if events is not None:
             events.close()
     if events is not None and events.warning:
-        console.final(f"poprun: warning: {events.warning}\n")
+        _to_stderr(console, f"poprun: warning: {events.warning}\n")
     if record is not None and record.warning:
-        console.final(f"poprun: warning: {record.warning}\n")
+        _to_stderr(console, f"poprun: warning: {record.warning}\n")
     from poprun.render.outcome import render_outcome
 
     text = render_outcome(result)
@@ -267,7 +267,7 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         if "stdout" not in console.abandoned:
             with contextlib.suppress(OSError, ValueError):
                 sys.stdout.flush()
-        console.final(text)  # after a stop, bounded: a stderr nobody reads does not hold poprun's exit
+        _to_stderr(console, text)
     return exit_status(result, failed_output=bool(console.failed))
 
 
@@ -295,3 +295,17 @@ def _record(environ: Mapping[str, str], console: Console, started: float | None)
     if started is not None:
         record.phases["plan"] = round(time.monotonic() - started, 6)
     return record
+
+
+def _to_stderr(console: Console, text: str) -> None:
+    """
+    Write ``text`` to stderr; a closed or full stderr is no error (nothing more can be said).
+
+    After a stop, through the console: bounded, so that a stderr nobody reads does not hold poprun's exit.
+    """
+    if console.stops:
+        console.final(text)
+        return
+    with contextlib.suppress(OSError, ValueError):
+        sys.stderr.write(text)
+        sys.stderr.flush()
