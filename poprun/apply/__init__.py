@@ -330,10 +330,13 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     environ = os.environ if env_source is None else env_source
     relay = _Relay(plan, sink, record, environ)
     clock = _Clock(record)
-    relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
-                           instances=len(plan.instances), hosts=plan.topology.hosts))
-    try:
+    try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
+        relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
+                               instances=len(plan.instances), hosts=plan.topology.hosts))
         backend = (registry or default_registry()).get(plan.backend.name)
+    except Stopped as exc:
+        return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
+                       clock)
     except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
         failed = ApplyError(status=CANNOT_LAUNCH, message=str(exc.args[0])) if isinstance(exc, KeyError) else \
             ApplyError(status=CANNOT_LAUNCH, message=str(exc), diagnostics=tuple(exc.diagnostics))
@@ -367,8 +370,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
         result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
     except Stopped as exc:  # before anything started
-        result = ApplyResult(statuses=(), error=ApplyError(status=128 + exc.signum, signal=exc.signum,
-                                                           message=f"stopped by {signal_name(exc.signum)}"))
+        result = ApplyResult(statuses=(), error=_stopped(exc))
     except BaseException as exc:  # a bug, a sink that raised, an interrupt outside a launch: the record still ends
         if record is not None:
             why = f"poprun ended by {type(exc).__name__}: {exc}"
@@ -381,6 +383,11 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings,
                           notes=result.notes + tuple(relay.notes)), relay,
                    record, clock)
+
+
+def _stopped(exc: Stopped) -> ApplyError:
+    """Return how a run stopped before anything started ended: 128+N."""
+    return ApplyError(status=128 + exc.signum, signal=exc.signum, message=f"stopped by {signal_name(exc.signum)}")
 
 
 class _Attempts:

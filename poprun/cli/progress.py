@@ -15,6 +15,13 @@ by the ticker at most :data:`REDRAW_S` apart. When stderr is not a terminal, non
 written (changelog 2.0). A command may make the console before planning, show ``planning``
 with :meth:`Console.status`, and hand it to :func:`poprun.cli.run.run_plan`.
 
+A reader that is merely slow holds the writer up (the instances wait for it: no line is lost),
+but never poprun's signals: a stop (:meth:`Console.stopped`, called first by the signal
+handler, taking no lock) bounds every write from then on. A stream that takes nothing for
+:data:`STALL_S` seconds after a stop (at once after a second stop) is abandoned for the rest of
+the run, with a warning on stderr where stderr still works, so the stop reaches the instances
+and poprun exits with its status even while nobody reads its output.
+
 A stream whose reader is gone (``EPIPE``: ``poprun ... | head -1``) is dropped and
 ``on_broken`` hears of it once, so that the launch can be stopped as a tool that SIGPIPE kills
 would be. A stream that fails otherwise (``ENOSPC``: stdout on a full disk, ``EIO``) is dropped
@@ -27,6 +34,7 @@ from __future__ import annotations
 import errno
 import os
 import select
+import stat
 import sys
 import threading
 import time
@@ -35,6 +43,8 @@ from collections.abc import Callable
 from poprun.backends.base import Event, Stream
 
 REDRAW_S = 0.25  # the status line is redrawn at most this often
+STALL_S = 5.0  # after a stop, a stream that takes nothing for this long is abandoned
+_POLL_MS = 100  # how often a blocked write looks whether a stop has come
 _CLEAR = b"\r\x1b[K"
 _FDS: dict[Stream, int] = {"stdout": 1, "stderr": 2}
 _GONE = (errno.EPIPE, errno.ECONNRESET)  # nobody reads the stream any more
@@ -74,6 +84,17 @@ class Console:
         self._shown, self._drawn_at, self._drawn = False, 0.0, ""
         self._stop = threading.Event()
         self._ticker: threading.Thread | None = None
+        self._stops: list[float] = []  # (monotonic) when each stop came: appended without a lock (a signal handler)
+        self.abandoned: set[Stream] = set()  # streams that took nothing for STALL_S s after a stop
+        self._direct = {stream: _never_blocks(fd) for stream, fd in _FDS.items()}
+
+    def stopped(self) -> None:
+        """
+        Bound every write from now on, a stop having come (SIGINT, SIGTERM, SIGHUP); safe in a signal handler.
+
+        Takes no lock, so that it never waits on a writer that a stalled reader holds up.
+        """
+        self._stops.append(time.monotonic())
 
     def write(self, stream: Stream, data: bytes) -> None:
         """Write whole lines of forwarded output, after clearing the status line where it is in the way."""
@@ -110,6 +131,17 @@ class Console:
         if self._ticker is None:
             self._ticker = threading.Thread(target=self._tick, name="poprun-status", daemon=True)
             self._ticker.start()
+
+    @property
+    def stops(self) -> int:
+        """Return how many stops have come (:meth:`stopped`)."""
+        return len(self._stops)
+
+    def final(self, text: str) -> None:
+        """Write ``text`` to stderr once the run has ended (its outcome), bounded after a stop as every write is."""
+        with self._lock:
+            self._clear()
+            self._write("stderr", text.encode(errors="replace"))
 
     def close(self) -> None:
         """Stop the ticker and clear the status line for good."""
@@ -155,14 +187,45 @@ class Console:
             return
         fd, view = _FDS[stream], memoryview(data)
         try:
-            while view:
-                try:
+            if self._direct[stream]:  # a regular file or a block device: a write never waits on a reader
+                while view:
                     view = view[os.write(fd, view):]
-                except BlockingIOError:  # an inherited non-blocking descriptor: wait until writable
-                    select.select([], [fd], [])
+                return
+            writable = select.poll()  # not select(): the descriptor is 1 or 2, but poll() is what waits with a bound
+            writable.register(fd, select.POLLOUT)
+            taken = time.monotonic()
+            while view:
+                if not writable.poll(_POLL_MS):
+                    if self._stalled(taken):
+                        self._abandon(stream)
+                        return
+                    continue
+                try:  # at most PIPE_BUF bytes once writable: a pipe takes them without waiting
+                    view = view[os.write(fd, view[:select.PIPE_BUF]):]
+                except BlockingIOError:  # an inherited non-blocking descriptor: poll again
+                    continue
+                taken = time.monotonic()
         except OSError as exc:
             self._closed.add(stream)
             self._lost(stream, exc)
+
+    def _stalled(self, taken: float) -> bool:
+        """Return whether a write that last made progress at ``taken`` (monotonic) is to be abandoned: after a stop only."""
+        stops = list(self._stops)
+        if not stops:
+            return False
+        if len(stops) > 1:  # a second stop: poprun is to end now
+            return True
+        return time.monotonic() - max(taken, stops[0]) >= STALL_S
+
+    def _abandon(self, stream: Stream) -> None:
+        """Write nothing more to ``stream``, whose reader stopped reading after a stop; say so on stderr if it works."""
+        self._closed.add(stream)
+        self.abandoned.add(stream)
+        if stream == "stdout" and "stderr" not in self._closed:
+            self._clear()
+            self._write("stderr", f"poprun: warning: stdout took nothing for {STALL_S:g} s after the stop: the rest "
+                                  "of the instances' output to it is dropped\n".encode())
 
     def _tell_broken(self) -> None:
         """Tell ``on_broken`` of each stream found broken, outside the lock (from whichever thread comes first)."""
@@ -184,3 +247,12 @@ class Console:
             self._clear()
             self._write("stderr", f"poprun: warning: cannot write to stdout ({why}): the rest of the "
                                   "instances' output to it is lost\n".encode(errors="replace"))
+
+
+def _never_blocks(fd: int) -> bool:
+    """Return whether writing to ``fd`` never waits on a reader: a regular file or a block device (or a closed descriptor)."""
+    try:
+        mode = os.fstat(fd).st_mode
+    except OSError:
+        return True  # the write fails at once, as before
+    return stat.S_ISREG(mode) or stat.S_ISBLK(mode)

@@ -165,18 +165,20 @@ def _handled(sig: int) -> bool:
 
 
 @contextlib.contextmanager
-def _handling_signals(control: Control) -> Iterator[Control]:
+def _handling_signals(control: Control, *, first: Callable[[], None] = lambda: None) -> Iterator[Control]:
     """
     Have SIGINT, SIGTERM and SIGHUP stop the apply step, and SIGTSTP pause it, while it runs; restore afterwards.
 
     A signal that was ignored when poprun started stays ignored, as ``nohup`` and a shell's
-    ``&`` expect, and the instances inherit it ignored.
+    ``&`` expect, and the instances inherit it ignored. A stop calls ``first`` before anything
+    else (it must take no lock: the console's :meth:`~poprun.cli.progress.Console.stopped`).
     """
     if threading.current_thread() is not threading.main_thread():
         yield control
         return
 
     def stop(signum: int, _frame: FrameType | None) -> None:
+        first()
         control.stop(signum)
 
     def suspend(_signum: int, _frame: FrameType | None) -> None:
@@ -244,7 +246,7 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     environ = os.environ if env_source is None else env_source
     record = record if record is not None else _record(environ, console, started)
     try:
-        with _handling_signals(control):
+        with _handling_signals(control, first=console.stopped):
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
                            record=record)
             if events is not None:  # a reader that is behind gets a little while, not the run's signals
@@ -255,16 +257,17 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
         if events is not None:
             events.close()
     if events is not None and events.warning:
-        _to_stderr(f"poprun: warning: {events.warning}\n")
+        _to_stderr(console, f"poprun: warning: {events.warning}\n")
     if record is not None and record.warning:
-        _to_stderr(f"poprun: warning: {record.warning}\n")
+        _to_stderr(console, f"poprun: warning: {record.warning}\n")
     from poprun.render.outcome import render_outcome
 
     text = render_outcome(result)
     if text:
-        with contextlib.suppress(OSError, ValueError):
-            sys.stdout.flush()
-        _to_stderr(text)
+        if "stdout" not in console.abandoned:
+            with contextlib.suppress(OSError, ValueError):
+                sys.stdout.flush()
+        _to_stderr(console, text)
     return exit_status(result, failed_output=bool(console.failed))
 
 
@@ -294,8 +297,15 @@ def _record(environ: Mapping[str, str], console: Console, started: float | None)
     return record
 
 
-def _to_stderr(text: str) -> None:
-    """Write ``text`` to stderr; a closed or full stderr is no error (nothing more can be said)."""
+def _to_stderr(console: Console, text: str) -> None:
+    """
+    Write ``text`` to stderr; a closed or full stderr is no error (nothing more can be said).
+
+    After a stop, through the console: bounded, so that a stderr nobody reads does not hold poprun's exit.
+    """
+    if console.stops:
+        console.final(text)
+        return
     with contextlib.suppress(OSError, ValueError):
         sys.stderr.write(text)
         sys.stderr.flush()

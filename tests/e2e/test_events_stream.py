@@ -353,3 +353,18 @@ def test_a_stop_during_the_drain_ends_it_at_once() -> None:
 
     assert stream.warning is not None
     assert stream.warning.startswith("poprun was stopped while the reader of the pipe was "), stream.warning
+
+
+def test_a_poprun_inside_an_instance_does_not_reuse_the_events_file(tmp_path: Path) -> None:
+    """POPRUN_EVENTS is poprun's own: a nested poprun in an instance neither truncates nor writes the outer stream."""
+    nested = (sys.executable, "-m", "poprun.cli.main", "--offline-mode=1", "sh", "-c",
+              'echo "inner:${POPRUN_EVENTS-unset}"')
+    status, out, err = finish(subprocess.Popen(
+        [sys.executable, "-m", "poprun.cli.main", "--offline-mode=1", *nested], cwd=tmp_path, text=True,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        env={**os.environ, "POPRUN_RUNS_DIR": str(tmp_path / "runs"), "POPRUN_EVENTS": str(tmp_path / "events.jsonl")}))
+    kinds = [json.loads(line)["event"] for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+
+    assert (0, "inner:unset\n", "") == (status, out, err)
+    assert (1, 1, "run-started", "run-ended") == (kinds.count("run-started"), kinds.count("run-ended"), kinds[0],
+                                                  kinds[-1]), kinds

@@ -100,3 +100,25 @@ def test_a_device_as_events_target_keeps_its_mode(tmp_path: Path) -> None:
     done = poprun_umask_000("--events", "/dev/null", "true", cwd=tmp_path)
 
     assert (0, before) == (done.returncode, Path("/dev/null").stat().st_mode), done.stderr
+
+
+@pytest.mark.parametrize("args", [("plan", "-o", "saved"), ("plan", "--format", "json", "-o", "saved"),
+                                  ("--export-config", "saved")], ids=["plan-o", "plan-json-o", "export-config"])
+def test_a_saved_plan_or_exported_config_is_0600_under_umask_000(tmp_path: Path, args: tuple[str, ...]) -> None:
+    """plan -o and --export-config hold the values the plan sets: created 0600 whatever the umask."""
+    done = poprun_umask_000(*args, "--mpi-local-args=-x LEARNING_RATE=0.125", "true", cwd=tmp_path, env={"POPRUN_RECORD": "0"})
+
+    assert (0, "0o600") == (done.returncode, oct(stat.S_IMODE((tmp_path / "saved").stat().st_mode))), done.stderr
+    assert args[1] == "-o" or "0.125" in (tmp_path / "saved").read_text()  # the text view shows no values
+
+
+def test_an_existing_plan_file_of_yours_is_made_0600(tmp_path: Path) -> None:
+    """plan -o over an existing 0666 file of the user's own: it is 0600 afterwards, and holds the new plan."""
+    saved = tmp_path / "plan.json"
+    saved.write_text("old\n")
+    saved.chmod(0o666)
+
+    done = poprun_umask_000("plan", "--format", "json", "-o", "plan.json", "true", cwd=tmp_path)
+
+    assert (0, "0o600") == (done.returncode, oct(stat.S_IMODE(saved.stat().st_mode))), done.stderr
+    assert saved.read_text().startswith("{")

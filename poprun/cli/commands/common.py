@@ -7,11 +7,10 @@ Layer: ``poprun.cli``.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 from poprun import __version__
 from poprun.cli import exitcode
-from poprun.cli.config import export_config
+from poprun.cli.config import export_config, write_private
 from poprun.cli.session import Session
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.record import evolve
@@ -95,11 +94,7 @@ def emit(output: str | bytes, command: CommandLine) -> None:
         sys.stdout.write(output if isinstance(output, str) else output.decode())
         return
     try:
-        path = Path(command.output.value)
-        if isinstance(output, str):
-            path.write_text(output, encoding="utf-8")
-        else:
-            path.write_bytes(output)
+        write_private(command.output.value, output.encode() if isinstance(output, str) else output)
     except OSError as exc:
         raise DiagnosticError([error("PR113", f"cannot write '{command.output.value}'",
                                      detail=exc.strerror or str(exc), span=command.output.origin,

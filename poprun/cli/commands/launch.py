@@ -6,6 +6,7 @@ Layer: ``poprun.cli``. The run itself is :func:`poprun.cli.run.run_plan` over :f
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from poprun.cli import exitcode
@@ -19,6 +20,7 @@ from poprun.cli.commands.common import (
     show_version,
     solve_spec,
 )
+from poprun.cli.eventstream import VARIABLE as EVENTS_VARIABLE
 from poprun.cli.eventstream import EventStream, open_stream
 from poprun.cli.session import Session
 from poprun.cli.views import topology
@@ -113,6 +115,7 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
             console.close()
         session.warn(exc.diagnostics)
         return exitcode.LAUNCH
+    os.environ.pop(EVENTS_VARIABLE, None)  # poprun's own setting: a poprun inside an instance must not reuse the stream
     return run_plan(plan, registry=registry, console=console, started=session.started, events=events,
                     detach=detach)
 
