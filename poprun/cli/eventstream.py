@@ -69,8 +69,10 @@ class EventStream:
         from poprun.runs.record import event_line
 
         data = event_line(event, time.time()).encode(errors="surrogateescape")
-        if self.console is not None:
-            self.console.write("stdout", data)
+        if self.console is not None:  # between the instances' lines; dropped if stdout takes nothing for a while
+            self.console.write_event(data)
+            if self.console.events_dropped is not None:
+                self.warning, self._ended = self.warning or self.console.events_dropped, True
             return
         with self._ready:
             if self._ended:

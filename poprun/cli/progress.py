@@ -44,6 +44,7 @@ from poprun.backends.base import Event, Stream
 
 REDRAW_S = 0.25  # the status line is redrawn at most this often
 STALL_S = 5.0  # after a stop, a stream that takes nothing for this long is abandoned
+EVENTS_HELD = 8 << 20  # bytes of event lines held for stdout while an instance's long line passes there
 _POLL_MS = 100  # how often a blocked write looks whether a stop has come
 _CLEAR = b"\r\x1b[K"
 _FDS: dict[Stream, int] = {"stdout": 1, "stderr": 2}
@@ -86,6 +87,8 @@ class Console:
         self._ticker: threading.Thread | None = None
         self._stops: list[float] = []  # (monotonic) when each stop came: appended without a lock (a signal handler)
         self.abandoned: set[Stream] = set()  # streams that took nothing for STALL_S s after a stop
+        self._held = bytearray()  # event lines for stdout, held while an instance's long line passes there
+        self.events_dropped: str | None = None  # why the event lines on stdout stopped (a reader too slow)
         self._direct = {stream: _never_blocks(fd) for stream, fd in _FDS.items()}
 
     def stopped(self) -> None:
@@ -104,9 +107,39 @@ class Console:
             self._write(stream, data)
             if data.endswith(b"\n"):
                 self._midline.discard(stream)
+                if stream == "stdout" and self._held:  # the long line has ended: the events held behind it
+                    held, self._held = bytes(self._held), bytearray()
+                    self._write_events(held)
             elif data:
                 self._midline.add(stream)  # a long line passes in parts: no status line until it ends
         self._tell_broken()
+
+    def write_event(self, data: bytes) -> None:
+        """
+        Write event lines (``--events -``) to stdout, between the instances' lines, never inside one.
+
+        Events are held while an instance's long line passes (at most :data:`EVENTS_HELD` bytes);
+        unlike the instances' output they may be dropped: a stdout that takes nothing for
+        :data:`STALL_S` s during an event's write, or too many held, ends the events there
+        (:attr:`events_dropped`), and the run goes on.
+        """
+        with self._lock:
+            if self.events_dropped is not None:
+                return
+            if "stdout" in self._midline:
+                if len(self._held) + len(data) > EVENTS_HELD:
+                    self.events_dropped = (f"more than {EVENTS_HELD} bytes of events waited on stdout behind an "
+                                           "instance's long line: the events stop there")
+                    self._held.clear()
+                    return
+                self._held += data
+                return
+            self._write_events(data)
+        self._tell_broken()
+
+    def _write_events(self, data: bytes) -> None:
+        if self._write("stdout", data, bound_s=STALL_S) is False:
+            self.events_dropped = f"stdout took nothing for {STALL_S:g} s: the events on it stop there"
 
     def event(self, event: Event) -> None:
         """Pass a backend event on to ``on_event``."""
@@ -182,15 +215,16 @@ class Console:
             self._shown = False
             self._write("stderr", _CLEAR)
 
-    def _write(self, stream: Stream, data: bytes) -> None:
+    def _write(self, stream: Stream, data: bytes, *, bound_s: float | None = None) -> bool | None:
+        """Write ``data`` to ``stream``; with ``bound_s``, return False (nothing written) if it takes nothing that long."""
         if stream in self._closed:
-            return
+            return None
         fd, view = _FDS[stream], memoryview(data)
         try:
             if self._direct[stream]:  # a regular file or a block device: a write never waits on a reader
                 while view:
                     view = view[os.write(fd, view):]
-                return
+                return None
             writable = select.poll()  # not select(): the descriptor is 1 or 2, but poll() is what waits with a bound
             writable.register(fd, select.POLLOUT)
             taken = time.monotonic()
@@ -198,7 +232,9 @@ class Console:
                 if not writable.poll(_POLL_MS):
                     if self._stalled(taken):
                         self._abandon(stream)
-                        return
+                        return None
+                    if bound_s is not None and len(view) == len(data) and time.monotonic() - taken >= bound_s:
+                        return False  # nothing of it written: the line can be left out whole
                     continue
                 try:  # at most PIPE_BUF bytes once writable: a pipe takes them without waiting
                     view = view[os.write(fd, view[:select.PIPE_BUF]):]
@@ -208,6 +244,7 @@ class Console:
         except OSError as exc:
             self._closed.add(stream)
             self._lost(stream, exc)
+        return None
 
     def _stalled(self, taken: float) -> bool:
         """Return whether a write that last made progress at ``taken`` (monotonic) is to be abandoned: after a stop only."""

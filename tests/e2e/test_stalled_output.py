@@ -10,6 +10,7 @@ is merely slow gets every line once.
 from __future__ import annotations
 
 import fcntl
+import json
 import os
 import signal
 import subprocess
@@ -170,3 +171,41 @@ def test_a_stop_works_while_nobody_reads_the_events_on_stdout(tmp_path: Path, ma
 
     assert 143 == proc.returncode, err
     assert {} == survivors(LAUNCH_MARKER, marked.value, within_s=30)
+
+
+def test_events_on_a_stdout_nobody_reads_are_dropped_and_the_run_ends(tmp_path: Path) -> None:
+    """`--events -` into a pipe nobody reads, the instances writing nothing: the events stop with one warning, exit 0."""
+    read_end, write_end = full_pipe()
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", "--events", "-", "--offline-mode=1",
+                                 "--num-instances", "240", "--num-replicas", "240", "true"], cwd=tmp_path,
+                                env=os.environ | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")}, stdout=write_end,
+                                stderr=subprocess.PIPE, text=True)
+        os.close(write_end)
+        try:
+            _, err = proc.communicate(timeout=90)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            pytest.fail("poprun did not end within 90 s while the events on its stdout stalled")
+    finally:
+        os.close(read_end)
+
+    assert (0, ["poprun: warning: stdout took nothing for 5 s: the events on it stop there"]) \
+        == (proc.returncode, err.splitlines())
+
+
+def test_events_on_stdout_never_land_inside_an_instances_long_line(tmp_path: Path) -> None:
+    """`--events -` while instances write 3 MiB lines: every line out is one of theirs whole, or a whole event."""
+    line = b'{"a": "' + b"x" * (3 << 20) + b'"}\n'
+    (tmp_path / "big.json").write_bytes(line)
+    done = subprocess.run([sys.executable, "-m", "poprun.cli.main", "--events", "-", "--num-instances", "4",
+                           "--num-replicas", "4", "sh", "-c", "cat big.json; cat big.json"], cwd=tmp_path,
+                          env=os.environ | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")}, capture_output=True,
+                          timeout=90, check=False)
+
+    lines = done.stdout.splitlines(keepends=True)
+    assert 0 == done.returncode, done.stderr
+    assert 8 == sum(out == line for out in lines)
+    assert all(out == line or json.loads(out)["v"] == 1 for out in lines)
+    assert "instance-ended" in {json.loads(out)["event"] for out in lines if out != line}
