@@ -76,10 +76,40 @@ def stdout_to_stderr() -> Iterator[None]:
             os.close(saved)
 
 
+class Interrupted(KeyboardInterrupt):
+    """A real Ctrl-C (SIGINT) came while a plugin was imported: poprun's own stop, never the plugin's failure."""
+
+
 def load(entry_point: EntryPoint) -> object:
-    """Return what ``entry_point`` names, imported with standard output sent to standard error."""
-    with stdout_to_stderr():
-        return entry_point.load()
+    """
+    Return what ``entry_point`` names, imported with standard output sent to standard error.
+
+    Raises:
+        Interrupted: SIGINT arrived during the import (a plugin that hangs there, and its user
+            presses Ctrl-C); a ``KeyboardInterrupt`` the plugin raises itself is its failure.
+    """
+    import signal
+    import threading
+
+    seen: list[int] = []
+
+    def interrupted(signum: int, _frame: object) -> None:
+        seen.append(signum)
+        raise Interrupted
+
+    swap = threading.current_thread() is threading.main_thread() \
+        and signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    previous = signal.signal(signal.SIGINT, interrupted) if swap else None
+    try:
+        with stdout_to_stderr():
+            return entry_point.load()
+    except KeyboardInterrupt:
+        if seen:
+            raise Interrupted from None
+        raise
+    finally:
+        if swap:
+            signal.signal(signal.SIGINT, previous)
 
 
 class Plugin:

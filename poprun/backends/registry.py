@@ -154,6 +154,8 @@ class BackendRegistry:
             if not callable(loaded):
                 msg = f"{entry_point.value} is a {type(loaded).__name__}, not a class or function"
                 raise TypeError(msg)
+        except _plugin.Interrupted:  # Ctrl-C while it loaded: poprun is stopped, not the plugin broken
+            raise
         except _plugin.CAUGHT as exc:  # a broken plugin must not stop poprun, even one that calls sys.exit()
             self._broken.append(_broken(entry_point, source, exc))
             self._sources[entry_point.name] = source

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -277,3 +279,20 @@ def test_a_run_on_host_that_answers_garbage_is_pr461(tmp_path: Path) -> None:
 
     assert 125 == done.returncode, done.stderr
     assert "(gpu_backend:Gpu); its run_on_host() returned None, not (status, output)\n" in done.stderr
+
+
+def test_ctrl_c_while_a_plugin_hangs_at_import_stops_poprun_and_starts_nothing(tmp_path: Path) -> None:
+    """A plugin whose import never ends: Ctrl-C is poprun's stop (130, nothing run), not a plugin that failed to load."""
+    install(tmp_path / "site", module="import pathlib, time\npathlib.Path('importing').touch()\ntime.sleep(600)\n")
+    environ = {k: v for k, v in os.environ.items() if k != "POPRUN_NO_PLUGINS"}
+    environ |= {"PYTHONPATH": str(tmp_path / "site"), "POPRUN_RUNS_DIR": str(tmp_path / "runs")}
+    proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", "--num-instances", "2", "--num-replicas", "2",
+                             "echo", "ran"], cwd=tmp_path, env=environ, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "importing").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=30)
+
+    assert (130, "", "PR401" in err) == (proc.returncode, out, False), err
