@@ -6,10 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from tests.e2e.test_partition_launch import server  # noqa: F401 - a fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
 
@@ -96,22 +97,7 @@ def test_ipuof_config_path_set_with_x_is_not_removed(tmp_path: Path) -> None:
     assert "/etc/ipuof.conf" == shown["IPUOF_CONFIG_PATH"] == got["IPUOF_CONFIG_PATH"]
 
 
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[int]:
-    """Run ``poprun vipu-server`` on a free port; yield the port."""
-    proc = subprocess.Popen([PY, "-m", "poprun.cli.main", "vipu-server", "--port", "0", "--db",
-                             str(tmp_path / "vipu.sqlite"), "--ipus", "64", "--ild-size", "16"],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("listening on "), line
-    yield int(line.split()[2].rsplit(":", 1)[1])
-    proc.terminate()
-    proc.wait(timeout=10)
-    proc.stdout.close()
-
-
-def test_the_users_vipu_timeout_survives_the_partition_step(server: int, tmp_path: Path) -> None:
+def test_the_users_vipu_timeout_survives_the_partition_step(server: int, tmp_path: Path) -> None:  # noqa: F811
     """-x IPUOF_VIPU_API_TIMEOUT=600 with a partition acquired: explain and the instance both say 600, not 120."""
     options = ("--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(server), "--vipu-partition", "p2",
                "--update-partition", "yes", "--num-instances=2", "--num-replicas=2",
@@ -122,7 +108,7 @@ def test_the_users_vipu_timeout_survives_the_partition_step(server: int, tmp_pat
     assert "600" == shown["IPUOF_VIPU_API_TIMEOUT"] == got["IPUOF_VIPU_API_TIMEOUT"]
 
 
-def test_a_partition_variable_set_with_x_is_refused(server: int, tmp_path: Path) -> None:
+def test_a_partition_variable_set_with_x_is_refused(server: int, tmp_path: Path) -> None:  # noqa: F811
     """-x IPUOF_VIPU_API_PARTITION_ID with a partition poprun acquires: PR232, pointing at --vipu-partition."""
     done = poprun(tmp_path, "--vipu-server-host", "127.0.0.1", "--vipu-server-port", str(server),
                   "--num-instances=2", "--num-replicas=2", "--mpi-local-args=-x IPUOF_VIPU_API_PARTITION_ID=other",

@@ -1,21 +1,12 @@
 """A saved plan written by an attacker: unknown keys at any depth, duplicated keys, numbers no plan holds are PR114."""
 
-import io
 import json
-from contextlib import redirect_stderr, redirect_stdout
 
 import pytest
 
-from poprun.cli.main import main
 from poprun.core.diagnostic import DiagnosticError
 from poprun.planner.serde import from_json
-
-
-def _run(argv):
-    out, err = io.StringIO(), io.StringIO()
-    with redirect_stdout(out), redirect_stderr(err):
-        status = main(argv)
-    return status, out.getvalue(), err.getvalue()
+from tests.unit.test_plancheck import _run
 
 
 @pytest.fixture(scope="module")
