@@ -39,6 +39,7 @@ class ErrorFiles:
         self._root: str | None = None
         self._temporary = False
         self.latest: dict[int, str] = {}  # instance -> its current attempt's file
+        self._folders: list[str] = []  # the attempts' folders made, in order
 
     def files(self, attempt: int, indices: list[int] | None = None) -> dict[int, dict[str, str]]:
         """Return ``{instance: {TORCHELASTIC_ERROR_FILE: path}}`` for attempt ``attempt`` ({} when no directory can be made)."""
@@ -61,6 +62,9 @@ class ErrorFiles:
         if self._temporary and self._root is not None:
             from poprun.backends._process.files import remove_directories
 
+            for folder in self._folders:  # the common case, no error written: empty folders, no rmtree to import
+                with contextlib.suppress(OSError):
+                    os.rmdir(folder)  # noqa: PTH106
             remove_directories([self._root])
 
     def _folder(self, attempt: int) -> str | None:
@@ -71,6 +75,7 @@ class ErrorFiles:
             folder = os.path.join(self._root, str(attempt))  # noqa: PTH118
             with contextlib.suppress(FileExistsError):  # an instance restarted alone: its attempt's folder
                 os.mkdir(folder, 0o700)  # noqa: PTH102
+                self._folders.append(folder)
         except OSError:
             return None  # no error file: the instances' output still tells
         return folder

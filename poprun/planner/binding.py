@@ -130,11 +130,18 @@ def threads(s: Solver, instances: tuple[p.Instance, ...], *, all_here: bool) -> 
         found.update((i.index, i) for i in placed)
         if decision is not None:
             decided.setdefault(decision, []).append(host)
+    for (value, origin, reason), names in decided.items():
+        s.decide(f"threads {_hosts(names)}", value, origin, reason)
+    return tuple(found[i.index] for i in instances)
+
+
+def _hosts(names: list[str]) -> str:
+    """Return ``names`` as explain shows them: one name, or a host list (imported only then: start-up)."""
+    if len(names) == 1:
+        return names[0]
     from poprun.core.hostlist import compress
 
-    for (value, origin, reason), names in decided.items():
-        s.decide(f"threads {compress(names) if len(names) > 1 else names[0]}", value, origin, reason)
-    return tuple(found[i.index] for i in instances)
+    return compress(names)
 
 
 _Decision = tuple[str, SourceSpan, str]  # what a host's instances got, where it came from, and why
