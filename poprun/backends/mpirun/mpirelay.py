@@ -480,7 +480,9 @@ class Relay:
         if fd == self.listener.fileno():
             self._accept()
             return
-        conn = self._connections[fd]
+        conn = self._connections.get(fd)
+        if conn is None:  # closed while handling another of the same ready batch (replaced, or a stranger dropped)
+            return
         try:
             data = conn.sock.recv(_READ)
         except BlockingIOError:
