@@ -405,9 +405,11 @@ def _write_whole(path: str, text: str) -> None:
     try:
         _write_new(tmp, text)
         os.replace(tmp, path)
+    except FileExistsError:  # O_EXCL: a file already at that name is not ours, and stays
+        raise
     except OSError:
         with contextlib.suppress(OSError):
-            os.unlink(tmp)
+            os.unlink(tmp)  # made by _write_new above (a full disk cut it short)
         raise
 
 
