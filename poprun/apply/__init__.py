@@ -100,14 +100,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             clock.lap("partition")
-            # the partition's variables the plan leaves open (its id when not named): the rest are the plan's,
-            # the user's -x IPUOF_VIPU_API_TIMEOUT among them, and explain showed them
-            planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
-            added = {k: v for k, v in variables.items() if k not in planned}
-            added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
             run_id = record.id if record is not None else new_id(time.time())
-            limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
-            added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if record is not None or limited else {})
+            added = _added(plan, variables, cache, run_id, recorded=record is not None)
             errors = ErrorFiles(plan, record.path if record is not None else None)
             try:
                 result = Attempts(backend, plan, environ, relay=relay, control=control, run=run, clock=clock,
@@ -123,11 +117,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         result = ApplyResult(statuses=(), error=_stopped(exc))
     except BaseException as exc:  # a bug, a sink that raised, an interrupt outside a launch: the record still ends
         if record is not None:
-            why = f"poprun ended by {type(exc).__name__}: {exc}"
-            with contextlib.suppress(Exception):  # the sink may be what raised: the report is written first anyway
-                _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=why)), relay, record,
-                        clock)
-            record.close()
+            _abandon(exc, relay, record, clock)
         raise
     run.finish()
     return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings,
@@ -138,6 +128,27 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
 def _stopped(exc: Stopped) -> ApplyError:
     """Return how a run stopped before anything started ended: 128+N."""
     return ApplyError(status=128 + exc.signum, signal=exc.signum, message=f"stopped by {signal_name(exc.signum)}")
+
+
+def _abandon(exc: BaseException, relay: Relay, record: RunRecord, clock: Clock) -> None:
+    """End ``record`` of a run that ``exc`` ends (a bug, a sink that raised, an interrupt outside a launch)."""
+    why = f"poprun ended by {type(exc).__name__}: {exc}"
+    with contextlib.suppress(Exception):  # the sink may be what raised: the report is written first anyway
+        _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=why)), relay, record, clock)
+    record.close()
+
+
+def _added(plan: LaunchPlan, variables: Mapping[str, str], cache: str | None, run_id: str, *,
+           recorded: bool) -> dict[str, str]:
+    """Return the variables this step adds to every instance: the partition's the plan leaves open, the cache's, the run's id."""
+    # the partition's variables the plan leaves open (its id when not named): the rest are the plan's,
+    # the user's -x IPUOF_VIPU_API_TIMEOUT among them, and explain showed them
+    planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
+    added = {k: v for k, v in variables.items() if k not in planned}
+    added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
+    limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
+    added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if recorded or limited else {})
+    return added
 
 
 def _finish(result: ApplyResult, relay: Relay, record: RunRecord | None, clock: Clock) -> ApplyResult:
