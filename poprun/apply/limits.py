@@ -1,7 +1,7 @@
 """
 A run's time limits at apply time: the limit reached, the stacks read before the stop, and the teardown gate.
 
-Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily),
+Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily), ``poprun.planner.plan``,
 ``poprun.backends.base`` (types) and ``poprun.core``; never the relay, the attempts or
 :func:`~poprun.apply.apply` (they hand it what it needs).
 
