@@ -48,6 +48,7 @@ from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
     RESTARTS_INSTANCES,
+    Gate,
     LaunchError,
     OutputSink,
     Restarter,
@@ -250,11 +251,14 @@ class SshBackend:
             _park(client)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
+               cache: TemporaryCache | None = None, restarter: Restarter | None = None,
+               gate: Gate | None = None) -> LocalLaunch:
         """
         Check every host, then start every instance; return without waiting.
 
         With ``restarter``, a failed instance starts again alone when it says so (:func:`_respawner`).
+        ``gate`` is awaited after a failure is told, before the others are stopped
+        (:data:`~poprun.backends.base.Gate`).
 
         ``cache``, when to be removed at the end, is made on every remote host that lacks it
         (see :func:`remote_command`) and removed there by the last of its instances.
@@ -277,7 +281,7 @@ class SshBackend:
             client.forget_failures(hosts)
         try:
             return start(plan, envs, source, client, sink, timeout_s=timeout_s, cache=cache, restarter=restarter,
-                         grace_s=self.grace_s)
+                         grace_s=self.grace_s, gate=gate)
         except BaseException:
             client.close()
             raise

@@ -34,7 +34,7 @@ from poprun.backends._process.instance import (
 from poprun.backends._process.output import Router
 from poprun.backends._process.supervisor import LocalLaunch, Respawn
 from poprun.backends._process.watchdog import Watchdog, WatchdogError
-from poprun.backends.base import Event, LaunchError, OutputSink, Restarter, TemporaryCache
+from poprun.backends.base import Event, Gate, LaunchError, OutputSink, Restarter, TemporaryCache
 from poprun.backends.ssh.client import SshClient, _send
 from poprun.backends.ssh.preflight import _connect, _Sessions, preflight_budget
 from poprun.backends.ssh.relay import Routes, relays
@@ -48,7 +48,7 @@ SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for ins
 
 def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], client: SshClient,
           sink: OutputSink, *, timeout_s: float, cache: TemporaryCache | None,
-          restarter: Restarter | None = None, grace_s: float = DEFAULT_GRACE_S) -> LocalLaunch:
+          restarter: Restarter | None = None, grace_s: float = DEFAULT_GRACE_S, gate: Gate | None = None) -> LocalLaunch:
     """
     Connect, check every host, then start every instance of ``plan`` through ``client``; return without waiting.
 
@@ -122,7 +122,7 @@ def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], 
     return LocalLaunch(plan, ordered, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s,
                        remove=remove, stop=stop, remote=remote, finish=finish,
                        lost=_lost(plan, client, remote, slots), restarter=restarter,
-                       respawn=respawn)
+                       respawn=respawn, gate=gate)
 
 
 

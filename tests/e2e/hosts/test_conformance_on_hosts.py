@@ -26,3 +26,8 @@ def test_mpirun_awaits_the_gate_before_it_tells_the_other_ends(test_hosts: TestH
     """mpirun stops the others itself after instance 1 fails; the backend awaits the gate before telling their ends."""
     check_teardown_awaits_the_gate(MpirunBackend(), tmp_path, hosts=("h1", "h2"), env=test_hosts.env(),
                                    launcher_stops=True)
+
+
+def test_ssh_stops_the_others_only_after_the_gate(test_hosts: TestHosts, tmp_path: Path) -> None:
+    """Instance 1 fails on h2; the ssh backend awaits the gate (launch(gate=)) before SIGTERM reaches instance 0 on h1."""
+    check_teardown_awaits_the_gate(SshBackend(), tmp_path, hosts=("h1", "h2"), env=test_hosts.env())
