@@ -38,7 +38,7 @@ from collections.abc import Iterator, Mapping
 from popdist import env as names
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import partition
-from poprun.apply.attempts import Attempts, Run, master_port
+from poprun.apply.attempts import Attempts, Run
 from poprun.apply.control import GRACE_S, Control, Stopped
 from poprun.apply.errorfile import ErrorFiles
 from poprun.apply.limits import Gate
@@ -93,6 +93,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
+    from poprun.apply.ports import master_port
+
     try:
         # attempt 0's MASTER_PORT first: reading another host's ports takes a connection, and nothing of the
         # launch (its temporary cache) exists yet should poprun be killed meanwhile

@@ -3,7 +3,7 @@ The attempts of one run: each launched and waited for, restarted as the plan's r
 
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.control`, :mod:`~poprun.apply.limits`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.errorfile` and
-:mod:`~poprun.apply.ports` (lazily), ``poprun.backends.base``, ``poprun.planner.plan``,
+:mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt), ``poprun.backends.base``, ``poprun.planner.plan``,
 ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`, which makes the
 attempts object and runs it.
 
@@ -41,7 +41,6 @@ from poprun.backends.base import (
 )
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.events import AttemptEnded, AttemptStarted, InstanceEnded, LaunchEnded, LaunchRunning, LaunchStarting
-from poprun.core.localhost import is_this_machine
 from poprun.core.outcome import ApplyError, ApplyResult, Attempt, InstanceFailure, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -52,7 +51,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import Any
 
-__all__ = ["Attempts", "InstanceRestarts", "Run", "RunState", "cause", "ended_text", "master_port"]
+__all__ = ["Attempts", "InstanceRestarts", "Run", "RunState", "cause", "ended_text"]
 
 
 class RunState(enum.Enum):
@@ -444,8 +443,11 @@ class Attempts:
     def _master_port(self) -> tuple[int, bool]:
         """Return the MASTER_PORT of the next attempt and whether it was chosen here (attempt 0's: chosen before)."""
         decided, self._first_port = self._first_port, None
-        port, chosen, checked, problem = decided or master_port(self.backend, self.plan, self.environ,
-                                                                avoid=tuple(self.ports))
+        if decided is None:
+            from poprun.apply.ports import master_port
+
+            decided = master_port(self.backend, self.plan, self.environ, avoid=tuple(self.ports))
+        port, chosen, checked, problem = decided
         if chosen:
             self.ports.append(port)
             self.port_checked = checked  # False: the default, unchecked (the host's ports could not be read)
@@ -542,49 +544,6 @@ class InstanceRestarts:
             cancelled.append(position)
             own = position if mine else own
         return cancelled, own
-
-
-def master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
-                 *, avoid: tuple[int, ...]) -> tuple[int, bool, bool, Diagnostic | None]:
-    """
-    Return an attempt's MASTER_PORT, whether it was chosen here, whether it was read free, and a warning about it.
-
-    Chosen free on instance 0's host when the plan leaves it to the apply step, never one of
-    ``avoid`` (the earlier attempts'); else the user's, checked: PR440 (raised) when it is taken.
-    """
-    if not plan.instances:
-        return 0, False, False, None
-    first = plan.instances[0]
-    from poprun.apply import ports
-
-    if plan.recovery.choose_port:
-        _prepare(backend, plan, environ)
-        choice = ports.choose_port(backend, first.host, environ=environ, avoid=avoid)
-        return choice.port, True, choice.chosen, None
-    given = first.env.get(names.TORCH_MASTER_PORT)
-    if given is None and names.TORCH_MASTER_PORT in first.env.forward:
-        given = environ.get(names.TORCH_MASTER_PORT)
-    if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
-        return 0, False, False, None
-    _prepare(backend, plan, environ)
-    problem = ports.check_port(backend, first.host, int(given), environ=environ)
-    if problem is not None and problem.is_error:
-        raise DiagnosticError((problem,))
-    return int(given), False, problem is None, problem
-
-
-def _prepare(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str]) -> None:
-    """
-    Let a backend that can (:class:`~poprun.backends.base.Prepares`) get ready to launch ``plan`` before instance 0's host is read.
-
-    The ssh backend opens every host's connection then, so that the port plan's is one of them,
-    not one opened alone before the others.
-    """
-    prepare = getattr(backend, "prepare", None)
-    if callable(prepare) and not is_this_machine(plan.instances[0].host):
-        prepare(plan, environ=environ)
-
-
 
 
 def cause(result: ApplyResult) -> str:
