@@ -1,15 +1,16 @@
 """
 The port plan: a free MASTER_PORT on instance 0's host, chosen at apply time, and a check of one the user set.
 
-Layer: ``poprun.apply``; imports ``poprun.backends.base`` (through :mod:`poprun.apply.hostrun`) and
-``poprun.core``. What is free is read from the host itself (:data:`PORT_SCRIPT`: its
+Layer: ``poprun.apply``; imports ``poprun.backends.base`` (through :mod:`poprun.apply.hostrun`),
+``popdist.env`` and ``poprun.core`` (``poprun.planner.plan`` for types only). What is free is read from the host itself (:data:`PORT_SCRIPT`: its
 ``/proc/net/tcp``, ``/proc/net/tcp6`` and ephemeral port range; no Python needed there), through
 the backend's host commands, over the launch's own connection. A port is taken when any TCP
 socket of the host is bound to it, in any state (listening, connected, TIME_WAIT: a restarted run
 dies on EADDRINUSE otherwise). popdist's hub listens on the port after MASTER_PORT, so both must
 be free. :func:`choose_port` picks at random among the free ports outside the ephemeral range, so
 that two runs started at once on one host get different ports; :func:`check_port` turns a port
-the user set that is taken into PR440 (or PR441 when only the hub's port is).
+the user set that is taken into PR440 (or PR441 when only the hub's port is). :func:`master_port`
+decides an attempt's MASTER_PORT from the plan with them.
 """
 
 from __future__ import annotations
@@ -17,8 +18,9 @@ from __future__ import annotations
 import os
 from collections.abc import Collection, Mapping
 
+from popdist import env as names
 from poprun.apply.hostrun import run_script
-from poprun.core.diagnostic import Diagnostic, error, warning
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import record
 from poprun.core.span import SourceSpan
@@ -26,6 +28,9 @@ from poprun.core.span import SourceSpan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     import random
+
+    from poprun.backends.base import Backend
+    from poprun.planner.plan import LaunchPlan
 
 DEFAULT_PORT = 29500  # torchrun's and poprun's MASTER_PORT when nothing better is known
 PORT_TIMEOUT_S = 5.0  # how long reading a host's sockets may take
@@ -46,7 +51,7 @@ echo @end"""
 _STATES = {"01": "ESTABLISHED", "02": "SYN_SENT", "03": "SYN_RECV", "04": "FIN_WAIT1", "05": "FIN_WAIT2",
            "06": "TIME_WAIT", "07": "CLOSE", "08": "CLOSE_WAIT", "09": "LAST_ACK", "0A": "LISTEN", "0B": "CLOSING"}
 
-__all__ = ["DEFAULT_PORT", "PORT_SCRIPT", "HostPorts", "PortChoice", "check_port", "choose_port", "parse_ports",
+__all__ = ["DEFAULT_PORT", "PORT_SCRIPT", "HostPorts", "PortChoice", "check_port", "choose_port", "master_port", "parse_ports",
            "read_ports"]
 
 
@@ -274,3 +279,42 @@ ls -lq /proc/[0-9]*/fd 2>/dev/null | awk -v want=" @INODES@ " '
   sort -un | head -n 5 | while read -r p; do
     printf 'pid %s %s\\n' "$p" "$(od -An -v -tx1 "/proc/$p/comm" 2>/dev/null | tr -d ' \\n')"
   done"""
+
+
+def master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
+                 *, avoid: tuple[int, ...]) -> tuple[int, bool, bool, Diagnostic | None]:
+    """
+    Return an attempt's MASTER_PORT, whether it was chosen here, whether it was read free, and a warning about it.
+
+    Chosen free on instance 0's host when the plan leaves it to the apply step, never one of
+    ``avoid`` (the earlier attempts'); else the user's, checked: PR440 (raised) when it is taken.
+    """
+    if not plan.instances:
+        return 0, False, False, None
+    first = plan.instances[0]
+    if plan.recovery.choose_port:
+        _prepare(backend, plan, environ)
+        choice = choose_port(backend, first.host, environ=environ, avoid=avoid)
+        return choice.port, True, choice.chosen, None
+    given = first.env.get(names.TORCH_MASTER_PORT)
+    if given is None and names.TORCH_MASTER_PORT in first.env.forward:
+        given = environ.get(names.TORCH_MASTER_PORT)
+    if not given or not given.strip().isdigit() or not 0 < int(given) < 65536:  # noqa: PLR2004
+        return 0, False, False, None
+    _prepare(backend, plan, environ)
+    problem = check_port(backend, first.host, int(given), environ=environ)
+    if problem is not None and problem.is_error:
+        raise DiagnosticError((problem,))
+    return int(given), False, problem is None, problem
+
+
+def _prepare(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """
+    Let a backend that can (:class:`~poprun.backends.base.Prepares`) get ready to launch ``plan`` before instance 0's host is read.
+
+    The ssh backend opens every host's connection then, so that the port plan's is one of them,
+    not one opened alone before the others.
+    """
+    prepare = getattr(backend, "prepare", None)
+    if callable(prepare) and not is_this_machine(plan.instances[0].host):
+        prepare(plan, environ=environ)

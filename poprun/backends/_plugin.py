@@ -22,7 +22,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
-from poprun.backends.base import Backend, Launch, LaunchError
+from poprun.backends.base import Backend, Launch, LaunchError, accepts_keyword
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult
 from poprun.core.span import SourceSpan
@@ -192,9 +192,14 @@ class GuardedBackend:
         """
         Return the plugin's launch, guarded; its ``LaunchError`` passes on as it is.
 
+        ``gate`` is passed on only when the plugin's ``launch`` takes it (one written before
+        the gate has no such parameter: its teardown is not held).
+
         Raises:
             LaunchError: PR461 (status 125) when its ``launch`` raises anything else or returns no launch.
         """
+        if "gate" in arguments and not accepts_keyword(self._backend.launch, "gate"):  # type: ignore[attr-defined]
+            arguments = {name: value for name, value in arguments.items() if name != "gate"}
         try:
             launch = self._backend.launch(plan, **arguments)  # type: ignore[attr-defined]
         except LaunchError as exc:

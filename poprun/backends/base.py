@@ -8,7 +8,9 @@ A :class:`Backend` starts every instance of a plan and returns a :class:`Launch`
 an :class:`OutputSink` that the caller owns, so that backends never print. A sink that is also
 an :class:`EventSink` hears when each instance starts and ends (for logs and progress); a
 backend must not require one. The apply step makes the plan's temporary executable cache and
-hands it to :meth:`Backend.launch` as a :class:`TemporaryCache`.
+hands it to :meth:`Backend.launch` as a :class:`TemporaryCache`, and its teardown gate as
+``gate``: a callable the backend awaits after a failure, before it stops the other instances
+(the sink's calls never wait; see :data:`Gate`).
 
 A backend may offer more, each through a small protocol of its own that a plugin may leave
 out (the callers look for the method): :class:`Describing` (its part of ``poprun plan``'s
@@ -52,10 +54,10 @@ RESTARTS_INSTANCES = "restarts-instances"
 """Capability: :meth:`Backend.launch` takes ``restarter=`` (a :class:`Restarter`) and starts a failed instance again when it says so."""
 
 __all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
-           "ApplyResult", "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting",
+           "ApplyResult", "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate",
            "HostCommands", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
            "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Stream", "TemporaryCache", "TopologyProbing",
-           "capabilities", "environment", "signal_name"]
+           "accepts_keyword", "capabilities", "environment", "signal_name"]
 
 
 def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, str]:
@@ -81,6 +83,37 @@ class LaunchError(Exception):
         self.diagnostics = diagnostics  # when given, what to show instead of the message (one per problem)
 
 
+Gate = Callable[[], None]
+"""
+What a backend awaits before it tears the launch down after a failure (``launch(..., gate=)``).
+
+When an instance fails (not stopped by poprun) and the backend is about to stop the others
+(SIGTERM, then SIGKILL), it first calls the gate, from the thread that would stop them, after
+telling the failure's :class:`InstanceEnded`. The call returns at once unless the apply step is
+reading the instances' stacks under a time limit (then within ~15 s, or at a stop). A backend
+that stops nothing itself after a failure (the launcher does: ``mpirun``) calls it before it
+tells the other instances' ends. A backend whose ``launch`` has no ``gate`` parameter (a plugin
+written before it) is not given one (:func:`accepts_keyword`): its teardown is not held.
+"""
+
+
+def accepts_keyword(function: object, name: str) -> bool:
+    """
+    Return whether ``function`` takes the keyword argument ``name`` (a parameter of that name, or ``**kwargs``).
+
+    Read from the code object, without :mod:`inspect` (start-up); a callable without one
+    (a builtin, a ``functools.partial``) is taken not to.
+    """
+    code = getattr(getattr(function, "__func__", function), "__code__", None)
+    if code is None:
+        return False
+    named = code.co_varnames[:code.co_argcount + code.co_kwonlyargcount]
+    return name in named[1 if hasattr(function, "__self__") else 0:] or bool(code.co_flags & _VARKEYWORDS)
+
+
+_VARKEYWORDS = 0x08  # inspect.CO_VARKEYWORDS: the function takes **kwargs
+
+
 class OutputSink(Protocol):
     """Where forwarded instance output goes (the terminal, in the CLI)."""
 
@@ -99,7 +132,12 @@ class EventSink(OutputSink, Protocol):
     """An output sink that also hears of instances starting and ending, from the same thread as ``write``."""
 
     def event(self, event: Event) -> None:
-        """Take note of ``event``; must return quickly (it is called between writes of output)."""
+        """
+        Take note of ``event``; must return quickly (it is called between writes of output).
+
+        It never waits for the apply step: what must wait before a teardown is the launch's
+        ``gate`` (:data:`Gate`), not a slow sink.
+        """
 
 
 class InstanceSink(OutputSink, Protocol):
@@ -165,13 +203,14 @@ class Backend(Protocol):
     name: ClassVar[str]
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> Launch:
+               cache: TemporaryCache | None = None, gate: Gate | None = None) -> Launch:
         """
         Start every instance of ``plan``; return without waiting for them.
 
         ``env_source`` is the launching environment: forwarded variables are read from it.
         ``cache`` is the temporary executable cache the apply step made (None: there is none
-        to make or remove).
+        to make or remove). ``gate``, when given, is awaited after a failure before the others
+        are torn down (:data:`Gate`); a backend without the parameter is not given one.
 
         Raises:
             LaunchError: when no instance could be started (nothing is left running).

@@ -41,6 +41,7 @@ from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
     RESTARTS_INSTANCES,
+    Gate,
     LaunchError,
     OutputSink,
     Restarter,
@@ -180,9 +181,13 @@ class LocalBackend:
         return run_here(script, environ=environ, timeout_s=timeout_s)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None, restarter: Restarter | None = None) -> LocalLaunch:
+               cache: TemporaryCache | None = None, restarter: Restarter | None = None,
+               gate: Gate | None = None) -> LocalLaunch:
         """
         Start every instance of ``plan``; raise :class:`LaunchError` when nothing can start.
+
+        ``gate`` is awaited after a failure is told, before the others are stopped
+        (:data:`~poprun.backends.base.Gate`).
 
         With ``restarter``, a failed instance starts again alone when it says so, with the
         same program, working directory, environment (plus the restarter's variables) and CPU
@@ -218,5 +223,5 @@ class LocalBackend:
             abandon(watchdog, procs, router)
             raise
         return LocalLaunch(plan, procs, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           remove=remove, restarter=restarter,
+                           remove=remove, restarter=restarter, gate=gate,
                            respawn=None if restarter is None else _respawner(plan, envs, programs, masks, watchdog.group))

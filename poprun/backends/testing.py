@@ -7,7 +7,7 @@ never the spec, and no other backend (it stands in for them). It never starts a
 process, so unit tests of ``apply`` stay fast and exact, the way httpx's ``MockTransport``
 serves tests of a client. Each instance ends as scripted (exit code 0 unless told); one
 scripted to run until stopped ends only when the launch is terminated or another instance
-fails, as with a real backend.
+fails, as with a real backend, which awaits the launch's ``gate`` first.
 """
 
 from __future__ import annotations
@@ -17,7 +17,15 @@ from collections.abc import Mapping
 from typing import ClassVar
 
 from poprun.backends._process.output import TAIL_LINES
-from poprun.backends.base import ApplyResult, InstanceFailure, LaunchError, OutputSink, TemporaryCache, environment
+from poprun.backends.base import (
+    ApplyResult,
+    Gate,
+    InstanceFailure,
+    LaunchError,
+    OutputSink,
+    TemporaryCache,
+    environment,
+)
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -55,9 +63,11 @@ class Recorded:
 class RecordingLaunch:
     """A launch that replays :class:`Outcome` values; see :class:`~poprun.backends.base.Launch`."""
 
-    def __init__(self, plan: LaunchPlan, outcomes: Mapping[int, Outcome], sink: OutputSink) -> None:
-        self._plan, self._outcomes, self._sink = plan, outcomes, sink
+    def __init__(self, plan: LaunchPlan, outcomes: Mapping[int, Outcome], sink: OutputSink,
+                 gate: Gate | None = None) -> None:
+        self._plan, self._outcomes, self._sink, self._gate = plan, outcomes, sink, gate
         self.terminations: list[float] = []  # the grace of each terminate() call, in order
+        self.gated = 0  # how many times the gate was awaited (once per launch with a failure)
 
     def terminate(self, grace_s: float) -> None:
         """Record the call; instances scripted to run until stopped end when waited for."""
@@ -66,6 +76,9 @@ class RecordingLaunch:
     def wait(self) -> ApplyResult:
         """
         Return the scripted result: instances end in index order, those run until stopped last.
+
+        After a failure (an instance that ended on its own with a non-zero status) the gate is
+        awaited before those run until stopped are ended, as a backend tears down.
 
         Raises:
             RuntimeError: when an instance runs until stopped and nothing stops it (a real
@@ -77,6 +90,9 @@ class RecordingLaunch:
         if running and not failures and not self.terminations:
             msg = f"instance {running[0].index} runs until stopped, and nothing stops it"
             raise RuntimeError(msg)
+        if failures and self._gate is not None:
+            self.gated += 1
+            self._gate()
         kill = signal.SIGKILL if self.terminations and self.terminations[-1] <= 0 else signal.SIGTERM
         failures += [InstanceFailure(index=i.index, host=i.host, signal=kill, stopped=True, tail=self._tail(i))
                      for i in running]
@@ -125,9 +141,9 @@ class RecordingBackend:
         self.running: list[RecordingLaunch] = []  # the launches returned, in order
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> RecordingLaunch:
+               cache: TemporaryCache | None = None, gate: Gate | None = None) -> RecordingLaunch:
         """
-        Record ``plan``, ``env_source`` and ``cache``; return a launch that replays the outcomes.
+        Record ``plan``, ``env_source`` and ``cache``; return a launch that replays the outcomes (``gate``: see its wait).
 
         Raises:
             LaunchError: the scripted ``error``, after recording.
@@ -135,7 +151,7 @@ class RecordingBackend:
         self.launches.append(Recorded(plan=plan, env_source=tuple(sorted(env_source.items())), cache=cache))
         if self.error is not None:
             raise self.error
-        launch = RecordingLaunch(plan, self.outcomes, sink)
+        launch = RecordingLaunch(plan, self.outcomes, sink, gate)
         self.running.append(launch)
         return launch
 

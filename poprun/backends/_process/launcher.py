@@ -11,7 +11,8 @@ labels). A thread reads both pipes to their end, hands each instance's pieces to
 what is due (the kill after the grace period), and at the end makes the
 :class:`~poprun.backends.base.ApplyResult`. A subclass says how to split the output, how to
 stop the instances gently and how to kill them, what the launcher's own lines mean, and how
-the launch ended.
+the launch ended; it awaits the launch's gate (:meth:`LauncherLaunch._await_gate`, see
+:data:`~poprun.backends.base.Gate`) after telling a failure, before any teardown of its own.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
     ApplyResult,
     Event,
+    Gate,
     InstanceEnded,
     InstanceFailure,
     InstanceStarted,
@@ -101,9 +103,9 @@ class LauncherLaunch:
     thread_name = "poprun-launcher"
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
-                 sink: OutputSink, grace_s: float, remove: tuple[str, ...] = ()) -> None:
+                 sink: OutputSink, grace_s: float, remove: tuple[str, ...] = (), gate: Gate | None = None) -> None:
         self._plan, self._proc, self._watchdog, self._router, self._sink = plan, proc, watchdog, router, sink
-        self._grace_s, self._remove = grace_s, remove
+        self._grace_s, self._remove, self._gate = grace_s, remove, gate
         self._notify: Callable[[Event], None] | None = getattr(sink, "event", None)
         self._lock = threading.RLock()
         self._stopping = self._finished = False
@@ -273,6 +275,11 @@ class LauncherLaunch:
                 self._router.feed(index, stream, data)
             else:
                 self._own(stream, data)
+
+    def _await_gate(self) -> None:
+        """Await the launch's gate (after a failure was told, before a teardown): this thread waits, never the sink."""
+        if self._gate is not None:
+            self._gate()
 
     def _event(self, event: Event) -> None:
         if self._notify is not None:

@@ -8,8 +8,9 @@ One thread waits in ``select`` (epoll) on everything at once: both pipes of ever
 (non-blocking, read in large chunks and handed to the :class:`~poprun.backends._process.output.Router`),
 a pidfd per instance (readable when it ends), and a wake-up pipe that :meth:`LocalLaunch.terminate`
 writes to. When an instance ends, its pipes are drained first, so that its last lines are
-forwarded before anyone hears that it ended. At the first failure the group is sent SIGTERM, and
-SIGKILL after the grace period. When every instance has ended, what is still in the group
+forwarded before anyone hears that it ended. At the first failure the launch's gate is awaited
+(:data:`~poprun.backends.base.Gate`: the apply step may be reading stacks), then the group is
+sent SIGTERM, and SIGKILL after the grace period. When every instance has ended, what is still in the group
 (background processes of the instances) is killed, processes re-parented to poprun are killed
 (:func:`~poprun.backends._process.watchdog.kill_adopted`), the output is drained to its end and the
 temporary directories are removed: no process of the launch outlives :meth:`LocalLaunch.wait`.
@@ -50,6 +51,7 @@ from poprun.backends._process.watchdog import Watchdog, kill_adopted
 from poprun.backends.base import (
     ApplyResult,
     Event,
+    Gate,
     InstanceEnded,
     InstanceFailure,
     InstanceStarted,
@@ -88,7 +90,7 @@ class LocalLaunch:
                  router: Router, sink: OutputSink, grace_s: float, remove: Sequence[str] = (),
                  stop: Callable[[int], None] | None = None, remote: frozenset[int] = frozenset(),
                  finish: Callable[[], None] | None = None, lost: Callable[[int, bool], str | None] | None = None,
-                 restarter: Restarter | None = None, respawn: Respawn | None = None) -> None:
+                 restarter: Restarter | None = None, respawn: Respawn | None = None, gate: Gate | None = None) -> None:
         """
         Supervise ``procs`` (one per instance, in the launch's process group) until they end.
 
@@ -102,9 +104,10 @@ class LocalLaunch:
         or None (then that host, not the instance, is to blame): the instance's own, or the relay
         through which it was reached.
         ``restarter`` and ``respawn`` together start a failed instance again (see the module docstring).
+        ``gate`` is awaited after a failure is told, before the others are stopped.
         """
         self._plan, self._procs, self._watchdog, self._router = plan, list(procs), watchdog, router
-        self._sink, self._restarter, self._respawn = sink, restarter, respawn
+        self._sink, self._restarter, self._respawn, self._gate = sink, restarter, respawn, gate
         self._pids = {proc.pid for proc in self._procs}  # every process of an instance ever started (to reap them)
         self._started = [time.monotonic()] * len(self._procs)  # when each instance's current process started
         self._restarts = [0] * len(self._procs)  # how many times each instance was started again
@@ -382,6 +385,8 @@ class LocalLaunch:
         self._ends.append(end)
         self._event(end)
         if end.status != 0 and not stopped:
+            if self._gate is not None:
+                self._gate()  # this thread waits (the sink's event() does not): stacks may be being read
             self.terminate(self._grace_s)
 
     def _restart_after(self, end: InstanceEnded) -> float | None:

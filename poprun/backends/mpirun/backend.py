@@ -59,6 +59,7 @@ from poprun.backends._process.watchdog import Watchdog
 from poprun.backends.base import (
     PROCESSES,
     ApplyResult,
+    Gate,
     HostCommands,
     InstanceEnded,
     LaunchError,
@@ -112,7 +113,7 @@ class MpirunLaunch(LauncherLaunch):
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
                  sink: OutputSink, grace_s: float, relay: Relay, ssh_args: str = "",
-                 remove: tuple[str, ...] = ()) -> None:
+                 remove: tuple[str, ...] = (), gate: Gate | None = None) -> None:
         self._messages = bytearray()  # mpirun's own stderr, the last _OWN_TEXT bytes: where the failure is named
         self._held = bytearray()  # mpirun's stderr while no instance has started (see _own)
         self._relay = relay
@@ -128,7 +129,8 @@ class MpirunLaunch(LauncherLaunch):
         self._silent: set[int] = set()  # instances whose connection was still open when reading ended
         self._clients: dict[int, str] = {}  # pidfd -> the host of mpirun's ssh client it watches
         self._clients_ended: list[str] = []  # hosts whose ssh client of mpirun ended while mpirun ran, in order
-        super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
+        super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove,
+                         gate=gate)
 
     def _splitter(self, stream: Stream) -> TagSplitter:
         return TagSplitter(stream)
@@ -371,8 +373,12 @@ class MpirunLaunch(LauncherLaunch):
                                   exit_code=code if code >= 0 else None)]
             ends += [InstanceEnded(index=i, pid=self._proc.pid, signal=signal.SIGTERM, stopped=True)
                      for i in range(1, count)]
-        for end in ends:
+        gated = False
+        for end in ends:  # mpirun tore its instances down itself: the gate is awaited before the others' ends
             self._event(end)
+            if end.status != 0 and not gated:
+                gated = True
+                self._await_gate()
         result = self._result_of(ends)
         warnings = [relay_refused(self._relay.refused)] if self._relay.refused else []
         if self._tagged_by - self._relay.started:
@@ -442,9 +448,12 @@ class MpirunBackend:
         return render_explained(plan)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> MpirunLaunch:
+               cache: TemporaryCache | None = None, gate: Gate | None = None) -> MpirunLaunch:
         """
         Start mpirun with the plan's command; return without waiting.
+
+        mpirun stops the other instances itself after a failure; ``gate`` is awaited once the
+        failure is told, before the other instances' ends are (:data:`~poprun.backends.base.Gate`).
 
         ``cache``, when to be removed at the end, is removed on this machine (and by the
         watchdog should poprun die); mpirun neither makes nor removes it on other hosts.
@@ -480,4 +489,4 @@ class MpirunBackend:
             relay.close(lambda *_: None)
             raise
         return MpirunLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                            relay=relay, ssh_args=settings.ssh_args, remove=remove)
+                            relay=relay, ssh_args=settings.ssh_args, remove=remove, gate=gate)

@@ -76,6 +76,7 @@ from poprun.backends.base import (
     PROCESSES,
     ApplyResult,
     FormatRequest,
+    Gate,
     InstanceEnded,
     LaunchError,
     OutputSink,
@@ -267,13 +268,14 @@ class SlurmLaunch(LauncherLaunch):
 
     def __init__(self, plan: LaunchPlan, proc: subprocess.Popen[bytes], *, watchdog: Watchdog, router: Router,
                  sink: OutputSink, grace_s: float, step: tuple[str, str], env: Mapping[str, str],
-                 remove: tuple[str, ...] = ()) -> None:
+                 remove: tuple[str, ...] = (), gate: Gate | None = None) -> None:
         self._step, self._env = step, env
         self._gentle = False
         self._killed_at: float | None = None
         self._ends: dict[int, InstanceEnded] = {}
         self._order: list[int] = []
-        super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove)
+        super().__init__(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=grace_s, remove=remove,
+                         gate=gate)
 
     def _splitter(self, stream: Stream) -> LabelSplitter:
         return LabelSplitter(stream)
@@ -344,6 +346,8 @@ class SlurmLaunch(LauncherLaunch):
         self._order.append(index)
         self._event(end)
         if not end.stopped:
+            if end.status != 0:
+                self._await_gate()
             self.terminate(self._grace_s)
 
     def _make_result(self, code: int, *, stopped: bool) -> ApplyResult:
@@ -383,9 +387,12 @@ class SlurmBackend:
         return {"sbatch": _sbatch}
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
-               cache: TemporaryCache | None = None) -> SlurmLaunch:
+               cache: TemporaryCache | None = None, gate: Gate | None = None) -> SlurmLaunch:
         """
         Start the srun step of ``plan``; return without waiting.
+
+        ``gate`` is awaited after a task's failure is told, before the step is stopped
+        (:data:`~poprun.backends.base.Gate`).
 
         ``cache`` is made by each task on its node (:func:`encode_instances`), and, when to be
         removed at the end, removed on this machine only (see the module docstring).
@@ -420,7 +427,7 @@ class SlurmBackend:
         proc, watchdog = start_launcher(argv, env=env, group_env=source, remove=remove, router=router,
                                         cleanup=(folder,), stdin=stdin)
         return SlurmLaunch(plan, proc, watchdog=watchdog, router=router, sink=sink, grace_s=self.grace_s,
-                           step=(job, name), env=source, remove=remove)
+                           step=(job, name), env=source, remove=remove, gate=gate)
 
 
 def _sbatch(plan: LaunchPlan, request: FormatRequest) -> str:

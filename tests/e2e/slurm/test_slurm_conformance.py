@@ -12,6 +12,7 @@ import pytest
 
 from poprun.backends import conformance
 from poprun.backends.slurm.backend import SlurmBackend
+from tests.e2e.gate_helpers import check_teardown_awaits_the_gate
 from tests.testhosts import TestHosts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
@@ -38,3 +39,8 @@ def test_slurm_backend_passes_the_conformance_suite_in_an_allocation(check, allo
                                                                      tmp_path: Path) -> None:
     """Each check that the slurm backend's capabilities allow passes, one instance a task on h1 and on h2."""
     check(SlurmBackend, tmp_path, allocation)
+
+
+def test_slurm_backend_stops_the_step_only_after_the_gate(allocation: conformance.Target, tmp_path: Path) -> None:
+    """Task 1 fails on h2; the backend awaits the gate (launch(gate=)) before scancel reaches task 0 on h1."""
+    check_teardown_awaits_the_gate(SlurmBackend(), tmp_path, hosts=allocation.hosts, env=dict(allocation.env))
