@@ -42,6 +42,7 @@ from poprun.backends.base import (
     RESTARTS_INSTANCES,
     Backend,
     EventSink,
+    InstanceSink,
     Launch,
     LaunchError,
     Stream,
@@ -144,10 +145,10 @@ class Control:
             self._launch.terminate(self.grace_s)
 
     def forward(self, sig: int) -> None:
-        """Send ``sig`` (SIGTSTP, SIGCONT) to every instance, where the backend can (Ctrl-Z)."""
-        forward = getattr(self._launch, "forward", None)
-        if forward is not None:
-            forward(sig)
+        """Send ``sig`` (SIGTSTP, SIGCONT: Ctrl-Z; ``--signal``'s) to every instance: the launch's ``forward``."""
+        launch = self._launch
+        if launch is not None:
+            launch.forward(sig)
 
     def _started(self, launch: Launch) -> None:
         """Remember ``launch``; stop it at once if a stop came while it was starting."""
@@ -165,7 +166,7 @@ class Control:
         return self.grace_s if self._stops <= 1 else 0
 
 
-class _Relay:
+class _Relay(InstanceSink):
     """
     The sink the backend writes to: output and events pass on (and into the run record); the first failure is told as stopping.
 
@@ -194,10 +195,8 @@ class _Relay:
         self.captured: dict[int, bytearray] | None = None  # instance -> stderr since a limit was reached
         self.notes: list[Diagnostic] = []  # warnings told as the run went on (PR425), for the report
         self.restarted: Callable[[int], None] | None = None  # told first when an instance starts again alone
-        if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
-            self.instance_lines = self._instance_lines
-        if plan.recovery.stall_timeout_ms:
-            self.instance_output = self._instance_output
+        self._keeps = bool(record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms)
+        self._stalls = bool(plan.recovery.stall_timeout_ms)  # any output is a sign of life (instance_output)
 
     def observe(self) -> None:
         """Read back what each instance started as, into the record (once every instance has started)."""
@@ -287,12 +286,15 @@ class _Relay:
             self._stopping = True
         self.event(Stopping(reason=why))
 
-    def _instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
+    def instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
         """Tell the limit watch that an instance wrote output, whole lines or not (a progress bar's carriage returns)."""
-        if self.watch is not None:
+        if self._stalls and self.watch is not None:
             self.watch.output()
 
-    def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+    def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+        """Keep ``data`` of instance ``index`` in the run record, and tell the limit watch (with a record or limits)."""
+        if not self._keeps:
+            return
         if self.watch is not None:
             self.watch.output()
         captured = self.captured

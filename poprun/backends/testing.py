@@ -58,10 +58,15 @@ class RecordingLaunch:
     def __init__(self, plan: LaunchPlan, outcomes: Mapping[int, Outcome], sink: OutputSink) -> None:
         self._plan, self._outcomes, self._sink = plan, outcomes, sink
         self.terminations: list[float] = []  # the grace of each terminate() call, in order
+        self.forwarded: list[int] = []  # the signal of each forward() call, in order
 
     def terminate(self, grace_s: float) -> None:
         """Record the call; instances scripted to run until stopped end when waited for."""
         self.terminations.append(grace_s)
+
+    def forward(self, sig: int) -> None:
+        """Record the call (no instance is a process to signal)."""
+        self.forwarded.append(sig)
 
     def wait(self) -> ApplyResult:
         """
