@@ -67,6 +67,7 @@ if TYPE_CHECKING:
 
     from poprun.planner.machine import HostTopology
 
+
 class SshBackend:
     """
     Runs the instances of remote hosts through ssh, and those of this machine as child processes.
