@@ -74,6 +74,9 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     The plan's recovery (:mod:`poprun.apply.recovery`) restarts it, limits it in time and picks
     its MASTER_PORT for each attempt.
     """
+    if registry is None:  # a registry of its own: what its backends keep (connections) is closed when the run ends
+        with default_registry() as own:
+            return apply(plan, sink=sink, registry=own, env_source=env_source, control=control, record=record)
     control = control or Control()
     environ = os.environ if env_source is None else env_source
     relay = Relay(plan, sink, record, environ)
@@ -81,7 +84,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
-        backend = (registry or default_registry()).get(plan.backend.name)
+        backend = registry.get(plan.backend.name)
     except Stopped as exc:
         return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
                        clock)

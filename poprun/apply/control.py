@@ -98,9 +98,9 @@ class Control:
 
     def forward(self, sig: int) -> None:
         """Send ``sig`` (SIGTSTP, SIGCONT) to every instance, where the backend can (Ctrl-Z)."""
-        forward = getattr(self._launch, "forward", None)
-        if forward is not None:
-            forward(sig)
+        launch = self._launch
+        if launch is not None:
+            launch.forward(sig)
 
     def grace(self) -> float:
         """Return the grace a stop gives now: :attr:`grace_s`, none once a second stop came."""

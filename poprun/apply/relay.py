@@ -14,6 +14,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
+from poprun.backends.base import InstanceSink
 from poprun.core.events import (
     Event,
     InstanceEnded,
@@ -36,14 +37,14 @@ if TYPE_CHECKING:
 __all__ = ["Clock", "Relay"]
 
 
-class Relay:
+class Relay(InstanceSink):
     """
     The sink the backend writes to: output and events pass on (and into the run record); the first failure is told as stopping.
 
     The caller's sink hears from one thread at a time (the backend's, and this step's own, in
     the main thread): a reentrant lock, since a signal handler in the main thread may tell of
     stopping while it writes. With a run record, each instance's lines are kept there too
-    (:meth:`instance_lines`, which the backend's output router calls when its sink has it);
+    (:meth:`instance_lines`, which the backend's output router calls);
     with time limits, each instance's output also tells the limit watch that it is alive, and
     once a limit is reached each instance's standard error is kept (faulthandler's stacks).
     """
@@ -62,10 +63,8 @@ class Relay:
         self.limits: Limits | None = None  # the run's time limits, while they are watched
         self.notes: list[Diagnostic] = []  # warnings told as the run went on (PR425), for the report
         self.restarted: Callable[[int], None] | None = None  # told first when an instance starts again alone
-        if record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms:
-            self.instance_lines = self._instance_lines
-        if plan.recovery.stall_timeout_ms:
-            self.instance_output = self._instance_output
+        self._keeps = bool(record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms)
+        self._stalls = bool(plan.recovery.stall_timeout_ms)  # any output is a sign of life (instance_output)
 
     def observe(self) -> None:
         """Read back what each instance started as, into the record (once every instance has started)."""
@@ -153,12 +152,15 @@ class Relay:
             self._stopping = True
         self.event(Stopping(reason=why))
 
-    def _instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
+    def instance_output(self, index: int) -> None:  # noqa: ARG002 - any instance's output is a sign of life
         """Tell the limit watch that an instance wrote output, whole lines or not (a progress bar's carriage returns)."""
-        if (watch := self._watch()) is not None:
+        if self._stalls and (watch := self._watch()) is not None:
             watch.output()
 
-    def _instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+    def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
+        """Keep ``data`` of instance ``index`` in the run record, and tell the limit watch (with a record or limits)."""
+        if not self._keeps:
+            return
         if (watch := self._watch()) is not None:
             watch.output()
         captured = self.limits.captured if self.limits is not None else None

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         RESTARTS_INSTANCES,
         ApplyResult,
         Backend,
+        Closes,
         Describing,
         Event,
         EventSink,
@@ -64,7 +65,7 @@ if TYPE_CHECKING:
     from poprun.backends.testing import Outcome, RecordingBackend
 
 _BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
-         "HostCommands", "Prepares", "Restarter", "ApplyResult", "Backend",
+         "HostCommands", "Prepares", "Restarter", "ApplyResult", "Backend", "Closes",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
          "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
          "TopologyProbing", "capabilities", "environment", "signal_name")
@@ -82,6 +83,7 @@ __all__ = [
     "ApplyResult",
     "Backend",
     "BackendRegistry",
+    "Closes",
     "Describing",
     "Event",
     "EventSink",

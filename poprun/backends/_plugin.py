@@ -188,6 +188,13 @@ class GuardedBackend:
     def __class__(self) -> type:
         return type(self._backend)
 
+    def close(self) -> None:
+        """Close the plugin's backend (its ``close``, when it has one); what that raises is dropped: poprun is ending."""
+        close = getattr(self._backend, "close", None)  # optional (Closes), as the registry's other helpers find them
+        if callable(close):
+            with contextlib.suppress(*CAUGHT):
+                close()
+
     def launch(self, plan: object, **arguments: object) -> Launch:
         """
         Return the plugin's launch, guarded; its ``LaunchError`` passes on as it is.
@@ -219,7 +226,7 @@ class GuardedBackend:
 
 
 class GuardedLaunch:
-    """A plugin's launch: ``wait`` is checked (PR462); a ``terminate`` or ``forward`` that raised is told by ``wait``."""
+    """A plugin's launch: ``wait`` is checked (PR462); a ``terminate`` or ``forward`` that raised (or is missing) is told by ``wait``."""
 
     def __init__(self, launch: Launch, plugin: Plugin) -> None:
         self._launch, self._plugin = launch, plugin
@@ -260,11 +267,13 @@ class GuardedLaunch:
             self._broke = self._broke or f"its terminate() raised {raised(exc)}"
 
     def forward(self, sig: int) -> None:
-        """Send ``sig`` to every instance, where the plugin can (its ``forward``, if it has one)."""
-        method = getattr(self._launch, "forward", None)
-        if method is None:
-            return
+        """
+        Send ``sig`` to every instance (the plugin's ``forward``); what it raises is kept, not raised here (a signal handler).
+
+        A launch without ``forward`` (older plugins) raises AttributeError here, kept the same
+        way: the signal reached no instance, and ``wait`` says so (PR462), never silently.
+        """
         try:
-            method(sig)
+            self._launch.forward(sig)
         except CAUGHT as exc:
             self._broke = self._broke or f"its forward() raised {raised(exc)}"

@@ -14,8 +14,9 @@ hands it to :meth:`Backend.launch` as a :class:`TemporaryCache`, and its teardow
 
 A backend may offer more, each through a small protocol of its own that a plugin may leave
 out (the callers look for the method): :class:`Describing` (its part of ``poprun plan``'s
-text), :class:`Formatting` (views of a plan for ``poprun plan --format NAME``) and
-:class:`TopologyProbing` (other hosts' CPU topologies, for placement). The registry's helpers
+text), :class:`Formatting` (views of a plan for ``poprun plan --format NAME``),
+:class:`TopologyProbing` (other hosts' CPU topologies, for placement) and :class:`Closes`
+(local state, such as connections, released when the command ends). The registry's helpers
 (:func:`~poprun.backends.registry.describe`, :func:`~poprun.backends.registry.find_format`,
 :func:`~poprun.backends.registry.topology_prober`) reach them. ``capabilities`` names what a
 backend can promise beyond the protocol, so that the conformance suite checks exactly that.
@@ -54,7 +55,7 @@ RESTARTS_INSTANCES = "restarts-instances"
 """Capability: :meth:`Backend.launch` takes ``restarter=`` (a :class:`Restarter`) and starts a failed instance again when it says so."""
 
 __all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
-           "ApplyResult", "Backend", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate",
+           "ApplyResult", "Backend", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate",
            "HostCommands", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
            "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Stream", "TemporaryCache", "TopologyProbing",
            "accepts_keyword", "capabilities", "environment", "signal_name"]
@@ -142,17 +143,26 @@ class EventSink(OutputSink, Protocol):
 
 class InstanceSink(OutputSink, Protocol):
     """
-    An output sink that also keeps each instance's lines apart (the apply step's run record).
+    An output sink that also keeps each instance's lines apart (the apply step's run record), and hears of every read.
 
-    A backend whose output goes through the shared router (``poprun.backends._process.output``)
-    calls it for every piece of whole lines it reads, shown or not (``--only-output-from-instance``),
-    from the thread that calls ``write``. A plugin may call it too; it is optional. So is
-    ``instance_output(index)``, which the router calls for every read, whole lines or not (a
-    progress bar that ends its lines with carriage returns writes output too: ``--stall-timeout``).
+    A sink is one by subclassing this class (the apply step's does); a backend whose output goes
+    through the shared router (``poprun.backends._process.output``) then calls
+    :meth:`instance_lines` for every piece of whole lines it reads, shown or not
+    (``--only-output-from-instance``), and :meth:`instance_output` for every read, from the
+    thread that calls ``write``. A plugin may call them too, when its sink is an ``InstanceSink``
+    (``isinstance``); both are optional to call.
     """
 
     def instance_lines(self, index: int, stream: Stream, data: bytes) -> None:
         """Keep ``data``, whole lines of ``stream`` of instance ``index`` (or parts of a line over 1 MiB); must return quickly."""
+
+    def instance_output(self, index: int) -> None:
+        """
+        Take note that instance ``index`` wrote output, whole lines or not; must return quickly.
+
+        A progress bar that ends its lines with carriage returns writes output too: for
+        ``--stall-timeout``, any output is a sign of life.
+        """
 
 
 class Launch(Protocol):
@@ -172,6 +182,18 @@ class Launch(Protocol):
 
         Returns at once; :meth:`wait` returns when they have ended. ``grace_s`` 0 kills at once;
         a second call with a grace only keeps the first deadline. After the end it does nothing.
+        """
+
+    def forward(self, sig: int) -> None:
+        """
+        Send ``sig`` to every instance still running, wherever it runs; returns at once, safe from a signal handler.
+
+        The apply step forwards ``--signal SIG@SECONDS``'s signal before a time limit, and the
+        command line Ctrl-Z (SIGTSTP) and ``fg`` (SIGCONT). After the end it does nothing. A
+        backend that cannot deliver ``sig`` raises (``NotImplementedError``) rather than send
+        nothing silently: a plugin's launch that raises, or has no ``forward``, ends its run
+        with PR462 naming it. (A launcher that handles job control itself, ``mpirun`` and
+        ``srun`` on a terminal, leaves SIGTSTP and SIGCONT to it.)
         """
 
 
@@ -254,6 +276,18 @@ class TopologyProbing(Protocol):
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
         """Return each host's topology, or a one-line reason it could not be read; bounded in time."""
+
+
+class Closes(Protocol):
+    """
+    Optional: a backend with local state (the ssh backend's kept connections), released by :meth:`close`.
+
+    The registry that made the backend calls it from its own ``close()``, which a command calls
+    in a ``finally`` once its launches have ended (TorchX's ``Scheduler.close()``).
+    """
+
+    def close(self) -> None:
+        """Release what the backend keeps (connections, directories); idempotent, safe after a failure or a signal."""
 
 
 class HostCommands(Protocol):

@@ -29,6 +29,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -63,6 +64,12 @@ _EXIT_3_ON_1 = "import os, sys; sys.exit(3 if os.environ['POPDIST_INSTANCE_INDEX
 _KILLED_ON_1 = ("import os, signal; i = os.environ['POPDIST_INSTANCE_INDEX']; "
                 "os.kill(os.getpid(), signal.SIGKILL) if i == '1' else None")
 _SLEEP = "import time; time.sleep(60)"
+# Each instance says it is ready once its SIGUSR1 handler is in place, then says which signal it got (within 15 s)
+_FORWARDED = ("import signal, time; got = []; signal.signal(signal.SIGUSR1, lambda n, _f: got.append(n)); "
+              "print('ready', flush=True)\n"
+              "deadline = time.monotonic() + 15\n"
+              "while not got and time.monotonic() < deadline: time.sleep(0.01)\n"
+              "print(f'got {got[0]}' if got else 'got nothing', flush=True)")
 # Instance 1 fails on its first run and, started again (POPRUN_RESTART_COUNT=1), leaves a file that
 # instance 0 waits for: instance 0 ends well only if it ran on meanwhile (a shared working directory)
 _FAILS_ONCE_ON_1 = ("import os, sys, time; i = os.environ['POPDIST_INSTANCE_INDEX']; "
@@ -230,6 +237,16 @@ def check_terminate_after_the_end_is_harmless(factory: BackendFactory, workdir: 
     launch.terminate(1.0)
 
 
+def check_forward_after_the_end_is_harmless(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
+    """Check that the launch declares ``forward`` and that calling it after ``wait`` returned raises nothing."""
+    backend = factory()
+    launch = backend.launch(_plan(backend, "pass", workdir, target), env_source=_env_source(target),
+                            sink=MemorySink())
+    _wait(launch)
+    launch.forward(signal.SIGUSR1)
+    launch.forward(signal.SIGCONT)
+
+
 def check_each_instance_runs_its_plan(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
     """Check that every instance runs once, in the plan's cwd, with its set, forwarded and unset variables."""
     result, sink = _run(factory, _PROBE, workdir, target)
@@ -263,6 +280,19 @@ def check_terminate_stops_every_instance(factory: BackendFactory, workdir: Path,
     result = _wait(launch, within_s=_STOP_S)
     stopped = sorted(f.index for f in result.failures if f.stopped)
     _expect(([0, 1], None), (stopped, result.root_cause), "stopped instances and root cause")
+
+
+def check_forward_reaches_every_instance(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
+    """Check that ``forward(SIGUSR1)`` reaches every running instance (``--signal``), which handles it and ends well."""
+    backend, sink = factory(), MemorySink()
+    launch = backend.launch(_plan(backend, _FORWARDED, workdir, target), env_source=_env_source(target), sink=sink)
+    began = time.monotonic()  # both handlers in place first: what a real --signal meets, seconds in
+    while sink.lines().count("ready") < 2 and time.monotonic() - began < WAIT_S:  # noqa: PLR2004 - two instances
+        time.sleep(0.05)
+    launch.forward(signal.SIGUSR1)
+    result = _wait(launch)
+    got = sorted(line for line in sink.lines() if line.startswith("got "))
+    _expect((0, [f"got {int(signal.SIGUSR1)}"] * 2), (result.status, got), "status, and what each instance got")
 
 
 def check_missing_cwd_is_a_launch_error(factory: BackendFactory, workdir: Path, target: Target = LOCAL) -> None:
@@ -332,10 +362,12 @@ CHECKS = (
     Check(check_declares_a_name),
     Check(check_every_instance_succeeds),
     Check(check_terminate_after_the_end_is_harmless),
+    Check(check_forward_after_the_end_is_harmless),
     Check(check_each_instance_runs_its_plan, _REAL),
     Check(check_exit_status_propagates, _REAL),
     Check(check_signal_is_reported, _REAL),
     Check(check_terminate_stops_every_instance, _REAL),
+    Check(check_forward_reaches_every_instance, _REAL),
     Check(check_missing_cwd_is_a_launch_error, frozenset({PROCESSES, CHECKS_BEFORE_START})),
     Check(check_restarts_the_failed_instance_alone, frozenset({PROCESSES, RESTARTS_INSTANCES})),
 )

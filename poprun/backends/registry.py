@@ -6,6 +6,14 @@ backend module at import time (a built-in factory imports its module when called
 the spec or the solver. A registry is an object passed in; :func:`default_registry` builds a
 new one on every call, never a global cache, so tests can make their own.
 
+A registry is a command's backend session: one per command, handed to planning (the topology
+probe, :func:`topology_prober`) and to the apply step. :meth:`BackendRegistry.get` makes a
+backend once and gives that same object on every later call, so that what one step opens (the
+ssh backend's connections: the probe's, the port plan's) the next one uses;
+:meth:`BackendRegistry.close` closes every backend it made that has ``close()``
+(:class:`~poprun.backends.base.Closes`), and the command calls it in a ``finally``.
+:class:`OnDemand` is a registry made on first use, for a command that may need none.
+
 Built-ins are listed here. Third parties add backends through the entry-point group
 ``poprun.backends`` (``mybackend = "pkg.mod:MyBackend"``, a class or function that returns a
 backend when called with no argument), as submitit does. A plugin that fails to import (even
@@ -35,6 +43,8 @@ from poprun.core.span import SourceSpan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
+    from types import TracebackType
+    from typing import Self
 
     from poprun.planner.machine import HostTopology
     from poprun.planner.plan import LaunchPlan
@@ -56,10 +66,16 @@ def _local() -> Backend:
     return LocalBackend()
 
 
-def _mpirun() -> Backend:
-    from poprun.backends.mpirun.backend import MpirunBackend
+def _mpirun_of(registry: BackendRegistry) -> Factory:
+    """Return the factory of ``registry``'s mpirun backend, which reaches other hosts through the registry's ssh backend."""
 
-    return MpirunBackend(remote=_ssh)  # type: ignore[arg-type] # run_on_host: other hosts as the ssh backend reaches them
+    def _mpirun() -> Backend:
+        from poprun.backends.mpirun.backend import MpirunBackend
+
+        # run_on_host: other hosts as the ssh backend reaches them, over its connections (closed with the registry)
+        return MpirunBackend(remote=lambda: registry.get("ssh"))  # type: ignore[arg-type,return-value]
+
+    return _mpirun
 
 
 def _ssh() -> Backend:
@@ -107,12 +123,17 @@ class UnknownBackendError(DiagnosticError, KeyError):
 
 
 class BackendRegistry:
-    """Backends by name. A name registered twice must be registered with the same factory."""
+    """
+    Backends by name, one object each (:meth:`get`), closed together (:meth:`close`). A name registered twice must be registered with the same factory.
+
+    A context manager: ``with default_registry() as registry:`` closes it on the way out.
+    """
 
     def __init__(self, factories: Mapping[str, Factory] | None = None) -> None:
         self._sources: dict[str, _Source] = {}
         self._clashes: dict[str, Diagnostic] = {}
         self._broken: list[Diagnostic] = []
+        self._made: dict[str, Backend] = {}  # what get() made, by name, in the order made: close() closes them
         for name, factory in (factories or {}).items():
             self.register(name, factory)
 
@@ -195,12 +216,83 @@ class BackendRegistry:
 
     def get(self, name: str, *, span: SourceSpan | None = None) -> Backend:
         """
-        Return a new backend of the given name.
+        Return the backend of the given name: made on the first call, the same object on every later one.
+
+        It lives as long as the registry's session: :meth:`close` closes it (a later call makes a new one).
 
         Raises:
             UnknownBackendError: as :meth:`factory` does.
         """
-        return self.factory(name, span=span)()
+        backend = self._made.get(name)
+        if backend is None:
+            backend = self.factory(name, span=span)()
+            self._made[name] = backend
+        return backend
+
+    def close(self) -> None:
+        """
+        Close every backend :meth:`get` made that has ``close()`` (:class:`~poprun.backends.base.Closes`), the last made first.
+
+        Idempotent, and safe at any point (after a failure, in a ``finally``): a backend never
+        made is not made to be closed. Every backend gets its ``close()`` even when one before it
+        raised; the first exception is raised once all were called.
+        """
+        made, self._made = list(self._made.values()), {}
+        failed: BaseException | None = None
+        for backend in reversed(made):
+            close = getattr(backend, "close", None)
+            if not callable(close):
+                continue
+            try:
+                close()
+            except BaseException as exc:  # noqa: BLE001 - raised below, once every backend was closed
+                failed = failed or exc
+        if failed is not None:
+            raise failed
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
+
+
+class OnDemand:
+    """
+    A command's registry, made by :func:`default_registry` when first asked for (``on_demand()``); :meth:`close` closes it.
+
+    A command that plans and may never need a backend (``poprun plan --format json``) then
+    neither scans for plugins nor imports one; a command that does gets one registry for all
+    its steps. A context manager, like :class:`BackendRegistry`.
+    """
+
+    def __init__(self) -> None:
+        self._registry: BackendRegistry | None = None
+
+    def __call__(self) -> BackendRegistry:
+        """Return the registry, made now if it was not yet."""
+        if self._registry is None:
+            self._registry = default_registry()
+        return self._registry
+
+    def probe_topologies(self, hosts: tuple[str, ...], *,
+                         environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
+        """Read other hosts' topologies with the registry's backend that can (the registry is made only when placement asks)."""
+        prober = topology_prober(self())
+        return prober(hosts, environ=environ) if prober is not None else dict.fromkeys(hosts, "no backend reads them")
+
+    def close(self) -> None:
+        """Close the registry, if it was made (:meth:`BackendRegistry.close`). Idempotent."""
+        if self._registry is not None:
+            self._registry.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, value: BaseException | None,
+                 traceback: TracebackType | None) -> None:
+        self.close()
 
 
 def default_registry(*, environ: Mapping[str, str] | None = None,
@@ -215,7 +307,7 @@ def default_registry(*, environ: Mapping[str, str] | None = None,
     registry.register("local", _local, origin=BUILT_IN)
     registry.register("offline", _offline, origin=BUILT_IN)
     registry.register("ssh", _ssh, origin=BUILT_IN)
-    registry.register("mpirun", _mpirun, origin=BUILT_IN)
+    registry.register("mpirun", _mpirun_of(registry), origin=BUILT_IN)
     registry.register("slurm", _slurm, origin=BUILT_IN)
     if _plugins_disabled(os.environ if environ is None else environ):
         return registry
@@ -325,14 +417,10 @@ def _unknown(name: str, names: tuple[str, ...], *, broken: _Source | None, span:
 
 
 def _created(registry: BackendRegistry, name: str) -> Backend | None:
-    """Return a new backend ``name``, or None when it is unknown, failed to load, or fails to be made."""
+    """Return the registry's backend ``name``, or None when it is unknown, failed to load, or fails to be made."""
     try:
-        factory = registry.factory(name)
-    except UnknownBackendError:
-        return None
-    try:
-        return factory()
-    except Exception:  # noqa: BLE001 - a plugin that cannot be made offers nothing; launching it says why
+        return registry.get(name)
+    except Exception:  # noqa: BLE001 - unknown, or a plugin that cannot be made: it offers nothing; launching it says why
         return None
 
 
@@ -386,17 +474,18 @@ def topology_prober(registry: BackendRegistry, name: str = "ssh") -> TopologyPro
     """
     Return ``probe(hosts, *, environ)`` by backend ``name``'s ``probe_topologies``, or None without that backend.
 
-    The backend is made when the probe is first called (placement needs another host's
-    topology), so that asking costs a launch nothing. A backend without ``probe_topologies``
-    answers every host with a reason.
+    The backend is the registry's (:meth:`BackendRegistry.get`), made when the probe is first
+    called (placement needs another host's topology), so that asking costs a launch nothing; what
+    its probe opens (the ssh backend's connections), the launch with the same registry uses. A
+    backend without ``probe_topologies`` answers every host with a reason.
     """
     try:
-        factory = registry.factory(name)
+        registry.factory(name)
     except UnknownBackendError:
         return None
 
     def probe(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
-        method = getattr(factory(), "probe_topologies", None)
+        method = getattr(registry.get(name), "probe_topologies", None)
         if method is None:
             return dict.fromkeys(hosts, f"the {name} backend cannot read host topologies")
         found: Mapping[str, HostTopology | str] = method(hosts, environ=environ)

@@ -68,10 +68,15 @@ class RecordingLaunch:
         self._plan, self._outcomes, self._sink, self._gate = plan, outcomes, sink, gate
         self.terminations: list[float] = []  # the grace of each terminate() call, in order
         self.gated = 0  # how many times the gate was awaited (once per launch with a failure)
+        self.forwarded: list[int] = []  # the signal of each forward() call, in order
 
     def terminate(self, grace_s: float) -> None:
         """Record the call; instances scripted to run until stopped end when waited for."""
         self.terminations.append(grace_s)
+
+    def forward(self, sig: int) -> None:
+        """Record the call (no instance is a process to signal)."""
+        self.forwarded.append(sig)
 
     def wait(self) -> ApplyResult:
         """

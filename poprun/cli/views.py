@@ -17,6 +17,7 @@ from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from poprun.backends.registry import BackendRegistry
     from poprun.planner.spec import Spec
     from poprun.render.diff import Diff
 
@@ -27,7 +28,9 @@ class Shown:
     What a view shows: the plan, and what some views need besides.
 
     ``spec`` is None for a saved plan; ``launch`` is the poprun command line that runs the plan
-    again (for a batch script) and ``hosts`` the hosts the spec names.
+    again (for a batch script) and ``hosts`` the hosts the spec names. ``registry()`` is the
+    command's backend registry, for the views a backend adds to (None: the view makes one of its
+    own and closes it).
     """
 
     plan: LaunchPlan
@@ -36,6 +39,7 @@ class Shown:
     expand: bool = False
     launch: tuple[str, ...] = ()
     hosts: tuple[str, ...] = ()
+    registry: Callable[[], BackendRegistry] | None = None
 
 
 @record
@@ -60,11 +64,13 @@ _EXACT_HINT = ("rename the file or directory to a UTF-8 name; 'poprun plan --for
 
 def text(shown: Shown) -> str:
     """Return the plan as text (``poprun plan``), with derivations when ``explain``, after the topology table when asked."""
-    from poprun.backends.registry import default_registry, describe
+    from poprun.backends.registry import OnDemand, describe
     from poprun.core.rawbytes import visible
     from poprun.render.explain import render_plan
 
-    out = render_plan(shown.plan, explain=shown.explain, backend_text=describe(default_registry(), shown.plan))
+    with OnDemand() as own:
+        backend_text = describe((shown.registry or own)(), shown.plan)
+    out = render_plan(shown.plan, explain=shown.explain, backend_text=backend_text)
     if shown.plan.output.print_topology:
         out = topology(shown.plan) + "\n" + out
     return visible(out)  # a byte that is not UTF-8 (a Latin-1 file name) as \xHH
@@ -101,18 +107,24 @@ def _dot(shown: Shown) -> str:
 
 
 def _sbatch(shown: Shown) -> str:
-    return backend_format("sbatch", shown.plan, command=shown.launch, hosts=shown.hosts)
+    return backend_format("sbatch", shown.plan, command=shown.launch, hosts=shown.hosts, registry=shown.registry)
 
 
-def backend_format(name: str, plan: LaunchPlan, *, command: tuple[str, ...], hosts: tuple[str, ...]) -> str:
-    """Return the view ``name`` of ``plan`` that a backend offers (``sbatch``: the slurm backend's batch script)."""
+def backend_format(name: str, plan: LaunchPlan, *, command: tuple[str, ...], hosts: tuple[str, ...],
+                   registry: Callable[[], BackendRegistry] | None = None) -> str:
+    """
+    Return the view ``name`` of ``plan`` that a backend offers (``sbatch``: the slurm backend's batch script).
+
+    ``registry()``: the command's backend registry (None: one of its own, closed before this returns).
+    """
     from poprun.backends.base import FormatRequest
-    from poprun.backends.registry import default_registry, find_format
+    from poprun.backends.registry import OnDemand, find_format
 
-    view = find_format(default_registry(), name)
-    assert view is not None, f"no backend offers --format {name}"  # a built-in's: always there
-    return check_exact(view(plan, FormatRequest(command=command, hosts=hosts)), what=f"the {name} view",
-                       span=SourceSpan.flag("--format"), hint=_EXACT_HINT)
+    with OnDemand() as own:
+        view = find_format((registry or own)(), name)
+        assert view is not None, f"no backend offers --format {name}"  # a built-in's: always there
+        shown = view(plan, FormatRequest(command=command, hosts=hosts))
+    return check_exact(shown, what=f"the {name} view", span=SourceSpan.flag("--format"), hint=_EXACT_HINT)
 
 
 def _diff_text(diff: Diff, old_name: str, new_name: str) -> str:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from poprun.backends._process import output
 from poprun.backends._process.output import TAIL_LINES, Router
-from poprun.backends.base import Stream
+from poprun.backends.base import InstanceSink, Stream
 from poprun.backends.conformance import MemorySink
 from tests.e2e.helpers import plan_of
 
@@ -125,7 +125,7 @@ def test_router_gives_a_last_line_without_newline_one_and_keeps_tails_of_hidden_
     assert (b"shown\nand the end\n", ("hidden", "also hidden")) == (sink.data("stderr"), router.tail(0))
 
 
-class _RecordingSink(MemorySink):
+class _RecordingSink(MemorySink, InstanceSink):
     """A sink that also keeps each instance's pieces, as the run record does."""
 
     def __init__(self) -> None:

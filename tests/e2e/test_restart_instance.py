@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends.base import InstanceEnded, InstanceStarted, Stream
+from poprun.backends.base import InstanceEnded, InstanceSink, InstanceStarted, Stream
 from poprun.backends.conformance import EventSink, RestartOnce, probe_plan
 from poprun.backends.local import LocalBackend
 from poprun.core.record import evolve
@@ -34,7 +34,7 @@ TICKER = ("import os, sys, time; i = os.environ['POPDIST_INSTANCE_INDEX']; n = o
 FAILS = "import sys; sys.exit(5) if __import__('os').environ['POPDIST_INSTANCE_INDEX'] == '1' else __import__('time').sleep(60)"
 
 
-class RecordingSink(EventSink):
+class RecordingSink(EventSink, InstanceSink):
     """Keeps events, output and each instance's lines, and the order in which they came."""
 
     def __init__(self) -> None:

@@ -41,7 +41,7 @@ def test_capabilities_decide_which_checks_apply():
              for b in (LocalBackend, OfflineBackend, SshBackend, MpirunBackend, SlurmBackend, RecordingBackend)}
 
     assert {"local": every, "offline": every, "ssh": every, "mpirun": every[:-2], "slurm": every[:-2],
-            "recording": every[:3]} == found
+            "recording": every[:4]} == found
 
 
 def test_conformance_ids_name_the_checks():
@@ -49,10 +49,10 @@ def test_conformance_ids_name_the_checks():
     names = [c.name for c in conformance.checks()]
 
     assert ["declares_a_name", "every_instance_succeeds", "terminate_after_the_end_is_harmless",
-            "each_instance_runs_its_plan", "exit_status_propagates", "signal_is_reported",
-            "terminate_stops_every_instance", "missing_cwd_is_a_launch_error",
-            "restarts_the_failed_instance_alone"] == names
-    assert names[:3] == [c.name for c in conformance.checks(processes=False)]
+            "forward_after_the_end_is_harmless", "each_instance_runs_its_plan", "exit_status_propagates",
+            "signal_is_reported", "terminate_stops_every_instance", "forward_reaches_every_instance",
+            "missing_cwd_is_a_launch_error", "restarts_the_failed_instance_alone"] == names
+    assert names[:4] == [c.name for c in conformance.checks(processes=False)]
 
 
 def test_a_failing_check_says_what_differs(tmp_path):

@@ -15,7 +15,7 @@ from poprun.backends.registry import default_registry, describe
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
 SDK = ["RESTARTS_INSTANCES", "HostCommands", "Prepares", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
-       "BackendRegistry", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
+       "BackendRegistry", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
        "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "Outcome", "OutputSink", "PlanFormat",
        "RecordingBackend", "Stream", "TemporaryCache", "TopologyProbing", "UnknownBackendError", "capabilities",
        "conformance", "default_registry", "describe", "environment", "find_format", "signal_name", "topology_prober"]

@@ -95,15 +95,16 @@ def test_backend_flag_naming_no_installed_backend_is_pr400_at_the_flag(monkeypat
     assert "error[PR400]: unknown backend 'gpu-cluster'\n  --> command line: --backend\n" in err.getvalue()
 
 
-def test_plugin_class_gives_a_new_backend_per_get(plugins, module):
-    """An entry point naming a class is its factory: each get returns a new instance."""
+def test_plugin_class_gives_one_backend_per_registry(plugins, module):
+    """An entry point naming a class is its factory: a registry makes one instance, which every get returns."""
     plugins("gpu-backend", {"gpu": f"{module}:Gpu"},
             {module: "from poprun.backends.testing import RecordingBackend\n\nclass Gpu(RecordingBackend):\n"
                      "    name = 'gpu'\n"})
     registry = default_registry()
     first, second = registry.get("gpu"), registry.get("gpu")
+    other = default_registry().get("gpu")
 
-    assert (True, False) == (isinstance(first, RecordingBackend), first is second)
+    assert (True, True, False) == (isinstance(first, RecordingBackend), first is second, first is other)
 
 
 def test_plugin_that_fails_to_import_is_a_warning_and_built_ins_still_work(plugins):

@@ -13,7 +13,6 @@ import pytest
 
 from poprun.backends.base import LaunchError
 from poprun.backends.conformance import probe_plan
-from poprun.backends.ssh import backend as ssh_backend
 from poprun.backends.ssh.backend import SshBackend
 from poprun.backends.ssh.fanout import FANOUT, window
 from poprun.backends.ssh.relay import relays
@@ -50,20 +49,22 @@ def test_prepare_never_raises_for_a_junk_host_timeout(tmp_path: Path) -> None:
     see tests/e2e/hosts/test_scale_adversarial.py).
     """
     plan = probe_plan("pass", tmp_path, backend="ssh", instances=2, hosts=("poprun-nowhere.invalid",))
+    backend = SshBackend()
     try:
-        SshBackend().prepare(plan, environ={"POPRUN_HOST_TIMEOUT": "junk", "PATH": "/usr/bin:/bin"})
+        backend.prepare(plan, environ={"POPRUN_HOST_TIMEOUT": "junk", "PATH": "/usr/bin:/bin"})
     except LaunchError as exc:
         pytest.fail(f"prepare raised: {exc}")
     finally:
-        ssh_backend._close_parked()
+        backend.close()
 
 
 def test_prepare_returns_quietly_for_junk_fanout_and_relay_settings(tmp_path: Path) -> None:
     """A junk POPRUN_SSH_FANOUT or POPRUN_SSH_RELAY: prepare opens nothing and keeps nothing (the launch says why)."""
     plan = probe_plan("pass", tmp_path, backend="ssh", instances=2, hosts=("poprun-nowhere.invalid",))
     for env in ({"POPRUN_SSH_FANOUT": "lots"}, {"POPRUN_SSH_RELAY": "sometimes"}):
-        SshBackend().prepare(plan, environ=env | {"PATH": "/usr/bin:/bin"})
-        assert [] == ssh_backend._PARKED
+        backend = SshBackend()
+        backend.prepare(plan, environ=env | {"PATH": "/usr/bin:/bin"})
+        assert backend._kept is None
 
 
 @pytest.mark.parametrize("count", [3, 4, 10, 257, 1000])

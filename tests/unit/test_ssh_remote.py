@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import shlex
+import signal
+from pathlib import Path
 
 from poprun.backends.ssh import remote
-from poprun.backends.ssh.remote import environment_input, remote_command, stdin_command
+from poprun.backends.ssh.remote import environment_input, remote_command, signal_line, stdin_command
 from poprun.planner.plan import Environment, Instance, Placement
+from tests.unit.test_ssh_parts import instance, started
 
 WRAPPER = """\
 __poprun_k=$3
@@ -38,6 +41,7 @@ __poprun_c=$!
       xT) kill -TERM -$__poprun_c || kill -TERM $__poprun_c;;
       xS) __poprun_z=1; kill -STOP -$__poprun_c || kill -STOP $__poprun_c;;
       xC) __poprun_z=; kill -CONT -$__poprun_c || kill -CONT $__poprun_c;;
+      xN[0-9]*) kill -"${__poprun_w#xN}" -$__poprun_c || kill -"${__poprun_w#xN}" $__poprun_c;;
     esac
   done
   kill -KILL -$__poprun_c || kill -KILL $__poprun_c; } <&3 3<&- 9<&- >/dev/null 2>&1 &
@@ -151,3 +155,30 @@ def test_environment_input_is_a_count_then_the_exports_of_the_forwarded_and_set_
 
 def test_stdin_command_runs_the_copy_with_its_directory_quoted() -> None:
     assert f"sh -c {shlex.quote(STDIN)} poprun-stdin '/tmp/d x'" == stdin_command("/tmp/d x")
+
+
+def test_a_signal_reaches_the_wrappers_as_its_line_job_control_and_sigterm_by_letter_others_by_number() -> None:
+    expected = [b"S\n", b"C\n", b"T\n", b"N10\n", b"N12\n", b"N2\n"]
+
+    assert expected == [signal_line(s) for s in (signal.SIGTSTP, signal.SIGCONT, signal.SIGTERM, signal.SIGUSR1,
+                                                 signal.SIGUSR2, signal.SIGINT)]
+
+
+def test_the_wrapper_sends_a_forwarded_signal_to_the_program_which_runs_on(tmp_path: Path) -> None:
+    """An 'N10' line (--signal USR1): SIGUSR1 reaches the program, whose trap runs, and it goes on until it ends."""
+    # GIVEN a program that says when SIGUSR1 came, and ends on a line of its own input's end
+    proc, stdin, stdout = started(instance(tmp_path, "sh", "-c",
+                                           "trap 'echo usr1' USR1; echo ready; "
+                                           "while [ ! -e stop ]; do sleep 0.05; done; echo ended"))
+    assert "ready\n" == stdout.readline()
+
+    # WHEN
+    stdin.write(signal_line(signal.SIGUSR1).decode())
+    stdin.flush()
+    said = stdout.readline()
+    (tmp_path / "stop").touch()
+
+    # THEN
+    assert ("usr1\n", "ended\n", 0) == (said, stdout.readline(), proc.wait(timeout=10))
+    stdin.close()
+    stdout.close()

@@ -34,7 +34,7 @@ import os
 import stat
 import time
 
-from poprun.backends.base import LaunchError, OutputSink, Stream
+from poprun.backends.base import InstanceSink, LaunchError, OutputSink, Stream
 from poprun.core.events import PhaseEnded
 from poprun.core.private import make_directories
 from poprun.planner.plan import LaunchPlan
@@ -74,8 +74,10 @@ class Router:
 
     def __init__(self, plan: LaunchPlan, sink: OutputSink) -> None:
         self._sink = sink
-        self._keep = getattr(sink, "instance_lines", None)  # a sink that keeps each instance's lines (a run record)
-        self._alive = getattr(sink, "instance_output", None)  # a sink told of every read, whole lines or not (stalls)
+        # a sink that keeps each instance's lines (a run record): one that subclasses InstanceSink (nominal at run time)
+        instances = sink if isinstance(sink, InstanceSink) else None  # type: ignore[misc]
+        self._keep = instances.instance_lines if instances is not None else None
+        self._alive = instances.instance_output if instances is not None else None  # every read, lines or not (stalls)
         indices = [i.index for i in plan.instances]
         only = plan.output.only_from_instance
         self._shown = {i: only is None or only == i for i in indices}

@@ -68,64 +68,18 @@ if TYPE_CHECKING:
 
     from poprun.planner.machine import HostTopology
 
-_PARKED: list[SshClient] = []  # the topology probe's client, for the launch that follows it in this process
-_PARK_LOCK = threading.Lock()
-PARKED_S = 30.0  # a kept client that no launch took within this is closed (ssh's ControlPersist is as long)
-_atexit_registered = False
-
-
-def _park(client: SshClient) -> None:
-    """
-    Keep ``client`` (a probe's, prepare's, a command's before a launch) for the next launch with its settings.
-
-    The one kept before is closed. So is this one when no launch took it within :data:`PARKED_S`
-    (a library caller that never launches keeps nothing), and at the latest when poprun exits.
-    """
-    global _atexit_registered
-    with _PARK_LOCK:
-        old, _PARKED[:] = list(_PARKED), [client]
-        first, _atexit_registered = not _atexit_registered, True
-        client.kept += 1  # this keeping's number: an older one's expiry does not close it
-    for other in old:
-        if other is not client:
-            other.close()
-    if first:
-        import atexit
-
-        atexit.register(_close_parked)
-    expiry = threading.Timer(PARKED_S, _expire, args=(client, client.kept))
-    expiry.daemon = True
-    expiry.start()
-
-
-def _expire(client: SshClient, kept: int) -> None:
-    """Close ``client`` if it is still kept since its ``kept``-th keeping (no launch took it meanwhile)."""
-    with _PARK_LOCK:
-        if client not in _PARKED or client.kept != kept:
-            return
-        _PARKED.remove(client)
-    client.close()
-
-
-def _take_parked(settings: tuple[str | None, str, float, float]) -> SshClient | None:
-    """Return the parked client made with ``settings`` (no longer parked: the caller closes it), or None."""
-    with _PARK_LOCK:
-        for client in _PARKED:
-            if not client.closed and client.settings == settings:
-                _PARKED.remove(client)
-                return client
-    return None
-
-
-def _close_parked() -> None:
-    with _PARK_LOCK:
-        parked, _PARKED[:] = list(_PARKED), []
-    for client in parked:
-        client.close()
-
 
 class SshBackend:
-    """Runs the instances of remote hosts through ssh, and those of this machine as child processes."""
+    """
+    Runs the instances of remote hosts through ssh, and those of this machine as child processes.
+
+    The backend keeps local state, which :meth:`close` releases (the registry's ``close()``, at the
+    end of a command): the client of its launch, and a client kept for the launch to come (the
+    topology probe's, :meth:`prepare`'s, a host command's before a launch: :meth:`_keep`), whose
+    connections that launch takes over, so that a host pays one key exchange, not two. A kept
+    client has a watchdog of its own: should poprun die meanwhile, even by SIGKILL, its control
+    directory and connections go with it.
+    """
 
     name: ClassVar[str] = "ssh"
     capabilities: ClassVar[frozenset[str]] = frozenset({PROCESSES, CHECKS_BEFORE_START, RESTARTS_INSTANCES})
@@ -134,6 +88,44 @@ class SshBackend:
         self.grace_s = grace_s
         self._client: SshClient | None = None  # the last client made: a launch's, or run_on_host's for the next launch
         self._client_lock = threading.Lock()
+        self._kept: SshClient | None = None  # the client kept for the next launch with its settings (_keep)
+        self._kept_lock = threading.Lock()
+
+    def close(self) -> None:
+        """
+        Close the client kept for a launch that did not come, and the launch's, with their connections and directories.
+
+        Idempotent (:class:`~poprun.backends.base.Closes`); called once the launches have ended.
+        The backend may be used again: it then makes new clients.
+        """
+        with self._kept_lock:
+            kept, self._kept = self._kept, None
+        with self._client_lock:
+            client, self._client = self._client, None
+        for each in (kept, client):
+            if each is not None and not each.closed:
+                each.close()
+
+    def _keep(self, client: SshClient) -> None:
+        """
+        Keep ``client`` (a probe's, prepare's, a command's before a launch) for the next launch with its settings.
+
+        The one kept before is closed. This one is taken by that launch (:meth:`_take_kept`), or
+        closed by :meth:`close`.
+        """
+        with self._kept_lock:
+            old, self._kept = self._kept, client
+        if old is not None and old is not client:
+            old.close()
+
+    def _take_kept(self, settings: tuple[str | None, str, float, float]) -> SshClient | None:
+        """Return the kept client made with ``settings`` (no longer kept: the caller closes it), or None."""
+        with self._kept_lock:
+            client = self._kept
+            if client is None or client.closed or client.settings != settings:
+                return None
+            self._kept = None
+            return client
 
     def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
                     timeout_s: float) -> tuple[int, bytes]:
@@ -157,14 +149,14 @@ class SshBackend:
         # directory and no connection behind
         settings = self._settings(environ)
         try:
-            parked = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
-                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+            kept = self._take_kept(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                          connect_timeout_s=settings[3], guarded=dict(environ))
         except WatchdogError:  # no watchdog: a connection of its own, that leaves nothing behind
             return run_once(host, script, environ=environ, timeout_s=timeout_s, settings=settings)
         try:
-            return run_on_host(lambda _source: parked, host, script, environ=environ, timeout_s=timeout_s)
+            return run_on_host(lambda _source: kept, host, script, environ=environ, timeout_s=timeout_s)
         finally:
-            _park(parked)
+            self._keep(kept)
 
     @staticmethod
     def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
@@ -188,8 +180,8 @@ class SshBackend:
             raise LaunchError(str(exc)) from None
         with self._client_lock:
             if self._client is None or self._client.closed or self._client.settings != settings:
-                self._client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
-                                                                   connect_timeout_s=settings[3])
+                self._client = self._take_kept(settings) or SshClient(
+                    config=settings[0], host_timeout_s=settings[2], connect_timeout_s=settings[3])
             self._client.window = fanout
             return self._client
 
@@ -208,8 +200,8 @@ class SshBackend:
         try:
             settings, budget = self._settings(environ), preflight_budget(environ, host_timeout(environ))
             fanout, how = window(environ), _relay_mode(environ)
-            client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
-                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+            client = self._take_kept(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                            connect_timeout_s=settings[3], guarded=dict(environ))
         except (ValueError, LaunchError, WatchdogError):
             return  # a setting out of range, or no watchdog: the launch says so, or opens its connections itself
         try:
@@ -225,22 +217,22 @@ class SshBackend:
         except BaseException:  # an interrupt: nothing of it is left
             client.close()
             raise
-        _park(client)
+        self._keep(client)
 
     def probe_topologies(self, hosts: tuple[str, ...], *,
                          environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:
         """
         Return each host's topology, read through ssh, or why it could not be (:mod:`.probe`).
 
-        The probe's client is kept for the launch that follows in this process (:func:`_park`):
+        The probe's client is kept for the launch that follows with this backend (:meth:`_keep`):
         its connections are the launch's.
         """
         from poprun.backends.ssh.probe import probe_topologies
 
         settings = self._settings(environ)
         try:
-            client = _take_parked(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
-                                                         connect_timeout_s=settings[3], guarded=dict(environ))
+            client = self._take_kept(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
+                                                            connect_timeout_s=settings[3], guarded=dict(environ))
         except WatchdogError as exc:
             return dict.fromkeys(hosts, f"cannot start a watchdog: {exc.strerror}")
         with contextlib.suppress(ValueError):  # a window out of range: the launch says so
@@ -248,7 +240,7 @@ class SshBackend:
         try:
             return probe_topologies(hosts, environ=environ, client=client)
         finally:
-            _park(client)
+            self._keep(client)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
                cache: TemporaryCache | None = None, restarter: Restarter | None = None,

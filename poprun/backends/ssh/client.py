@@ -80,7 +80,6 @@ class SshClient:
         self._used: set[tuple[str, int]] = set()  # (host, slot) of every connection that may be open
         self.settings = (config, ssh, host_timeout_s, connect_timeout_s)  # what a launch may reuse it for
         self.closed = False  # closed: its connections are gone, its directory too
-        self.kept = 0  # how many times it was kept for a launch to come (:func:`_park`)
         self.ahead_s = 0.0  # time spent opening connections ahead of the launch (SshBackend.prepare)
         self.window = default_window()  # how many connections are opened at once (POPRUN_SSH_FANOUT: the caller's)
         self.routes = Routes({}, self._base)  # how each host is reached (a launch through relays sets them)

@@ -40,7 +40,8 @@ _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")  # a POSIX variable name: the on
 # end of stdin, and it exits 0 without starting anything), then runs the program ($4...) in its
 # own session. Then it reads poprun's lines: "T" stops the program's group with SIGTERM, "S" and
 # "C" stop and continue it (Ctrl-Z and fg: SIGSTOP, since a SIGTSTP to the program's session of
-# its own, an orphaned process group, is discarded by the kernel), "H" is poprun's heartbeat; the end of stdin, or no
+# its own, an orphaned process group, is discarded by the kernel), "N" and a number sends that
+# signal to the group (a forwarded one: --signal's), "H" is poprun's heartbeat; the end of stdin, or no
 # line for $1 seconds while not stopped (the link to poprun is down: poprun sends "H" three
 # times in that time), kills the group. Exits with the program's status (128+N: signal N).
 # (`kill -TERM -PGID`, not `kill -TERM -- -PGID`: dash's kill takes no `--`.)
@@ -81,6 +82,7 @@ __poprun_c=$!
       xT) kill -TERM -$__poprun_c || kill -TERM $__poprun_c;;
       xS) __poprun_z=1; kill -STOP -$__poprun_c || kill -STOP $__poprun_c;;
       xC) __poprun_z=; kill -CONT -$__poprun_c || kill -CONT $__poprun_c;;
+      xN[0-9]*) kill -"${{__poprun_w#xN}}" -$__poprun_c || kill -"${{__poprun_w#xN}}" $__poprun_c;;
     esac
   done
   kill -KILL -$__poprun_c || kill -KILL $__poprun_c; }} <&3 3<&- 9<&- >/dev/null 2>&1 &
@@ -117,7 +119,12 @@ _READ_ENV = """\
 IFS= read -r __poprun_n || exit 0
 __poprun_e=$(head -c "$__poprun_n"; echo .) || exit 0
 eval "${__poprun_e%.}"; unset __poprun_e __poprun_n"""
-_LINES = {int(signal.SIGTSTP): b"S\n", int(signal.SIGCONT): b"C\n"}  # to the wrappers: stop, continue
+_LINES = {int(signal.SIGTSTP): b"S\n", int(signal.SIGCONT): b"C\n", int(signal.SIGTERM): b"T\n"}  # stop, go on, end
+
+
+def signal_line(sig: int) -> bytes:
+    """Return the line that has the wrappers (:data:`_WRAPPER`) send ``sig`` to their programs: S, C, T, or N and its number."""
+    return _LINES.get(sig, b"N%d\n" % sig)
 _INTERPRETERS = ("python", "python3", "bash", "sh", "perl")
 
 

@@ -38,7 +38,7 @@ from poprun.backends.base import Event, Gate, LaunchError, OutputSink, Restarter
 from poprun.backends.ssh.client import SshClient, _send
 from poprun.backends.ssh.preflight import _connect, _Sessions, preflight_budget
 from poprun.backends.ssh.relay import Routes, relays
-from poprun.backends.ssh.remote import _LINES, environment_input, remote_command, stdin_command
+from poprun.backends.ssh.remote import environment_input, remote_command, signal_line, stdin_command
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
@@ -101,7 +101,7 @@ def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], 
         if sig == signal.SIGKILL:
             clients.signal(signal.SIGKILL)  # the remote wrappers see their input end, and kill
             return
-        line = _LINES.get(sig, b"T\n")  # stop, continue, or end
+        line = signal_line(sig)  # stop, continue, end, or a forwarded signal (--signal's)
         for index in sorted(remote):
             _send(procs[index], line)
 

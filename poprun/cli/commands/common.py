@@ -23,6 +23,12 @@ from poprun.planner.plan import LaunchPlan
 from poprun.planner.solve import Solution, solve
 from poprun.planner.spec import Spec, overlay
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from poprun.backends.registry import BackendRegistry
+
 IMAGE_FORMATS = ("svg", "png")
 
 
@@ -72,20 +78,19 @@ def solve_spec(session: Session, spec: Spec, ctx: Context, *, require_program: b
     return solution
 
 
-def check_plugin_backend(session: Session, spec: Spec) -> None:
+def check_plugin_backend(session: Session, spec: Spec, registry: Callable[[], BackendRegistry]) -> None:
     """
     Raise PR400 (or PR402) when the spec names a backend that is neither poprun's nor an installed plugin's.
 
     Backends poprun knows of (built in, or planned for a later version) are not looked up:
-    a plan may be made for a backend that runs it elsewhere.
+    a plan may be made for a backend that runs it elsewhere. ``registry()`` is the command's
+    (:class:`~poprun.backends.registry.OnDemand`), asked for only here.
     """
     if spec.backend is None or spec.backend.value in BACKENDS:
         return
-    from poprun.backends.registry import default_registry
-
-    registry = default_registry()
-    session.warn(registry.warnings)
-    registry.factory(spec.backend.value, span=spec.backend.origin)
+    made = registry()
+    session.warn(made.warnings)
+    made.factory(spec.backend.value, span=spec.backend.origin)
 
 
 def emit(output: str | bytes, command: CommandLine) -> None:

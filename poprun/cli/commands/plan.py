@@ -30,15 +30,27 @@ from poprun.planner.flags import CommandLine, parse_flags
 from poprun.planner.load import is_plan_path, is_spec_path
 from poprun.planner.plan import LaunchPlan
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.backends.registry import OnDemand
+
 NEW_PLAN = "the plan of this command line"
 
 
 def plan(args: list[str], session: Session) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
+    from poprun.backends.registry import OnDemand
+
+    with OnDemand() as registry:  # the command's: made when a backend is first asked, closed at the end
+        return _plan(args, session, registry)
+
+
+def _plan(args: list[str], session: Session, registry: OnDemand) -> int:
+    """``poprun plan``, with the command's backend ``registry``."""
     ctx = Context.from_process()
     args = _file_first(list(args))
     if args and is_plan_path(args[0]):
-        return _plan_saved(args[0], args[1:], session)
+        return _plan_saved(args[0], args[1:], session, registry)
     command, spec = read_command(session, list(args), ctx, prog="poprun plan", allow_spec_file=True)
     view = VIEWS.get(command.format)
     if view is not None and view.outside_allocation:  # planned as outside an allocation, as poprun submit does
@@ -50,7 +62,7 @@ def plan(args: list[str], session: Session) -> int:
                  "'poprun plan --diff'" if command.diff else "'poprun plan'")
     old = read_plan(command.diff.value, key="--diff") if command.diff is not None else None
     solution = solve_spec(session, spec, ctx, require_program=False)
-    check_plugin_backend(session, spec)
+    check_plugin_backend(session, spec, registry)
     from poprun.apply import partition
 
     planned, seen = partition.planned(solution.plan, ctx.environ)  # a bounded look at the V-IPU server
@@ -61,7 +73,7 @@ def plan(args: list[str], session: Session) -> int:
         return exitcode.OK
     launch = (sys.executable, "-m", "poprun.cli.main", *without_plan_options(args))
     emit(view.show(Shown(plan=planned, spec=spec, explain=command.explain, expand=command.expand, launch=launch,
-                         hosts=spec.hosts.value if spec.hosts is not None else ())), command)
+                         hosts=spec.hosts.value if spec.hosts is not None else (), registry=registry)), command)
     return exitcode.OK
 
 
@@ -86,7 +98,7 @@ def _file_first(args: list[str]) -> list[str]:
     return [last, *args[:-1]] if program is not None and program.value == (last,) else args
 
 
-def _plan_saved(path: str, rest: list[str], session: Session) -> int:
+def _plan_saved(path: str, rest: list[str], session: Session, registry: OnDemand) -> int:
     """
     ``poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]``: show a saved plan, exactly as apply runs it.
 
@@ -107,7 +119,8 @@ def _plan_saved(path: str, rest: list[str], session: Session) -> int:
         emit(_diff(old, saved, VIEWS[command.format], old_name=command.diff.value, new_name=path), command)
         return exitcode.OK
     check_format(command, SAVED_PLAN_FORMATS, "'poprun plan PLAN.json'")
-    emit(VIEWS[command.format].show(Shown(plan=saved, explain=command.explain, expand=command.expand)), command)
+    emit(VIEWS[command.format].show(Shown(plan=saved, explain=command.explain, expand=command.expand,
+                                          registry=registry)), command)
     return exitcode.OK
 
 

@@ -38,7 +38,11 @@ def submit(args: list[str], session: Session) -> int:
     if nodes is not None and spec.hosts is None and spec.host_file is None:
         spec = evolve(spec, hosts=Sourced(tuple(f"node{i}" for i in range(1, nodes.value + 1)), nodes.origin))
     plan = solve_spec(session, spec, ctx, require_program=True).plan
-    script = backend_format("sbatch", plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), hosts=named)
+    from poprun.backends.registry import OnDemand
+
+    with OnDemand() as registry:  # the command's backend registry, closed once the script is written
+        script = backend_format("sbatch", plan, command=(sys.executable, "-m", "poprun.cli.main", *rest), hosts=named,
+                                registry=registry)
     if dry_run:
         sys.stdout.write(script)
         return exitcode.OK

@@ -47,12 +47,25 @@ def short_tmp() -> Iterator[Path]:
 
 
 @pytest.fixture(autouse=True)
-def no_kept_connections() -> Iterator[None]:
-    """Close the ssh connections a test's own process kept for a launch that never came (each test starts clean)."""
-    yield
-    from poprun.backends.ssh.backend import _close_parked
+def no_kept_connections(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """
+    Close the ssh connections a test's own process kept for a launch that never came (each test starts clean).
 
-    _close_parked()
+    Every ssh backend the test makes is closed at its end, as a command's registry closes its backends.
+    """
+    from poprun.backends.ssh.backend import SshBackend
+
+    made: list[SshBackend] = []
+    init = SshBackend.__init__
+
+    def recorded(self: SshBackend, **options: float) -> None:
+        init(self, **options)
+        made.append(self)
+
+    monkeypatch.setattr(SshBackend, "__init__", recorded)
+    yield
+    for backend in made:
+        backend.close()
 
 
 MUTE = ("import socket, sys\n"

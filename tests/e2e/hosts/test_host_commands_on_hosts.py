@@ -17,7 +17,6 @@ from poprun.apply.stacks import FAULTHANDLER, collect_stacks
 from poprun.backends.base import LaunchError
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.registry import default_registry
-from poprun.backends.ssh import backend as ssh_backend
 from poprun.backends.ssh.backend import SshBackend
 from tests.e2e.hosts.test_host_faults import command_lines
 from tests.e2e.hosts.test_ssh_backend import wait_for
@@ -84,24 +83,28 @@ def test_a_command_before_the_launch_opens_the_launchs_connection_and_nothing_ou
     assert wait_for(lambda: not masters(), within_s=5), masters()
 
 
-def test_a_connection_kept_for_a_launch_that_never_comes_is_closed(test_hosts: TestHosts,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A library caller runs a command on h3 and never launches: the kept connection closes after PARKED_S."""
+def test_a_connection_kept_for_a_launch_that_never_comes_is_closed_with_the_registry(test_hosts: TestHosts) -> None:
+    """
+    A library caller runs a command on h3 through a registry's ssh backend and never launches: the kept
+    connection lives until the registry is closed (as a command closes its own at its end), then nothing is left.
+    """
     # GIVEN
-    monkeypatch.setattr(ssh_backend, "PARKED_S", 0.5)
+    registry = default_registry(environ={"POPRUN_NO_PLUGINS": "1"})
+    backend = registry.get("ssh")
 
     # WHEN
-    done = SshBackend().run_on_host("h3", "echo once", environ=environ(test_hosts), timeout_s=15)
-    directory = ssh_backend._PARKED[0].directory  # the kept client's sockets
+    done = backend.run_on_host("h3", "echo once", environ=environ(test_hosts), timeout_s=15)  # type: ignore[attr-defined]
+    directory = backend._kept.directory  # type: ignore[attr-defined] # the kept client's sockets
     needle = f"{directory}/".encode()
 
     def kept() -> list[bytes]:
         return [line for line in command_lines().values() if needle in line]
 
     at_first = kept()
+    registry.close()
 
-    # THEN: kept for a moment, then nothing: no connection, no directory, no watchdog
-    assert ((0, b"once\n"), True) == (done, bool(at_first))
+    # THEN: kept until the registry closed, then nothing: no connection, no directory, no watchdog
+    assert ((0, b"once\n"), True, True) == (done, bool(at_first), registry.get("ssh") is not backend)
     assert wait_for(lambda: not kept(), within_s=5), kept()
     assert wait_for(lambda: not Path(directory).exists(), within_s=2), directory
 
@@ -294,5 +297,5 @@ def test_prepare_opens_every_hosts_connection_and_the_port_plan_reuses_instance_
         assert (set(test_hosts.names), (0, b"port plan\n")) == (opened, done)
         assert logins == accepted(test_hosts, "h1")
     finally:
-        ssh_backend._close_parked()
+        backend.close()
     assert wait_for(lambda: not masters(), within_s=20), masters()

@@ -2,7 +2,7 @@
 Adversarial checks of the ssh backend's work for many hosts (docs/scale.md), on the namespace hosts.
 
 The targets: the bounded connection window and its retries (fanout.py), the relay start (relay.py),
-the connections opened ahead of the launch (SshBackend.prepare, the parked client, FRESH_S), and the
+the connections opened ahead of the launch (SshBackend.prepare, the kept client, FRESH_S), and the
 settings that steer them (POPRUN_SSH_FANOUT, POPRUN_SSH_RELAY, POPRUN_HOST_TIMEOUT). Tests marked
 xfail(strict=True) record a failure found when they were written ("FINDING: ..."); the others guard
 what held.
@@ -22,7 +22,6 @@ from pathlib import Path
 import pytest
 
 from poprun.backends.conformance import MemorySink, probe_plan
-from poprun.backends.ssh import backend as ssh_backend
 from poprun.backends.ssh.backend import SshBackend
 from tests.e2e.hosts.conftest import settle
 from tests.e2e.hosts.test_host_faults import command_lines
@@ -172,7 +171,7 @@ def test_ctrl_c_during_prepare_ends_at_once_with_130_and_leaves_nothing(test_hos
     assert ([], {}) == nothing_left_here(short_tmp)
 
 
-# --- 4. The parked connections: FRESH_S, dead masters, a launch that never comes -------------------------------------
+# --- 4. The kept connections: FRESH_S, dead masters, a launch that never comes -------------------------------------
 
 
 def _masters(directory: str) -> list[int]:
@@ -193,7 +192,7 @@ def test_masters_killed_between_prepare_and_launch_give_a_clean_launch(test_host
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
     plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=16, hosts=("h1", "h2"))
     backend.prepare(plan, environ=env)
-    directory = ssh_backend._PARKED[0].directory
+    directory = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     killed = _masters(directory)
     assert 2 == len(killed), killed
     for pid in killed:
@@ -217,7 +216,7 @@ def test_masters_killed_between_prepare_and_launch_still_launch(test_hosts: Test
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
     plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
     backend.prepare(plan, environ=env)
-    directory = ssh_backend._PARKED[0].directory
+    directory = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     for pid in _masters(directory):
         os.kill(pid, signal.SIGKILL)
 
@@ -234,13 +233,13 @@ def test_a_second_launch_in_the_process_on_other_hosts_and_settings_is_its_own(t
                                                                                tmp_path: Path) -> None:
     """
     Library use: prepare() for h1,h2 (a launch that never comes), then a plan for h3,h4 with another host
-    timeout: the stale parked client (other settings) is not used, each instance runs on its own host, and
+    timeout: the stale kept client (other settings) is not used, each instance runs on its own host, and
     once the launch ends no connection of either client is left.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
     first = probe_plan("print('x')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
     backend.prepare(first, environ=env)
-    stale = ssh_backend._PARKED[0].directory
+    stale = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     code = "import socket; print(socket.gethostname())"
     second = probe_plan(code, tmp_path, backend="ssh", instances=2, hosts=("h3", "h4"))
     other = env | {"POPRUN_HOST_TIMEOUT": "20"}
