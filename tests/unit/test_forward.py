@@ -10,7 +10,7 @@ import pytest
 from poprun.apply import Control
 from poprun.backends import _plugin
 from poprun.backends._process.output import Router
-from poprun.backends.base import InstanceSink, Stream
+from poprun.backends.base import InstanceSink, Launch, Stream
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.testing import RecordingBackend
 from poprun.core.diagnostic import DiagnosticError
@@ -31,13 +31,26 @@ class OldLaunch:
         self.inner.terminate(grace_s)  # type: ignore[attr-defined]
 
 
+class _Run:
+    """The run's state as a control sees it (apply's ``Run``), holding one launch."""
+
+    def __init__(self, launch: Launch) -> None:
+        self.launch = launch
+
+    def stop(self, signum: int, why: str, grace_s: float) -> None:
+        """Nothing to stop in this test."""
+
+    def output_closed(self, why: str, grace_s: float) -> None:
+        """Nothing to stop in this test."""
+
+
 def test_the_control_forwards_to_the_launch_itself(tmp_path: Path) -> None:
     # GIVEN a control whose launch is the test double's
     launch = RecordingBackend().launch(probe_plan("pass", tmp_path, backend="recording"), env_source={},
                                        sink=MemorySink())
     control = Control()
     control.forward(signal.SIGTSTP)  # before any launch: nothing to send it to
-    control._started(launch)
+    control.bind(_Run(launch))
 
     # WHEN
     control.forward(signal.SIGUSR1)
