@@ -34,11 +34,14 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.cli.progress import Console
     from poprun.planner.machine import HostTopology
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
 
 
 def apply(args: list[str], session: Session) -> int:
     """``poprun apply SPEC|PLAN.json [options] [PROGRAM ...]``."""
-    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies,  # a launch: read the hosts' topologies
+                               backend_declares=backend_declares)
     detach = args[:1] == ["--detach"]
     words = args[1:] if detach else args
     if words and is_plan_path(words[0]):
@@ -79,7 +82,8 @@ def _apply_saved(path: str, rest: list[str], ctx: Context, session: Session, *, 
 
 def classic(args: list[str], session: Session) -> int:
     """``poprun [options] PROGRAM [ARGS...]``: plan and apply in one go, exactly like PopRun."""
-    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies)  # a launch: read the hosts' topologies
+    ctx = Context.from_process(probe_hosts=True, remote_probe=_probe_topologies,  # a launch: read the hosts' topologies
+                               backend_declares=backend_declares)
     command, spec = read_command(session, list(args), ctx, prog="poprun", allow_spec_file=False, launch=True)
     reject_plan_options(command, "the classic form")
     if command.help:
@@ -118,6 +122,13 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
     os.environ.pop(EVENTS_VARIABLE, None)  # poprun's own setting: a poprun inside an instance must not reuse the stream
     return run_plan(plan, registry=registry, console=console, started=session.started, events=events,
                     detach=detach)
+
+
+def backend_declares(name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+    """Return a plugin backend's declared traits and settings (the registry is made only when a plugin is planned)."""
+    from poprun.backends.registry import plugin_declares
+
+    return plugin_declares(name)
 
 
 def _probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, HostTopology | str]:

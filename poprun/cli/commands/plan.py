@@ -30,12 +30,24 @@ from poprun.planner.flags import CommandLine, parse_flags
 from poprun.planner.load import is_plan_path, is_spec_path
 from poprun.planner.plan import LaunchPlan
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
+
 NEW_PLAN = "the plan of this command line"
+
+
+def _backend_declares(name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+    """Return a plugin backend's declared traits and settings (the registry is made only when a plugin is planned)."""
+    from poprun.backends.registry import plugin_declares
+
+    return plugin_declares(name)
 
 
 def plan(args: list[str], session: Session) -> int:
     """``poprun plan [SPEC] [options] [PROGRAM [ARGS...]]``; ``--format sbatch`` shows what ``poprun submit`` submits."""
-    ctx = Context.from_process()
+    ctx = Context.from_process(backend_declares=_backend_declares)
     args = _file_first(list(args))
     if args and is_plan_path(args[0]):
         return _plan_saved(args[0], args[1:], session)
