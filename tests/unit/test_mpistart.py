@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends.mpirun.mpirelay import Relay
 from poprun.backends.conformance import probe_plan
+from poprun.backends.mpirun.mpirelay import Relay
 from poprun.backends.mpirun.mpistart import greets, host_timeout, mpirun_settings, ssh_host_named, startup_failure
 from poprun.core.diagnostic import DiagnosticError
 from poprun.core.record import evolve
