@@ -1,8 +1,9 @@
 """
 Test support: the conformance checks every backend must pass, as a parametrised pytest suite.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``,
-never the spec or the solver (plans are built here directly). pytest is imported only inside
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan`` (with
+the traits and settings tables), never the spec or the solver (plans are built here directly,
+with the backend's traits and the settings it reads, from the target's environment). pytest is imported only inside
 :func:`parametrize`, so importing this module costs nothing at run time. Each check takes a
 backend factory, a scratch directory and a :class:`Target` (where the instances run: this
 machine by default) and raises :class:`AssertionError` on failure (also under ``python -O``).
@@ -47,7 +48,7 @@ from poprun.backends.base import (
     Stream,
     capabilities,
 )
-from poprun.core.record import positional_record, record
+from poprun.core.record import evolve, positional_record, record
 from poprun.planner import plan as p
 
 if TYPE_CHECKING:
@@ -198,7 +199,27 @@ def _wait(launch: Launch, within_s: float = WAIT_S) -> ApplyResult:
 
 
 def _plan(backend: Backend, code: str, workdir: Path, target: Target) -> p.LaunchPlan:
-    return probe_plan(code, workdir, backend=backend.name, hosts=target.hosts)
+    """Return the probe plan of ``code`` for ``backend``, with its traits and its settings as the target's environment sets them."""
+    plan = probe_plan(code, workdir, backend=backend.name, hosts=target.hosts)
+    return evolve(plan, backend=planned_backend(backend, plan.backend, _env_source(target)))
+
+
+def planned_backend(backend: object, choice: p.BackendChoice, environ: Mapping[str, str]) -> p.BackendChoice:
+    """
+    Return ``choice`` with ``backend``'s traits and the settings it reads, decided from ``environ`` as the solver does.
+
+    Raises:
+        AssertionError: when ``environ`` sets one of them to a value it does not take (PR225).
+    """
+    from poprun.planner.setting import Setting, backend_rows, plan_settings
+    from poprun.planner.trait import traits_of
+
+    declared = getattr(backend, "settings", ())
+    rows = backend_rows(choice.name, tuple(r for r in declared if isinstance(r, Setting)))
+    settings, problems = plan_settings(rows, environ)
+    if problems:
+        raise AssertionError("; ".join(d.detail for d in problems))
+    return evolve(choice, traits=traits_of(backend), settings=settings)
 
 
 def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> tuple[ApplyResult, MemorySink]:
@@ -208,7 +229,7 @@ def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> t
 
 def check_declares_a_name(factory: BackendFactory, _workdir: Path, _target: Target = LOCAL) -> None:
     """Check that the backend class declares a non-empty ``name`` (the name plans and the registry use)."""
-    name = getattr(type(factory()), "name", None)
+    name = getattr(factory().__class__, "name", None)  # not type(): a plugin's guard shows the plugin's class
     if not isinstance(name, str) or not name:
         msg = f"a backend class declares a non-empty str 'name', found {name!r}"
         raise AssertionError(msg)
@@ -375,4 +396,4 @@ def parametrize_backends(factories: Mapping[str, BackendFactory]) -> pytest.Mark
 
 
 __all__ = ["CHECKS", "LOCAL", "BackendFactory", "Check", "EventSink", "MemorySink", "RestartOnce", "Target", "checks",
-           "parametrize", "parametrize_backends", "probe_plan"]
+           "parametrize", "parametrize_backends", "planned_backend", "probe_plan"]
