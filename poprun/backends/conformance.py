@@ -146,8 +146,13 @@ LOCAL = Target()
 
 
 def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2,
-               hosts: tuple[str, ...] = ("localhost",)) -> p.LaunchPlan:
-    """Return a plan of ``instances`` instances of ``sys.executable -c code`` over ``hosts`` (round robin), in ``workdir``."""
+               hosts: tuple[str, ...] = ("localhost",), environ: Mapping[str, str] | None = None) -> p.LaunchPlan:
+    """
+    Return a plan of ``instances`` instances of ``sys.executable -c code`` over ``hosts`` (round robin), in ``workdir``.
+
+    With ``environ``, the plan's backend record carries the built-in's traits and the settings
+    it reads as ``environ`` sets them (:func:`planned_backend`), as the solver would record them.
+    """
     placed = [hosts[i % len(hosts)] for i in range(instances)]
     used = tuple(dict.fromkeys(placed))
     return p.LaunchPlan(
@@ -162,7 +167,12 @@ def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2,
         cache=p.Cache(mode="disabled", path=None, per_host=False, remove_at_exit=False),
         mpi=p.Mpi(global_args=(), host_subnet=None, allow_run_as_root=False),
         ssh_keys=p.SshKeyDistribution(enabled=False, key_path=None, key_type=None),
-        backend=p.BackendChoice(name=backend, reason="conformance check"), explanation=(), warnings=())
+        backend=_probe_choice(backend, environ), explanation=(), warnings=())
+
+
+def _probe_choice(name: str, environ: Mapping[str, str] | None) -> p.BackendChoice:
+    choice = p.BackendChoice(name=name, reason="conformance check")
+    return choice if environ is None else planned_backend(None, choice, environ)
 
 
 def _instance(index: int, code: str, workdir: Path, placed: list[str]) -> p.Instance:
@@ -208,18 +218,22 @@ def planned_backend(backend: object, choice: p.BackendChoice, environ: Mapping[s
     """
     Return ``choice`` with ``backend``'s traits and the settings it reads, decided from ``environ`` as the solver does.
 
+    ``backend``: the backend object (a plugin's declared traits and settings), or None for the
+    built-in named by ``choice`` (the table's).
+
     Raises:
         AssertionError: when ``environ`` sets one of them to a value it does not take (PR225).
     """
     from poprun.planner.setting import Setting, backend_rows, plan_settings
-    from poprun.planner.trait import traits_of
+    from poprun.planner.trait import builtin_traits, traits_of
 
     declared = getattr(backend, "settings", ())
     rows = backend_rows(choice.name, tuple(r for r in declared if isinstance(r, Setting)))
     settings, problems = plan_settings(rows, environ)
     if problems:
         raise AssertionError("; ".join(d.detail for d in problems))
-    return evolve(choice, traits=traits_of(backend), settings=settings)
+    traits = traits_of(backend) if backend is not None else builtin_traits(choice.name)
+    return evolve(choice, traits=traits, settings=settings)
 
 
 def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> tuple[ApplyResult, MemorySink]:

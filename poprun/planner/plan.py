@@ -215,6 +215,9 @@ class Recovery:
 NO_RECOVERY = Recovery()
 
 
+DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
+
+
 @record
 class BackendSetting:
     """
@@ -249,6 +252,15 @@ class BackendChoice:
     def setting(self, name: str, default: str = "") -> str:
         """Return setting ``name``'s value in this plan, or ``default`` when the plan has none."""
         return next((s.value for s in self.settings if s.name == name), default)
+
+    def given_settings(self) -> dict[str, str]:
+        """
+        Return the settings the planning shell set (not those at their defaults) as the variables that set them.
+
+        What a backend's readers of ``POPRUN_*`` variables read instead of the environment: the
+        same answers as in the shell that made the plan, whatever the shell that runs it sets.
+        """
+        return {s.name: s.value for s in self.settings if s.source != DEFAULT_SOURCE}
 
 
 @record

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from poprun.core.record import positional_record
 from poprun.core.span import SourceSpan
+from poprun.planner.plan import DEFAULT_SOURCE
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -26,7 +27,7 @@ if TYPE_CHECKING:
     from poprun.core.diagnostic import Diagnostic
     from poprun.planner.plan import BackendSetting
 
-DEFAULT = "default"  # the source of a setting not set in the planning shell
+DEFAULT = DEFAULT_SOURCE  # the source of a setting not set in the planning shell
 
 
 @positional_record

@@ -10,8 +10,9 @@ from poprun.planner import serde
 from poprun.planner.trait import BUILTIN, CONSERVATIVE, NAMES, Traits, builtin_traits, restarting_names, traits_of
 
 ROOT = Path(__file__).parents[2] / "poprun"
-# The one module outside the backends that spells the built-ins' names: the traits table.
-ALLOWED = {ROOT / "planner" / "trait.py"}
+# The tables outside the backends that spell the built-ins' names: the traits table, and the settings
+# table's column of the backends that read a setting (data, not a decision).
+ALLOWED = {ROOT / "planner" / "trait.py", ROOT / "planner" / "setting.py"}
 
 
 def _names_in(node: ast.AST) -> list[str]:
@@ -116,3 +117,44 @@ def test_an_older_plan_loads_with_the_tables_traits_and_the_settings_defaults():
     assert data == json.loads(serde.to_json(loaded))
     assert ("ssh", BUILTIN["ssh"]) == (loaded.backend.name, loaded.backend.traits)
     assert "auto" == loaded.backend.setting("POPRUN_SSH_FANOUT")
+
+
+@pytest.mark.parametrize(("change", "path"), [
+    (lambda b: b["traits"].update(reaches="telepathy"), "$.backend.traits.reaches"),
+    (lambda b: b["settings"].reverse(), "$.backend.settings"),
+    (lambda b: b["settings"][0].update(name="HOME"), "$.backend.settings[0].name"),
+    (lambda b: b["settings"][0].update(source="the moon"), "$.backend.settings[0].source"),
+    (lambda b: b["settings"][2].update(value="lots"), "$.backend.settings[2].value"),
+    (lambda b: b["settings"][3].update(value="sometimes"), "$.backend.settings[3].value"),
+])
+def test_a_saved_plan_with_broken_traits_or_settings_is_refused(change, path):
+    """plancheck checks the backend record's new keys of an untrusted plan: one PR114 naming the path."""
+    from poprun.core.diagnostic import DiagnosticError
+
+    data = _plan_json("--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true")
+    change(data["backend"])
+
+    with pytest.raises(DiagnosticError) as raised:
+        serde.from_json(json.dumps(data))
+
+    assert [("PR114", path)] == [(d.code, d.span.key_path) for d in raised.value.diagnostics]
+
+
+def test_a_saved_plan_with_a_plugins_own_setting_loads():
+    """A setting no row of poprun's names (a plugin's) loads as it is: its backend reads it."""
+    data = _plan_json("--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true")
+    data["backend"]["settings"].append({"name": "POPRUN_ZZ_PLUGIN", "value": "x", "source": "default"})
+
+    assert "x" == serde.from_json(json.dumps(data)).backend.setting("POPRUN_ZZ_PLUGIN")
+
+
+def test_the_plan_records_the_settings_the_planning_shell_set_and_the_backend_reads_only_those():
+    """given_settings: what the shell set, by name; defaults are left to the backend, as when unset."""
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.solve import solve
+
+    spec = parse_flags(["--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true"], environ={}).spec
+    plan = solve(spec, Context(environ={"POPRUN_SSH_FANOUT": "12", "POPRUN_SSH_RELAY": ""})).plan
+
+    assert {"POPRUN_SSH_FANOUT": "12"} == plan.backend.given_settings()

@@ -192,7 +192,7 @@ def test_masters_killed_between_prepare_and_launch_give_a_clean_launch(test_host
     key exchange, all at once, which is what the window exists to prevent.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=16, hosts=("h1", "h2"))
+    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=16, hosts=("h1", "h2"), environ=env)
     backend.prepare(plan, environ=env)
     directory = ssh_backend._PARKED[0].directory
     killed = _masters(directory)
@@ -216,7 +216,7 @@ def test_masters_killed_between_prepare_and_launch_still_launch(test_hosts: Test
     runs every instance (each session opens its own connection) and leaves no ssh process behind.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
+    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"), environ=env)
     backend.prepare(plan, environ=env)
     directory = ssh_backend._PARKED[0].directory
     for pid in _masters(directory):
@@ -239,12 +239,12 @@ def test_a_second_launch_in_the_process_on_other_hosts_and_settings_is_its_own(t
     once the launch ends no connection of either client is left.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    first = probe_plan("print('x')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
+    first = probe_plan("print('x')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"), environ=env)
     backend.prepare(first, environ=env)
     stale = ssh_backend._PARKED[0].directory
     code = "import socket; print(socket.gethostname())"
-    second = probe_plan(code, tmp_path, backend="ssh", instances=2, hosts=("h3", "h4"))
     other = env | {"POPRUN_HOST_TIMEOUT": "20"}
+    second = probe_plan(code, tmp_path, backend="ssh", instances=2, hosts=("h3", "h4"), environ=other)
     backend.prepare(second, environ=other)
     sink = MemorySink()
     result = backend.launch(second, env_source=other, sink=sink).wait()
