@@ -724,6 +724,7 @@ def _master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
     if not plan.instances:
         return 0, False, False, None
     first = plan.instances[0]
+    environ = plan.backend.with_settings(environ)  # the host commands read the plan's settings, not the shell's
     from poprun.apply import ports
 
     if plan.recovery.choose_port:

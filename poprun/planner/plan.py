@@ -262,6 +262,16 @@ class BackendChoice:
         """
         return {s.name: s.value for s in self.settings if s.source != DEFAULT_SOURCE}
 
+    def with_settings(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """
+        Return ``environ`` with this plan's settings in place of its own (a setting at its default: unset).
+
+        For what a backend is asked without the plan (``run_on_host``, the port plan's command), so
+        that it reads the plan's settings there too, not the launching shell's.
+        """
+        planned = {s.name for s in self.settings}
+        return {k: v for k, v in environ.items() if k not in planned} | self.given_settings()
+
 
 @record
 class Decision:

@@ -106,3 +106,18 @@ def test_the_example_is_the_plugin_docs_backends_md_shows():
     expected = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[0]
 
     assert expected == (EXAMPLE / "nice_backend.py").read_text(encoding="utf-8")
+
+
+def test_a_saved_plan_runs_with_its_recorded_setting_not_the_shells(site, tmp_path):
+    """Planned with POPRUN_NICE_LEVEL=7, applied from a shell that sets 2 (or junk): the instances run 7 nicer."""
+    args = ("--backend", "nice", "--num-instances", "2", "--num-replicas", "2")
+    program = (sys.executable, "-c", "import os; print(os.nice(0))")
+    saved = poprun("plan", *args, "--format", "json", "-o", "plan.json", *program, site=site, cwd=tmp_path,
+                   env={"POPRUN_NICE_LEVEL": "7"})
+    assert 0 == saved.returncode, saved.stderr
+
+    runs = [poprun("apply", "plan.json", site=site, cwd=tmp_path, env={"POPRUN_NICE_LEVEL": level})
+            for level in ("2", "junk")]
+
+    assert [(0, [str(os.nice(0) + 7)] * 2)] * 2 == [(r.returncode, r.stdout.split()) for r in runs], \
+        [r.stderr for r in runs]

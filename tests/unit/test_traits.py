@@ -158,3 +158,16 @@ def test_the_plan_records_the_settings_the_planning_shell_set_and_the_backend_re
     plan = solve(spec, Context(environ={"POPRUN_SSH_FANOUT": "12", "POPRUN_SSH_RELAY": ""})).plan
 
     assert {"POPRUN_SSH_FANOUT": "12"} == plan.backend.given_settings()
+
+
+def test_what_is_asked_without_the_plan_gets_the_plans_settings_in_place_of_the_shells():
+    """with_settings: the shell's value of a planned setting goes; the plan's set value comes; the rest stays."""
+    from poprun.core.record import evolve
+    from poprun.planner.plan import BackendChoice, BackendSetting
+
+    choice = evolve(BackendChoice(name="ssh", reason="r"), settings=(
+        BackendSetting(name="POPRUN_SSH_CONFIG", value="planned.cfg", source="environment variable POPRUN_SSH_CONFIG"),
+        BackendSetting(name="POPRUN_SSH_RELAY", value="auto", source="default")))
+
+    assert {"PATH": "/bin", "POPRUN_SSH_CONFIG": "planned.cfg"} == choice.with_settings(
+        {"PATH": "/bin", "POPRUN_SSH_CONFIG": "shell.cfg", "POPRUN_SSH_RELAY": "junk"})

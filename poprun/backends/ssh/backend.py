@@ -265,7 +265,7 @@ class SshBackend:
             LaunchError: when an instance on this machine cannot start.
         """
         source = dict(env_source)
-        given = plan.backend.given_settings()  # POPRUN_SSH_* and POPRUN_HOST_TIMEOUT: the plan's, never the shell's
+        given = plan.backend.given_settings()  # the ssh settings and the host timeout: the plan's, never the shell's
         envs = [environment(i, source) for i in plan.instances]
         config = given.get(SSH_CONFIG) or None
         hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
