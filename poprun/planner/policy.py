@@ -393,8 +393,9 @@ def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...]
 def _known_cpus(s: Solver, host: str) -> int | None:
     """Return how many CPUs an instance on ``host`` may use, where that is known without asking the host."""
     from poprun.planner.binding import TOPOLOGY_VARIABLE
+    from poprun.planner.setting import setting_value
 
-    if s.ctx.environ.get(TOPOLOGY_VARIABLE) or host not in s.ctx.local_names or s.ctx.probe is None:
+    if setting_value(TOPOLOGY_VARIABLE, s.ctx.environ) or host not in s.ctx.local_names or s.ctx.probe is None:
         return None  # a recorded topology is for placement; another host's CPUs are its own
     found = s.ctx.probe()
     return len(found.cpuset) if found.cpuset is not None else sum(len(node.cpus) for node in found.numa_nodes)

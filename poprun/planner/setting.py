@@ -10,7 +10,7 @@ environment or the default (:func:`plan_settings`), checks it (PR225 with the va
 and records it in ``plan.backend.settings``; the backend reads it there, never from the
 environment, so that a saved plan runs with the settings it was planned with. The other rows
 have no bearing on a plan (where runs are kept, the record, plugins, tracebacks): they are read
-where they are used, through :func:`setting_text`. ``docs/settings.md`` and the settings section
+where they are used, through :func:`setting_value`. ``docs/settings.md`` and the settings section
 of ``poprun --help`` are made from this table (:func:`render_settings_doc`, :func:`help_lines`).
 """
 
@@ -135,9 +135,14 @@ def setting(name: str) -> Setting:
     return _BY_NAME[name]
 
 
-def setting_text(name: str, environ: Mapping[str, str]) -> str:
-    """Return the text of unplanned setting ``name`` in ``environ`` (stripped; ``""`` when unset)."""
-    return environ.get(setting(name).name, "").strip()
+def setting_value(name: str, environ: Mapping[str, str]) -> str | None:
+    """
+    Return the text of setting ``name`` in ``environ`` as it is set (None when unset), for the settings no plan records.
+
+    The one way to read an unplanned setting: ``name`` must be a row of :data:`SETTINGS` (a
+    KeyError otherwise, a programmer's error), so that every setting read is in the table.
+    """
+    return environ.get(setting(name).name)
 
 
 def backend_rows(backend: str, declared: Iterable[Setting] = ()) -> tuple[Setting, ...]:

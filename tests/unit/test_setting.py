@@ -89,3 +89,15 @@ def test_backends_without_settings_plan_none_and_a_plugin_plans_its_own():
     assert () == values
     assert ["PR225"] == [d.code for d in problems]
     assert "POPRUN_DEMO_SLOTS='9' is not a whole number of slots from 1 to 8" == problems[0].detail
+
+
+def test_an_unplanned_setting_is_read_through_the_table_as_it_is_set():
+    """setting_value gives the text as set (None unset); a name the table lacks is a programmer's KeyError."""
+    from poprun.planner.setting import setting_value
+
+    environ = {"POPRUN_HOST_TOPOLOGY": " pod.json ", "POPRUN_SOMETHING": "x"}
+
+    assert (" pod.json ", None) == (setting_value("POPRUN_HOST_TOPOLOGY", environ),
+                                    setting_value("POPRUN_PARTITION_PROVIDER", environ))
+    with pytest.raises(KeyError):
+        setting_value("POPRUN_SOMETHING", environ)
