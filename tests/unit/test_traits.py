@@ -171,3 +171,34 @@ def test_what_is_asked_without_the_plan_gets_the_plans_settings_in_place_of_the_
 
     assert {"PATH": "/bin", "POPRUN_SSH_CONFIG": "planned.cfg"} == choice.with_settings(
         {"PATH": "/bin", "POPRUN_SSH_CONFIG": "shell.cfg", "POPRUN_SSH_RELAY": "junk"})
+
+
+def _solved(argv: list[str], declares=None, environ=None):
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.solve import solve
+
+    spec = parse_flags(argv, environ={}).spec
+    ctx = Context(environ=environ or {}, local_names=("localhost", "127.0.0.1", "::1"), backend_declares=declares,
+                  ssh_hostname=lambda name, _env: {"pod1": "10.0.0.1"}.get(name))
+    return solve(spec, ctx).plan
+
+
+@pytest.mark.parametrize(("traits", "master_addr"), [
+    (Traits(all_here=True), "localhost"),  # runs everything here: instance 0 is reached at localhost
+    (Traits(reaches="ssh"), "10.0.0.1"),  # started through ssh: the address ssh_config maps pod1 to
+    (None, "pod1"),  # declares nothing: conservative, the name as written
+])
+def test_a_plugins_declared_traits_decide_what_a_built_ins_name_decided(traits, master_addr):
+    """MASTER_ADDR follows a plugin's traits as it follows the built-ins': no decision by the name."""
+    argv = ["--backend", "farm", "--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true"]
+    plan = _solved(argv, declares=lambda name: (traits, ()))
+
+    assert (traits or CONSERVATIVE, master_addr) == (plan.backend.traits, plan.instances[0].env.get("MASTER_ADDR"))
+
+
+def test_a_plan_without_a_registry_gives_a_plugin_the_conservative_traits():
+    """Planning with no way to ask the registry (a Context of its own) records the conservative traits."""
+    argv = ["--backend", "farm", "--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true"]
+
+    assert (CONSERVATIVE, ()) == (_solved(argv).backend.traits, _solved(argv).backend.settings)
