@@ -192,7 +192,7 @@ def _solved(argv: list[str], declares=None, environ=None):
 def test_a_plugins_declared_traits_decide_what_a_built_ins_name_decided(traits, master_addr):
     """MASTER_ADDR follows a plugin's traits as it follows the built-ins': no decision by the name."""
     argv = ["--backend", "farm", "--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true"]
-    plan = _solved(argv, declares=lambda name: (traits, ()))
+    plan = _solved(argv, declares=lambda _name: (traits, ()))
 
     assert (traits or CONSERVATIVE, master_addr) == (plan.backend.traits, plan.instances[0].env.get("MASTER_ADDR"))
 
