@@ -93,7 +93,7 @@ class Context:
                    mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
                    srun_mpi=_once(lambda: _srun_mpi(environ)),
                    local_names=local_names(), vipu_config=config, vipu_config_file=where,
-                   backend_declares=backend_declares)
+                   backend_declares=_by_name(backend_declares) if backend_declares is not None else None)
 
 
 def _mpi_probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | None:
@@ -116,6 +116,19 @@ def _once(ask: Callable[[], tuple[str, ...] | None]) -> Callable[[], tuple[str, 
         if not kept:
             kept.append(ask())
         return kept[0]
+
+    return answer
+
+
+def _by_name(ask: Callable[[str], tuple[Traits | None, tuple[Setting, ...]]],
+             ) -> Callable[[str], tuple[Traits | None, tuple[Setting, ...]]]:
+    """Return ``ask``, asked at most once per name (it makes a registry: the plugins are read once)."""
+    kept: dict[str, tuple[Traits | None, tuple[Setting, ...]]] = {}
+
+    def answer(name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+        if name not in kept:
+            kept[name] = ask(name)
+        return kept[name]
 
     return answer
 
