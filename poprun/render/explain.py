@@ -102,7 +102,10 @@ def render_settings(plan: LaunchPlan) -> str:
     table = [["setting", "value", "source"]]
     for setting in plan.backend.settings:
         row = rows.get(setting.name)
-        shown = describe_default(row) if row is not None and setting.source == DEFAULT else setting.value
+        if row is not None and setting.source == DEFAULT:
+            shown = describe_default(row)
+        else:
+            shown = f"{setting.value} s" if row is not None and row.kind == "seconds" else setting.value
         table.append([setting.name, _short(shown or "unset"), setting.source])
     return f"settings of the {plan.backend.name} backend:\n" + "\n".join(_table(table)) + "\n"
 
