@@ -230,12 +230,16 @@ class Attempts:
         """
         instance_scope = self.recovery.scope == "instance" and self.budget.enabled
         if instance_scope and RESTARTS_INSTANCES not in capabilities(self.backend):
+            from poprun.core.hint import join_or
+            from poprun.planner.trait import restarting_names
+
             raise DiagnosticError((error(
                 "PR450", "this backend cannot restart one instance",
                 detail=f"--restart-scope instance: the {self.plan.backend.name} backend starts its instances together "
                        "and cannot start one of them again alone",
                 span=SourceSpan.derived("restart_scope"),
-                hint="use --restart-scope all (every instance starts again), or the local, offline or ssh backend"),))
+                hint="use --restart-scope all (every instance starts again), "
+                     f"or the {join_or(restarting_names())} backend"),))
         return instance_scope
 
     def _begin(self, number: int, port: int, chosen: bool) -> tuple[LaunchPlan, dict[str, str]]:

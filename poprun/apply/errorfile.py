@@ -33,7 +33,7 @@ class ErrorFiles:
     """The error files of one run: made for each attempt (or restarted instance), read after it, removed at the end."""
 
     def __init__(self, plan: LaunchPlan, record_path: str | None) -> None:
-        self._here = {i.index for i in plan.instances if plan.offline or plan.backend.name == "local"
+        self._here = {i.index for i in plan.instances if plan.offline or plan.backend.traits.all_here
                       or is_this_machine(i.host)}
         self._record_path = record_path
         self._root: str | None = None

@@ -2,7 +2,7 @@
 The partition step of a launch and of a plan: when poprun deals with V-IPU, and how.
 
 Layer: ``poprun.apply``; imports ``poprun.partitions`` lazily (nothing of it is loaded by a launch
-without a partition step).
+without a partition step), and the settings table (``poprun.planner.setting``).
 
 A plan that is not offline describes a partition (seed section 2.8). poprun acts on it when a
 V-IPU service is there to act on: when ``POPRUN_PARTITION_PROVIDER`` names a provider (``none``:
@@ -26,6 +26,7 @@ from poprun.core.diagnostic import Diagnostic
 from poprun.core.events import Event, PartitionAcquired, PartitionAcquiring, PartitionReleased
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
+from poprun.planner.setting import setting_value
 
 PROVIDER = "POPRUN_PARTITION_PROVIDER"
 _DEFAULT_SERVER = ("localhost", 8090)
@@ -36,8 +37,8 @@ def wanted(plan: LaunchPlan, environ: Mapping[str, str]) -> bool:
     partition = plan.partition
     if partition is None or plan.offline:
         return False
-    if environ.get(PROVIDER):
-        return environ[PROVIDER] != "none"
+    if given := setting_value(PROVIDER, environ):
+        return given != "none"
     from poprun.backends._process.files import which
 
     if which("vipu", environ.get("PATH", os.defpath)) is not None:

@@ -1,8 +1,8 @@
 """
 The port plan: a free MASTER_PORT on instance 0's host, chosen at apply time, and a check of one the user set.
 
-Layer: ``poprun.apply``; imports ``poprun.backends.base`` (through :mod:`poprun.apply.hostrun`),
-``popdist.env`` and ``poprun.core`` (``poprun.planner.plan`` for types only). What is free is read from the host itself (:data:`PORT_SCRIPT`: its
+Layer: ``poprun.apply``; imports ``poprun.backends.base`` (through :mod:`poprun.apply.hostrun`) and
+``poprun.core``, ``popdist.env`` and the traits table (:mod:`poprun.planner.trait`; ``poprun.planner.plan`` for types only). What is free is read from the host itself (:data:`PORT_SCRIPT`: its
 ``/proc/net/tcp``, ``/proc/net/tcp6`` and ephemeral port range; no Python needed there), through
 the backend's host commands, over the launch's own connection. A port is taken when any TCP
 socket of the host is bound to it, in any state (listening, connected, TIME_WAIT: a restarted run
@@ -24,6 +24,7 @@ from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import record
 from poprun.core.span import SourceSpan
+from poprun.planner.trait import traits_of
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -116,9 +117,6 @@ def _socket(line: str, bound: dict[int, list[tuple[str, int]]]) -> None:
     bound.setdefault(port, []).append((_STATES.get(words[3].upper(), words[3]), inode))
 
 
-_ALL_HERE = ("local", "offline")  # backends whose instances all run on this machine
-
-
 def _read_here() -> str:
     """Return what :data:`PORT_SCRIPT` prints, read on this machine without a shell."""
     parts = []
@@ -139,11 +137,11 @@ def read_ports(backend: object, host: str, *, environ: Mapping[str, str],
     """
     Return what ``host`` says of its TCP ports, or a one-line reason it could not be read.
 
-    When the host's instances run on this machine (it is this machine, or the backend runs
-    everything here: local, offline), the files are read here directly: no shell is started
+    When the host's instances run on this machine (it is this machine, or the backend's traits
+    say it runs every instance here: local, offline), the files are read here directly: no shell is started
     on the launch path.
     """
-    if getattr(backend, "name", "") in _ALL_HERE or is_this_machine(host):
+    if traits_of(backend).all_here or is_this_machine(host):
         try:
             return parse_ports(_read_here())
         except (OSError, ValueError):
@@ -292,6 +290,7 @@ def master_port(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str],
     if not plan.instances:
         return 0, False, False, None
     first = plan.instances[0]
+    environ = plan.backend.with_settings(environ)  # the host commands read the plan's settings, not the shell's
     if plan.recovery.choose_port:
         _prepare(backend, plan, environ)
         choice = choose_port(backend, first.host, environ=environ, avoid=avoid)

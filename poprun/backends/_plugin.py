@@ -31,6 +31,9 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
+
 GROUP = "poprun.backends"
 NO_PLUGINS = "POPRUN_NO_PLUGINS"
 # What a plugin's code may raise that poprun turns into a diagnostic: every exception, and the
@@ -145,6 +148,22 @@ def make(factory: Callable[[], object], plugin: Plugin) -> Backend:
     if not isinstance(declared, set | frozenset | tuple | list) or not all(isinstance(c, str) for c in declared):
         raise DiagnosticError([plugin.failed("PR460", f"its capabilities is {_kind(declared)}, not a set of names")])
     return GuardedBackend(backend, plugin)  # type: ignore[return-value] # the protocol's methods, by __getattr__
+
+
+def declared(loaded: object) -> tuple[Traits | None, tuple[Setting, ...]]:
+    """
+    Return the ``traits`` and ``settings`` a plugin's class (or factory) declares, read without making a backend.
+
+    A ``traits`` that is not a :class:`~poprun.planner.trait.Traits` counts as none declared (the
+    conservative traits), and ``settings`` keeps only :class:`~poprun.planner.setting.Setting` rows.
+    """
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
+
+    traits = getattr(loaded, "traits", None)
+    rows = getattr(loaded, "settings", ())
+    settings = tuple(r for r in rows if isinstance(r, Setting)) if isinstance(rows, tuple | list) else ()
+    return (traits if isinstance(traits, Traits) else None), settings
 
 
 def _kind(value: object) -> str:

@@ -1,8 +1,9 @@
 """
 Test support: the conformance checks every backend must pass, as a parametrised pytest suite.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``,
-never the spec or the solver (plans are built here directly). pytest is imported only inside
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan`` (with
+the traits and settings tables), never the spec or the solver (plans are built here directly,
+with the backend's traits and the settings it reads, from the target's environment). pytest is imported only inside
 :func:`parametrize`, so importing this module costs nothing at run time. Each check takes a
 backend factory, a scratch directory and a :class:`Target` (where the instances run: this
 machine by default) and raises :class:`AssertionError` on failure (also under ``python -O``).
@@ -48,7 +49,7 @@ from poprun.backends.base import (
     Stream,
     capabilities,
 )
-from poprun.core.record import positional_record, record
+from poprun.core.record import evolve, positional_record, record
 from poprun.planner import plan as p
 
 if TYPE_CHECKING:
@@ -152,8 +153,13 @@ LOCAL = Target()
 
 
 def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2,
-               hosts: tuple[str, ...] = ("localhost",)) -> p.LaunchPlan:
-    """Return a plan of ``instances`` instances of ``sys.executable -c code`` over ``hosts`` (round robin), in ``workdir``."""
+               hosts: tuple[str, ...] = ("localhost",), environ: Mapping[str, str] | None = None) -> p.LaunchPlan:
+    """
+    Return a plan of ``instances`` instances of ``sys.executable -c code`` over ``hosts`` (round robin), in ``workdir``.
+
+    With ``environ``, the plan's backend record carries the built-in's traits and the settings
+    it reads as ``environ`` sets them (:func:`planned_backend`), as the solver would record them.
+    """
     placed = [hosts[i % len(hosts)] for i in range(instances)]
     used = tuple(dict.fromkeys(placed))
     return p.LaunchPlan(
@@ -168,7 +174,12 @@ def probe_plan(code: str, workdir: Path, *, backend: str, instances: int = 2,
         cache=p.Cache(mode="disabled", path=None, per_host=False, remove_at_exit=False),
         mpi=p.Mpi(global_args=(), host_subnet=None, allow_run_as_root=False),
         ssh_keys=p.SshKeyDistribution(enabled=False, key_path=None, key_type=None),
-        backend=p.BackendChoice(name=backend, reason="conformance check"), explanation=(), warnings=())
+        backend=_probe_choice(backend, environ), explanation=(), warnings=())
+
+
+def _probe_choice(name: str, environ: Mapping[str, str] | None) -> p.BackendChoice:
+    choice = p.BackendChoice(name=name, reason="conformance check")
+    return choice if environ is None else planned_backend(None, choice, environ)
 
 
 def _instance(index: int, code: str, workdir: Path, placed: list[str]) -> p.Instance:
@@ -205,7 +216,31 @@ def _wait(launch: Launch, within_s: float = WAIT_S) -> ApplyResult:
 
 
 def _plan(backend: Backend, code: str, workdir: Path, target: Target) -> p.LaunchPlan:
-    return probe_plan(code, workdir, backend=backend.name, hosts=target.hosts)
+    """Return the probe plan of ``code`` for ``backend``, with its traits and its settings as the target's environment sets them."""
+    plan = probe_plan(code, workdir, backend=backend.name, hosts=target.hosts)
+    return evolve(plan, backend=planned_backend(backend, plan.backend, _env_source(target)))
+
+
+def planned_backend(backend: object, choice: p.BackendChoice, environ: Mapping[str, str]) -> p.BackendChoice:
+    """
+    Return ``choice`` with ``backend``'s traits and the settings it reads, decided from ``environ`` as the solver does.
+
+    ``backend``: the backend object (a plugin's declared traits and settings), or None for the
+    built-in named by ``choice`` (the table's).
+
+    Raises:
+        AssertionError: when ``environ`` sets one of them to a value it does not take (PR225).
+    """
+    from poprun.planner.setting import Setting, backend_rows, plan_settings
+    from poprun.planner.trait import builtin_traits, traits_of
+
+    declared = getattr(backend, "settings", ())
+    rows = backend_rows(choice.name, tuple(r for r in declared if isinstance(r, Setting)))
+    settings, problems = plan_settings(rows, environ)
+    if problems:
+        raise AssertionError("; ".join(d.detail for d in problems))
+    traits = traits_of(backend) if backend is not None else builtin_traits(choice.name)
+    return evolve(choice, traits=traits, settings=settings)
 
 
 def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> tuple[ApplyResult, MemorySink]:
@@ -215,7 +250,7 @@ def _run(factory: BackendFactory, code: str, workdir: Path, target: Target) -> t
 
 def check_declares_a_name(factory: BackendFactory, _workdir: Path, _target: Target = LOCAL) -> None:
     """Check that the backend class declares a non-empty ``name`` (the name plans and the registry use)."""
-    name = getattr(type(factory()), "name", None)
+    name = getattr(factory().__class__, "name", None)  # not type(): a plugin's guard shows the plugin's class
     if not isinstance(name, str) or not name:
         msg = f"a backend class declares a non-empty str 'name', found {name!r}"
         raise AssertionError(msg)
@@ -407,4 +442,4 @@ def parametrize_backends(factories: Mapping[str, BackendFactory]) -> pytest.Mark
 
 
 __all__ = ["CHECKS", "LOCAL", "BackendFactory", "Check", "EventSink", "MemorySink", "RestartOnce", "Target", "checks",
-           "parametrize", "parametrize_backends", "probe_plan"]
+           "parametrize", "parametrize_backends", "planned_backend", "probe_plan"]

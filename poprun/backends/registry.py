@@ -48,6 +48,8 @@ if TYPE_CHECKING:
 
     from poprun.planner.machine import HostTopology
     from poprun.planner.plan import LaunchPlan
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
 
     TopologyProbe = Callable[..., Mapping[str, HostTopology | str]]
     """``probe(hosts, *, environ)``: each host's topology, or why it could not be read."""
@@ -103,6 +105,8 @@ class _Source:
     factory: Factory | None  # None for a plugin that failed to load
     origin: str
     distribution: str | None = None
+    traits: Traits | None = None  # a plugin's declared traits (a built-in's are the planner's table)
+    settings: tuple[Setting, ...] = ()  # a plugin's declared settings rows
 
 
 class UnknownBackendError(DiagnosticError, KeyError):
@@ -182,7 +186,18 @@ class BackendRegistry:
             self._sources[entry_point.name] = source
             return
         plugin = _plugin.Plugin(entry_point.name, source.origin, source.distribution)
-        self._sources[entry_point.name] = evolve(source, factory=lambda: _plugin.make(loaded, plugin))
+        traits, settings = _plugin.declared(loaded)
+        self._sources[entry_point.name] = evolve(source, factory=lambda: _plugin.make(loaded, plugin),
+                                                 traits=traits, settings=settings)
+
+    def declared(self, name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+        """
+        Return what plugin ``name`` declares of itself: its ``traits`` (None: not declared) and ``settings`` rows.
+
+        Nothing is made; a name that is no plugin (a built-in's, or unknown) declares nothing.
+        """
+        source = self._sources.get(name)
+        return (source.traits, source.settings) if source is not None else (None, ())
 
     @property
     def warnings(self) -> tuple[Diagnostic, ...]:
@@ -281,6 +296,10 @@ class OnDemand:
         """Read other hosts' topologies with the registry's backend that can (the registry is made only when placement asks)."""
         prober = topology_prober(self())
         return prober(hosts, environ=environ) if prober is not None else dict.fromkeys(hosts, "no backend reads them")
+
+    def declared(self, name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+        """Return what the plugin ``name`` declares of itself (:meth:`BackendRegistry.declared`), for planning."""
+        return self().declared(name)
 
     def close(self) -> None:
         """Close the registry, if it was made (:meth:`BackendRegistry.close`). Idempotent."""
@@ -470,15 +489,22 @@ def find_format(registry: BackendRegistry, name: str) -> PlanFormat | None:
     return None
 
 
-def topology_prober(registry: BackendRegistry, name: str = "ssh") -> TopologyProbe | None:
+def topology_prober(registry: BackendRegistry, name: str | None = None) -> TopologyProbe | None:
     """
     Return ``probe(hosts, *, environ)`` by backend ``name``'s ``probe_topologies``, or None without that backend.
+
+    ``name`` defaults to the built-in that reaches hosts with ssh (its traits say so: the
+    planner's table), which reads another host's topology over its connection.
 
     The backend is the registry's (:meth:`BackendRegistry.get`), made when the probe is first
     called (placement needs another host's topology), so that asking costs a launch nothing; what
     its probe opens (the ssh backend's connections), the launch with the same registry uses. A
     backend without ``probe_topologies`` answers every host with a reason.
     """
+    if name is None:
+        from poprun.planner.trait import reaching
+
+        name = reaching("ssh")
     try:
         registry.factory(name)
     except UnknownBackendError:

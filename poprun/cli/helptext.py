@@ -40,4 +40,7 @@ def render_help() -> str:
     parts = [USAGE]
     for group, lines in groups.items():
         parts.append(f"{group} options:\n" + "\n".join(lines) + "\n")
+    from poprun.planner.setting import help_lines
+
+    parts.append("\n".join(help_lines()) + "\n")
     return "\n".join(parts)

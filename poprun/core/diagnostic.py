@@ -63,6 +63,7 @@ CODES: dict[str, str] = {
     "PR222": "invalid exit status",
     "PR223": "restart settings without restarts",
     "PR224": "stall limit not below the time limit",
+    "PR225": "invalid setting",
     "PR230": "MPI program without an srun plugin that starts it",
     "PR231": "SLURM_MPI_TYPE names no MPI plugin of srun's",
     "PR232": "a variable poprun sets itself",

@@ -1,7 +1,8 @@
 """
 The choice of partition provider for a plan: the real ``vipu`` tool or the emulated service.
 
-Layer: ``poprun.partitions``; imports ``poprun.planner.plan`` and the provider types of
+Layer: ``poprun.partitions``; imports ``poprun.planner.plan``, the settings table
+(``poprun.planner.setting``, through which its settings are read) and the provider types of
 :mod:`poprun.partitions.provider`. The providers themselves are imported lazily by
 :func:`provider_for`, so importing this module costs little.
 """
@@ -12,6 +13,7 @@ import os
 import shutil
 
 from poprun.partitions.provider import EMULATOR_DB_ENV, EMULATOR_INVENTORY_ENV, PROVIDER_ENV, UnreachableError
+from poprun.planner.setting import setting_value
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -39,13 +41,13 @@ def provider_for(partition: plan.Partition, environ: Mapping[str, str], *,
         UnreachableError: the in-process service's inventory or database cannot be read.
     """
     timeout = float(partition.timeout_s) if timeout_s is None else timeout_s
-    choice = environ.get(PROVIDER_ENV, "auto").strip().lower() or "auto"
+    choice = (setting_value(PROVIDER_ENV, environ) or "auto").strip().lower() or "auto"
     path = environ.get("PATH", os.defpath)
     if choice == "vipu" or (choice == "auto" and shutil.which("vipu", path=path)):
         from poprun.partitions.vipu import VipuProvider
 
         return VipuProvider(partition.server_host, partition.server_port, timeout_s=timeout, path=path)
-    db, inventory = environ.get(EMULATOR_DB_ENV), environ.get(EMULATOR_INVENTORY_ENV)
+    db, inventory = setting_value(EMULATOR_DB_ENV, environ), setting_value(EMULATOR_INVENTORY_ENV, environ)
     if db or inventory:
         import sqlite3
 

@@ -1,8 +1,8 @@
 """
 The solver's placement step: each instance's NUMA nodes and cores, host by host, explained.
 
-Layer: ``poprun.planner``; imports the solver state, the plan model, :mod:`machine` and
-:mod:`placement`.
+Layer: ``poprun.planner``; imports the solver state, the plan model, :mod:`machine`,
+:mod:`placement` and the settings table (:mod:`setting`: ``POPRUN_HOST_TOPOLOGY`` is read through it).
 
 Binding happens when NUMA awareness is on (``--numa-aware``, or by itself with more than one
 instance per host, changelog 2.1) and the strategy is not ``disabled``. A host's topology comes
@@ -24,6 +24,7 @@ from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.machine import HostTopology, cpulist, load
 from poprun.planner.placement import CORE_STRATEGIES, PlacementError, place
+from poprun.planner.setting import setting_value
 from poprun.planner.state import Solver
 
 TOPOLOGY_VARIABLE = "POPRUN_HOST_TOPOLOGY"
@@ -64,7 +65,7 @@ def bind(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement) -
 
 def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
     """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not."""
-    given = s.ctx.environ.get(TOPOLOGY_VARIABLE)
+    given = setting_value(TOPOLOGY_VARIABLE, s.ctx.environ)
     if given:
         try:
             every = load(given)
@@ -208,7 +209,7 @@ def _cpus(instance: p.Instance) -> tuple[int, ...]:
 
 def _known_topology(s: Solver, host: str) -> HostTopology | None:
     """Return ``host``'s topology when known without asking it: POPRUN_HOST_TOPOLOGY's, or this machine's."""
-    given = s.ctx.environ.get(TOPOLOGY_VARIABLE)
+    given = setting_value(TOPOLOGY_VARIABLE, s.ctx.environ)
     if given:
         try:
             return load(given)

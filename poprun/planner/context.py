@@ -20,6 +20,8 @@ from poprun.core.record import field, record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.planner.machine import HostTopology
+    from poprun.planner.setting import Setting
+    from poprun.planner.trait import Traits
 
 VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
 _HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
@@ -54,13 +56,17 @@ class Context:
     slurm_node_address: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
     # Whether a name resolves here (None: no answer in time); a launch only, since DNS may be slow.
     resolves: Callable[[str], bool | None] | None = field(default=None, eq=False)
+    # A plugin backend's declared traits and settings rows, by name (the registry's; None: a built-in's are used).
+    backend_declares: Callable[[str], tuple[Traits | None, tuple[Setting, ...]]] | None = field(default=None, eq=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "environ", _sorted(self.environ))
 
     @classmethod
     def from_process(cls, *, probe_hosts: bool = False,
-                     remote_probe: Callable[..., Mapping[str, HostTopology | str]] | None = None) -> Context:
+                     remote_probe: Callable[..., Mapping[str, HostTopology | str]] | None = None,
+                     backend_declares: Callable[[str], tuple[Traits | None, tuple[Setting, ...]]] | None = None,
+                     ) -> Context:
         """
         Return the context of this process.
 
@@ -68,6 +74,8 @@ class Context:
         ``remote_probe(hosts, *, environ)`` (a backend's ``probe_topologies``, which the caller
         gives: the planner imports no backend), and host names resolved (a launch);
         ``poprun plan`` never waits on hosts or on DNS, and leaves those instances unbound.
+        ``backend_declares(name)``: a plugin backend's traits and settings rows (the registry's
+        :func:`~poprun.backends.registry.declared`), asked only for a name that is not a built-in.
         """
         from poprun.core.localhost import local_names
 
@@ -84,7 +92,8 @@ class Context:
                    resolves=address.resolves if probe_hosts else None,
                    mpi_probe=lambda argv, cwd: _mpi_probe(argv, cwd, environ), mpirun=lambda: _mpirun(environ),
                    srun_mpi=_once(lambda: _srun_mpi(environ)),
-                   local_names=local_names(), vipu_config=config, vipu_config_file=where)
+                   local_names=local_names(), vipu_config=config, vipu_config_file=where,
+                   backend_declares=_by_name(backend_declares) if backend_declares is not None else None)
 
 
 def _mpi_probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | None:
@@ -107,6 +116,19 @@ def _once(ask: Callable[[], tuple[str, ...] | None]) -> Callable[[], tuple[str, 
         if not kept:
             kept.append(ask())
         return kept[0]
+
+    return answer
+
+
+def _by_name(ask: Callable[[str], tuple[Traits | None, tuple[Setting, ...]]],
+             ) -> Callable[[str], tuple[Traits | None, tuple[Setting, ...]]]:
+    """Return ``ask``, asked at most once per name (it makes a registry: the plugins are read once)."""
+    kept: dict[str, tuple[Traits | None, tuple[Setting, ...]]] = {}
+
+    def answer(name: str) -> tuple[Traits | None, tuple[Setting, ...]]:
+        if name not in kept:
+            kept[name] = ask(name)
+        return kept[name]
 
     return answer
 

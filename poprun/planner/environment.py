@@ -15,15 +15,17 @@ from poprun.planner.address import is_address
 from poprun.planner.spec import EnvVarSpec, Spec
 from poprun.planner.state import Solver
 from poprun.planner.target import Target
+from poprun.planner.trait import CONSERVATIVE, Traits, all_here_reason
 
 DEFAULT_MASTER_PORT = "29500"
 
 def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cache,
-             target: Target | None, *, backend: str, recovery: p.Recovery = p.NO_RECOVERY) -> dict[str, str]:
+             target: Target | None, *, backend: str, traits: Traits = CONSERVATIVE,
+             recovery: p.Recovery = p.NO_RECOVERY) -> dict[str, str]:
     """
     Return the variables every instance shares, as real poprun set them, and torchrun's.
 
-    ``backend``: the one that will run them. MASTER_PORT is left out when ``recovery.choose_port``
+    ``backend``: the one that will run them, with its ``traits``. MASTER_PORT is left out when ``recovery.choose_port``
     (the apply step picks it for each attempt).
     """
     env = {
@@ -36,7 +38,7 @@ def base_env(s: Solver, topo: p.Topology, part: p.Partition | None, cache: p.Cac
         names.OMPI_LOCAL_SIZE: str(topo.instances_per_host),
         names.TORCH_WORLD_SIZE: str(topo.num_instances),
         names.TORCH_LOCAL_WORLD_SIZE: str(topo.instances_per_host),
-        names.TORCH_MASTER_ADDR: master_addr(s, topo, backend),
+        names.TORCH_MASTER_ADDR: master_addr(s, topo, backend, traits),
         names.TORCH_GROUP_WORLD_SIZE: str(len(topo.hosts)),
         names.TORCH_ROLE_WORLD_SIZE: str(topo.num_instances),
         names.TORCH_ROLE_NAME: names.DEFAULT_ROLE_NAME,
@@ -67,12 +69,9 @@ TORCHRUN_DEFAULTS = {names.TORCH_NCCL_ASYNC_ERROR_HANDLING: "1",
                      names.TORCHELASTIC_SIGNALS_TO_HANDLE: "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
                      names.TORCHELASTIC_USE_AGENT_STORE: "False"}
 _LOOPBACK = ("localhost", "127.0.0.1", "::1")
-_REACHED_WITH_SSH = ("ssh", "mpirun")  # backends that start instances through ssh (mpirun: OpenMPI's rsh agent)
-_ALL_HERE = {"offline": "offline mode: every instance runs on this machine",
-             "local": "the local backend runs every instance on this machine"}
 
 
-def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
+def master_addr(s: Solver, topo: p.Topology, backend: str, traits: Traits = CONSERVATIVE) -> str:
     """
     Return MASTER_ADDR: an address of instance 0's host that every instance can reach.
 
@@ -87,10 +86,10 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
     first, local = topo.hosts[0], s.ctx.local_names
     if _user_sets_master_addr(s):
         return first
-    if backend in _ALL_HERE or len(topo.hosts) == 1:
+    if traits.all_here or len(topo.hosts) == 1:
         if first in local:
             return first
-        reason = _ALL_HERE.get(backend) or f"every instance runs on {first}"
+        reason = all_here_reason(backend) if traits.all_here else f"every instance runs on {first}"
         return s.decide("master_addr", "localhost", SourceSpan.derived("master_addr"),
                         f"{reason}, so instance 0 is reached at localhost (not at {first})")
     if first in local:
@@ -99,19 +98,19 @@ def master_addr(s: Solver, topo: p.Topology, backend: str) -> str:
             return first
         return s.decide("master_addr", name, SourceSpan.derived("master_addr"),
                         f"instance 0 runs on this machine ({first}); the other hosts reach it by its name")
-    address = _launcher_address(s, first, backend)
-    _check_resolves(s, first, address, backend)
+    address = _launcher_address(s, first, traits)
+    _check_resolves(s, first, address, traits)
     return address
 
 
-def _launcher_address(s: Solver, first: str, backend: str) -> str:
+def _launcher_address(s: Solver, first: str, traits: Traits) -> str:
     """Return the address the launcher reaches host ``first`` at (recorded when it is not the name)."""
-    if backend == "slurm" or (backend == "mpirun" and s.ctx.environ.get("SLURM_JOB_ID")):  # srun starts them
+    if traits.started_by_srun(in_allocation=bool(s.ctx.environ.get("SLURM_JOB_ID"))):  # srun starts them
         if s.ctx.slurm_node_address is None:
             return s.decide("master_addr", first, SourceSpan.derived("master_addr"),
                             f"instance 0's node {first}; its address in Slurm (NodeAddr) is read when launching")
         mapped, how = s.ctx.slurm_node_address(first, s.ctx.environ), "as Slurm reaches it (NodeAddr"
-    elif backend in _REACHED_WITH_SSH and s.ctx.ssh_hostname is not None:
+    elif traits.reaches_with_ssh() and s.ctx.ssh_hostname is not None:
         mapped, how = s.ctx.ssh_hostname(first, s.ctx.environ), "as ssh reaches it (ssh_config: HostName"
     else:
         return first
@@ -126,12 +125,12 @@ def _user_sets_master_addr(s: Solver) -> bool:
     return any(var.name == names.TORCH_MASTER_ADDR for var in given)
 
 
-def _check_resolves(s: Solver, first: str, address: str, backend: str) -> None:
+def _check_resolves(s: Solver, first: str, address: str, traits: Traits) -> None:
     """PR309 (warning) when a launch is planned and ``address`` does not resolve on this machine."""
     if s.ctx.resolves is None or is_address(address) or s.ctx.resolves(address) is not False:
         return
     how = f"map {first} to its address with HostName in ssh_config (POPRUN_SSH_CONFIG names the file), " \
-        if backend in _REACHED_WITH_SSH and not s.ctx.environ.get("SLURM_JOB_ID") else ""
+        if traits.reaches_with_ssh() and not s.ctx.environ.get("SLURM_JOB_ID") else ""
     s.warn("PR309", "instance 0's host name does not resolve",
            detail=f"MASTER_ADDR would be '{address}' (instance 0's host), which does not resolve on this machine; "
                   "instances that cannot resolve it either wait for instance 0 until they time out",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from poprun.core.record import positional_record
 from poprun.planner import value as conv
+from poprun.planner.trait import NAMES
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -21,7 +22,7 @@ PLACEMENTS = ("spreadnuma", "scattersocket", "scatternuma", "close", "disabled")
 SSH_KEY_TYPES = ("dsa", "ecdsa", "ed25519", "rsa")
 SYNC_TYPES = ("ST_POD_NATIVE_DEFAULT", "ST_C2_COMPATIBLE", "ST_POD_NATIVE")
 ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
-BACKENDS = ("local", "offline", "ssh", "mpirun", "slurm")
+BACKENDS = NAMES  # the built-ins (poprun.planner.trait.BUILTIN), in the order --backend lists them
 VERSION_FORMATS = ("text", "full-json", "full-text")
 SCOPES = ("all", "instance")
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png

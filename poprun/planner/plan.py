@@ -1,7 +1,7 @@
 """
 The LaunchPlan: everything a backend needs to run a launch, decided and explained.
 
-Layer: ``poprun.planner``; imports ``poprun.core``.
+Layer: ``poprun.planner``; imports ``poprun.core`` and the traits table (:mod:`trait`).
 
 A plan is complete and immutable: backends execute it and never decide placement, indices
 or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the keys of
@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from poprun.core.record import evolve, record
+from poprun.planner.trait import CONSERVATIVE, Traits
 
 FORMAT_VERSION = 1
 
@@ -214,12 +215,62 @@ class Recovery:
 NO_RECOVERY = Recovery()
 
 
+DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
+
+
+@record
+class BackendSetting:
+    """
+    One setting the plan's backend reads (:mod:`poprun.planner.setting`), as the solver decided it.
+
+    ``value`` is the setting's text as the backend reads it (``"16"``; ``"auto"`` for the
+    fan-out's default of 4 per core; ``""`` for an unset path), ``source`` where it came from
+    (``<env POPRUN_SSH_FANOUT>``, or ``default``).
+    """
+
+    name: str
+    value: str
+    source: str
+
+
 @record
 class BackendChoice:
-    """The backend that runs the plan, and why it was chosen."""
+    """
+    The backend that runs the plan, why it was chosen, its traits and the settings it reads.
+
+    ``traits`` and ``settings`` were added later: plans written before lack them and load with
+    the built-in table's traits (:mod:`poprun.planner.trait`) and the settings' defaults
+    (:mod:`poprun.planner.serde`). A backend reads its settings here, never from ``os.environ``,
+    so that a saved plan runs with the settings it was planned with.
+    """
 
     name: str
     reason: str
+    traits: Traits = CONSERVATIVE
+    settings: tuple[BackendSetting, ...] = ()  # sorted by name
+
+    def setting(self, name: str, default: str = "") -> str:
+        """Return setting ``name``'s value in this plan, or ``default`` when the plan has none."""
+        return next((s.value for s in self.settings if s.name == name), default)
+
+    def given_settings(self) -> dict[str, str]:
+        """
+        Return the settings the planning shell set (not those at their defaults) as the variables that set them.
+
+        What a backend's readers of ``POPRUN_*`` variables read instead of the environment: the
+        same answers as in the shell that made the plan, whatever the shell that runs it sets.
+        """
+        return {s.name: s.value for s in self.settings if s.source != DEFAULT_SOURCE}
+
+    def with_settings(self, environ: Mapping[str, str]) -> dict[str, str]:
+        """
+        Return ``environ`` with this plan's settings in place of its own (a setting at its default: unset).
+
+        For what a backend is asked without the plan (``run_on_host``, the port plan's command), so
+        that it reads the plan's settings there too, not the launching shell's.
+        """
+        planned = {s.name for s in self.settings}
+        return {k: v for k, v in environ.items() if k not in planned} | self.given_settings()
 
 
 @record

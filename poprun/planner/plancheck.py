@@ -2,7 +2,7 @@
 A saved plan is untrusted input: check it as strictly as the solver builds one.
 
 Layer: ``poprun.planner``; imports ``poprun.core``, the plan model, the limits of
-:mod:`constraint` and the option table's choices.
+:mod:`constraint`, the option table's choices, and the traits and settings tables.
 
 :func:`validate_plan_data` checks the JSON data before it becomes a :class:`LaunchPlan`
 (no NUL character in any string, no value of the wrong JSON type, bounded numbers);
@@ -242,6 +242,7 @@ class _Checker:
     def rest(self, plan: p.LaunchPlan) -> None:
         if not _BACKEND.match(plan.backend.name):
             self.fail("$.backend.name", f"is {plan.backend.name!r}, not a backend name")
+        self.backend(plan.backend)
         if plan.mpi.srun_plugin is not None and not _PLUGIN.match(plan.mpi.srun_plugin):
             self.fail("$.mpi.srun_plugin", f"is {plan.mpi.srun_plugin!r}, not the name of srun's MPI plugin")
         if plan.ssh_keys.key_type is not None and plan.ssh_keys.key_type not in SSH_KEY_TYPES:
@@ -249,6 +250,32 @@ class _Checker:
         for k, name in enumerate(plan.mask):
             self.env_name(f"$.mask[{k}]", name)
 
+
+    def backend(self, backend: p.BackendChoice) -> None:
+        """Check the traits are the table's words, and the settings sorted, each once, ``POPRUN_*`` names, values they take."""
+        from poprun.planner.setting import DEFAULT, SETTINGS
+        from poprun.planner.trait import REACHES
+
+        if backend.traits.reaches not in REACHES:
+            self.fail("$.backend.traits.reaches", f"is {backend.traits.reaches!r}, not one of {', '.join(REACHES)}")
+        names = [s.name for s in backend.settings]
+        if names != sorted(set(names)):
+            self.fail("$.backend.settings", "is not sorted by name, each setting once")
+        rows = {row.name: row for row in SETTINGS}
+        for k, setting in enumerate(backend.settings):
+            where = f"$.backend.settings[{k}]"
+            if not (_ENV_NAME.match(setting.name) and setting.name.startswith("POPRUN_")):
+                self.fail(f"{where}.name", f"is {setting.name!r}, not the name of a POPRUN_ setting")
+                continue
+            if setting.source not in (DEFAULT, SourceSpan.env(setting.name).describe()):
+                self.fail(f"{where}.source", f"is {setting.source!r}, not {DEFAULT} or {SourceSpan.env(setting.name).describe()}")
+            row = rows.get(setting.name)
+            if row is None or not row.planned:
+                continue  # a plugin's own setting: its backend reads it
+            try:
+                row.check(setting.value, recorded=True)
+            except ValueError as exc:
+                self.fail(f"{where}.value", f"is {setting.value!r}: {exc}")
 
     def recovery(self, r: p.Recovery) -> None:
         where = "$.recovery"

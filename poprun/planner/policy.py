@@ -16,10 +16,13 @@ from poprun.planner import plan as p
 from poprun.planner import value as conv
 from poprun.planner.spec import Sourced, Spec
 from poprun.planner.state import Solver, is_on, value_of
+from poprun.planner.trait import BUILTIN, CONSERVATIVE, Traits, builtin_traits
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import TypeVar
+
+    from poprun.planner.setting import Setting
 
     T = TypeVar("T")
 _SHOWN_HOSTS = 3
@@ -214,9 +217,9 @@ def backend(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> p.Ba
     """
     if s.spec.backend is not None:
         name = s.decide("backend", s.spec.backend.value, s.spec.backend.origin, "as given")
-        return p.BackendChoice(name=name, reason="as given")
+        return _choice(s, name, "as given")
     name, reason = backend_name(s, topo, uses_mpi=uses_mpi)
-    if name not in ("mpirun", "slurm") and (why := uses_mpi) is not None:  # slurm: srun_mpi (PR230)
+    if not traits_for(s, name).mpi_world and (why := uses_mpi) is not None:  # slurm: srun_mpi (PR230)
         instead = ("offline mode runs the instances of other hosts here, where mpirun would start them there"
                    if _offline_elsewhere(s, topo) else "Open MPI's mpirun is not on PATH")
         s.warn("PR313", "the program calls MPI but will not run under mpirun",
@@ -225,7 +228,33 @@ def backend(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> p.Ba
                hint="install Open MPI (apt-get install openmpi-bin) so that poprun starts the instances with mpirun, "
                     "as PopRun did, or give --backend to choose (--backend local keeps them apart on purpose)")
     s.decide("backend", name, SourceSpan.derived("backend"), reason)
-    return p.BackendChoice(name=name, reason=reason)
+    return _choice(s, name, reason)
+
+
+def _choice(s: Solver, name: str, reason: str) -> p.BackendChoice:
+    """
+    Return backend ``name`` with its traits and the settings it reads, decided from the planning shell's environment.
+
+    Diagnostics: PR225 for a setting of the backend's set to a value it does not take.
+    """
+    from poprun.planner.setting import backend_rows, plan_settings
+
+    traits, declared = _declared(s, name)
+    settings, problems = plan_settings(backend_rows(name, declared), s.ctx.environ)
+    s.diags.extend(problems)
+    return p.BackendChoice(name=name, reason=reason, traits=traits, settings=settings)
+
+
+def traits_for(s: Solver, name: str) -> Traits:
+    """Return backend ``name``'s traits: the built-in table's, else what the plugin declares (else the conservative ones)."""
+    return _declared(s, name)[0]
+
+
+def _declared(s: Solver, name: str) -> tuple[Traits, tuple[Setting, ...]]:
+    if name in BUILTIN or s.ctx.backend_declares is None:
+        return builtin_traits(name), ()
+    traits, settings = s.ctx.backend_declares(name)
+    return traits or CONSERVATIVE, settings
 
 
 def backend_name(s: Solver, topo: p.Topology, *, uses_mpi: str | None = None) -> tuple[str, str]:
@@ -294,14 +323,14 @@ def srun_mpi_plugin(s: Solver) -> tuple[str, str] | None:
     return None
 
 
-def srun_mpi(s: Solver, backend: str, uses_mpi: str | None) -> str | None:
+def srun_mpi(s: Solver, backend: p.BackendChoice, uses_mpi: str | None) -> str | None:
     """
     Return the MPI plugin the slurm backend gives srun (``--mpi=``) for a program that calls MPI; None otherwise.
 
     PR230 when the program calls MPI and no plugin that works is known: the launch would stop
     in ``MPI_Init`` (``OMPI was not built with SLURM's PMI support``).
     """
-    if backend != "slurm" or uses_mpi is None:
+    if not backend.traits.srun_step() or uses_mpi is None:
         return None
     found = srun_mpi_plugin(s)
     plugins = s.ctx.srun_mpi() if s.ctx.srun_mpi is not None else None
@@ -335,7 +364,8 @@ def _offline_elsewhere(s: Solver, topo: p.Topology) -> bool:
 
 
 
-def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...], backend: str) -> tuple[str, ...]:
+def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...],
+                  backend: p.BackendChoice) -> tuple[str, ...]:
     """
     Return the hosts of an mpirun launch that hold more instances than they have CPUs, and say so.
 
@@ -344,7 +374,7 @@ def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...]
     (:data:`poprun.backends.mpirun.command.YIELD`). Only this machine's CPUs (its cpuset) are known
     without asking a host; a recorded ``POPRUN_HOST_TOPOLOGY`` describes placement, not this count.
     """
-    if backend != "mpirun":
+    if not backend.traits.mpirun_world():
         return ()
     counts: dict[str, int] = {}
     for instance in instances:
@@ -363,8 +393,9 @@ def crowded_hosts(s: Solver, topo: p.Topology, instances: tuple[p.Instance, ...]
 def _known_cpus(s: Solver, host: str) -> int | None:
     """Return how many CPUs an instance on ``host`` may use, where that is known without asking the host."""
     from poprun.planner.binding import TOPOLOGY_VARIABLE
+    from poprun.planner.setting import setting_value
 
-    if s.ctx.environ.get(TOPOLOGY_VARIABLE) or host not in s.ctx.local_names or s.ctx.probe is None:
+    if setting_value(TOPOLOGY_VARIABLE, s.ctx.environ) or host not in s.ctx.local_names or s.ctx.probe is None:
         return None  # a recorded topology is for placement; another host's CPUs are its own
     found = s.ctx.probe()
     return len(found.cpuset) if found.cpuset is not None else sum(len(node.cpus) for node in found.numa_nodes)

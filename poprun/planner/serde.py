@@ -154,7 +154,24 @@ def _converter() -> cattrs.Converter:
             raise TypeError(msg)
         return value
 
+    structure_backend_record = conv.get_structure_hook(p.BackendChoice)
+
+    def structure_backend(data: dict[str, Any], _: type) -> p.BackendChoice:
+        """Structure a backend record; one written before traits and settings were recorded gets the table's and the defaults."""
+        if isinstance(data, dict) and isinstance(data.get("name"), str) and not {"traits", "settings"} <= set(data):
+            from poprun.planner.setting import backend_rows, default_settings
+            from poprun.planner.trait import builtin_traits
+
+            data = dict(data)
+            if "traits" not in data:
+                data["traits"] = conv.unstructure(builtin_traits(data["name"]))
+            if "settings" not in data:
+                data["settings"] = conv.unstructure(default_settings(backend_rows(data["name"])))
+        choice: p.BackendChoice = structure_backend_record(data, p.BackendChoice)
+        return choice
+
     structure_record = conv.get_structure_hook(p.Instance)
+    conv.register_structure_hook(p.BackendChoice, structure_backend)
     conv.register_structure_hook(str | int | bool, structure_scalar)
     conv.register_unstructure_hook(p.Instance, unstructure_instance)
     conv.register_structure_hook(p.Instance, structure_instance)

@@ -74,20 +74,22 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     uses_mpi = policy.mpi_use(s, topology, argv, cwd)  # reads the program once: both steps below need it
     restarts = recovery(s, topology.hosts)
     planned = policy.backend_name(s, topology, uses_mpi=uses_mpi)[0]
-    base_env = environment.base_env(s, topology, partition, cache, target, backend=planned, recovery=restarts)
+    traits = policy.traits_for(s, planned)
+    base_env = environment.base_env(s, topology, partition, cache, target, backend=planned, traits=traits,
+                                    recovery=restarts)
     instances = tuple(
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
     instances = bind(s, instances, placement)
-    instances = threads(s, instances, all_here=planned in ("local", "offline") or is_on(s.spec.offline_mode))
+    instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),
                 allow_run_as_root=bool(root) or "--allow-run-as-root" in policy.mpi_global(s),
-                crowded_hosts=policy.crowded_hosts(s, topology, instances, backend.name),
-                srun_plugin=policy.srun_mpi(s, backend.name, uses_mpi))
+                crowded_hosts=policy.crowded_hosts(s, topology, instances, backend),
+                srun_plugin=policy.srun_mpi(s, backend, uses_mpi))
     keys = p.SshKeyDistribution(enabled=is_on(s.spec.distribute_ssh_key),
                                 key_path=value_of(s.spec.distribute_ssh_key_path),
                                 key_type=value_of(s.spec.distribute_ssh_key_type))
@@ -155,8 +157,8 @@ def _allocation(s: Solver) -> Allocation | None:
 def _check_allocation(s: Solver, hosts: tuple[str, ...], origin: SourceSpan) -> None:
     """PR217 for hosts outside the allocation, when Slurm (or mpirun through Slurm) would start the instances."""
     allocation = _allocation(s)
-    backend = s.spec.backend.value if s.spec.backend is not None else None
-    if allocation is None or backend not in (None, "slurm", "mpirun"):
+    given = s.spec.backend.value if s.spec.backend is not None else None
+    if allocation is None or (given is not None and not policy.traits_for(s, given).follows_allocation()):
         return
     outside = [h for h in hosts if h not in allocation.nodes]
     if outside:

@@ -46,7 +46,7 @@ def validate_plan_inputs(plan: LaunchPlan, ctx: Context, *, file: str = "<plan>"
 
 
 def _runs_here(plan: LaunchPlan, instance: Instance, ctx: Context) -> bool:
-    return plan.offline or plan.backend.name == "offline" or instance.host in ctx.local_names
+    return plan.offline or plan.backend.traits.all_here or instance.host in ctx.local_names
 
 
 def _stale(summary: str, *, detail: str, file: str, key_path: str, hint: str,

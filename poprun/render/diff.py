@@ -163,8 +163,12 @@ def _partition_name(partition: Partition) -> str:
 
 
 def _launch(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
-    """Yield the changes of how the plan runs: backend, offline mode, output, cache, MPI and ssh keys."""
+    """Yield the changes of how the plan runs: backend (and a setting both backends read), offline mode, output, cache, MPI and ssh keys."""
     yield from _compare("launch", "backend", old.backend.name, new.backend.name)
+    old_settings = {s.name: s.value for s in old.backend.settings}
+    new_settings = {s.name: s.value for s in new.backend.settings}
+    for name in sorted(old_settings.keys() & new_settings.keys()):  # another backend's are not a change of their own
+        yield from _compare("launch", f"backend.settings.{name}", old_settings[name], new_settings[name])
     yield from _compare("launch", "offline", old.offline, new.offline)
     yield from _compare("launch", "offline_target", old.offline_target, new.offline_target)
     yield from _compare("launch", "mask", old.mask, new.mask)

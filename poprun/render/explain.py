@@ -94,6 +94,22 @@ def render_recovery(plan: LaunchPlan) -> str:
 RECOVERY_KEY = "recovery."
 
 
+def render_settings(plan: LaunchPlan) -> str:
+    """Return the settings section of ``--explain``: each setting the backend reads, its value and where it came from."""
+    from poprun.planner.setting import DEFAULT, SETTINGS, describe_default
+
+    rows = {row.name: row for row in SETTINGS}
+    table = [["setting", "value", "source"]]
+    for setting in plan.backend.settings:
+        row = rows.get(setting.name)
+        if row is not None and setting.source == DEFAULT:
+            shown = describe_default(row)
+        else:
+            shown = f"{setting.value} s" if row is not None and row.kind == "seconds" else setting.value
+        table.append([setting.name, _short(shown or "unset"), setting.source])
+    return f"settings of the {plan.backend.name} backend:\n" + "\n".join(_table(table)) + "\n"
+
+
 def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     widths = [max(len(r[c]) for r in rows) for c in range(len(rows[0]))]
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
@@ -213,6 +229,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     if explain:
         parts.append(render_decisions(plan.explanation))
         parts.append(render_recovery(plan))
+        if plan.backend.settings:
+            parts.append(render_settings(plan))
         if plan.partition is not None:
             parts.append("partition actions:\n" + "".join(f"  - {a}\n" for a in plan.partition.actions))
         if any(i.placement.numa_aware for i in plan.instances):

@@ -23,9 +23,14 @@ hang_here()
 
 
 def hang_plan(workdir: Path, *, backend: str, hosts: tuple[str, ...], run_id: str, instances: int = 2,
-              python: str = sys.executable, extra: tuple[tuple[str, str], ...] = ()) -> LaunchPlan:
-    """Return a plan of ``instances`` instances of ``python -c HANG`` with POPRUN_RUN_ID=``run_id`` (and ``extra``) set."""
-    plan = probe_plan(HANG, workdir, backend=backend, instances=instances, hosts=hosts)
+              python: str = sys.executable, extra: tuple[tuple[str, str], ...] = (),
+              environ: dict[str, str] | None = None) -> LaunchPlan:
+    """
+    Return a plan of ``instances`` instances of ``python -c HANG`` with POPRUN_RUN_ID=``run_id`` (and ``extra``) set.
+
+    ``environ``: the environment whose settings the plan records (the test hosts' ssh_config).
+    """
+    plan = probe_plan(HANG, workdir, backend=backend, instances=instances, hosts=hosts, environ=environ)
     return evolve(plan, instances=tuple(
         evolve(i, argv=(python, "-c", HANG), env=evolve(i.env, set=(*i.env.set, ("POPRUN_RUN_ID", run_id), *extra)))
         for i in plan.instances))

@@ -11,8 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from poprun.backends.conformance import probe_plan
 from poprun.backends.mpirun.mpirelay import Relay
 from poprun.backends.mpirun.mpistart import greets, host_timeout, mpirun_settings, ssh_host_named, startup_failure
+from poprun.core.diagnostic import DiagnosticError
+from poprun.core.record import evolve
+from poprun.planner.plan import BackendSetting
 
 SSH_15 = "-o ServerAliveInterval=5 -o ServerAliveCountMax=2 -o ConnectTimeout=15"
 
@@ -56,10 +60,30 @@ def test_output_filename_is_left_to_poprun_and_merge_is_seen() -> None:
     assert settings.merge
 
 
-@pytest.mark.parametrize(("value", "expected"), [("30", 30.0), ("0", 15.0), ("x", 15.0), ("-1", 15.0), ("", 15.0)])
-def test_host_timeout_is_a_positive_number_or_15(value: str, expected: float) -> None:
-    """POPRUN_HOST_TIMEOUT: seconds; anything else is the default."""
-    assert expected == host_timeout({"POPRUN_HOST_TIMEOUT": value})
+@pytest.mark.parametrize(("settings", "expected"), [
+    ((BackendSetting(name="POPRUN_HOST_TIMEOUT", value="30", source="environment variable POPRUN_HOST_TIMEOUT"),), 30.0),
+    ((BackendSetting(name="POPRUN_HOST_TIMEOUT", value="15", source="default"),), 15.0),
+    ((), 15.0),
+])
+def test_host_timeout_is_the_plans_or_15(settings: tuple[BackendSetting, ...], expected: float) -> None:
+    """POPRUN_HOST_TIMEOUT as the plan recorded it (the solver checked it); a plan without it: the default."""
+    plan = probe_plan("pass", Path("/tmp"), backend="mpirun")
+    plan = evolve(plan, backend=evolve(plan.backend, settings=settings))
+
+    assert expected == host_timeout(plan)
+
+
+def test_a_bad_host_timeout_is_refused_when_planning_not_at_launch() -> None:
+    """POPRUN_HOST_TIMEOUT=x with the mpirun backend is PR225 from the solver (the backend never reads the shell)."""
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.solve import solve
+
+    spec = parse_flags(["--backend", "mpirun", "--num-instances", "2", "--num-replicas", "2", "true"], environ={}).spec
+    with pytest.raises(DiagnosticError) as raised:
+        solve(spec, Context(environ={"POPRUN_HOST_TIMEOUT": "x"}))
+
+    assert ["PR225"] == [d.code for d in raised.value.diagnostics]
 
 
 def greet(relay: Relay, greeting: bytes) -> bytes:

@@ -16,6 +16,8 @@ from poprun.backends.conformance import probe_plan
 from poprun.backends.ssh.backend import SshBackend
 from poprun.backends.ssh.fanout import FANOUT, window
 from poprun.backends.ssh.relay import relays
+from poprun.core.record import evolve
+from poprun.planner.plan import BackendSetting, LaunchPlan
 
 
 @pytest.mark.parametrize("value", [
@@ -42,16 +44,22 @@ def test_a_fanout_of_other_scripts_digits_is_refused_or_read_as_its_number() -> 
             assert FANOUT in str(exc)
 
 
+def _with_setting(plan: LaunchPlan, name: str, value: str) -> LaunchPlan:
+    """Return ``plan`` with setting ``name`` recorded as ``value`` (a plan made by hand: the solver refuses junk)."""
+    given = BackendSetting(name=name, value=value, source=f"environment variable {name}")
+    return evolve(plan, backend=evolve(plan.backend, settings=(given,)))
+
+
 def test_prepare_never_raises_for_a_junk_host_timeout(tmp_path: Path) -> None:
     """
     Prepares.prepare's contract: never raises (what fails, the launch reports). With POPRUN_HOST_TIMEOUT=junk
-    it raises LaunchError, which the apply step does not expect there (it escapes apply() as an internal error;
-    see tests/e2e/hosts/test_scale_adversarial.py).
+    (in a plan made by hand: the solver refuses it, PR225) it raised LaunchError, which the apply step does not
+    expect there (it escaped apply() as an internal error; see tests/e2e/hosts/test_scale_adversarial.py).
     """
     plan = probe_plan("pass", tmp_path, backend="ssh", instances=2, hosts=("poprun-nowhere.invalid",))
     backend = SshBackend()
     try:
-        backend.prepare(plan, environ={"POPRUN_HOST_TIMEOUT": "junk", "PATH": "/usr/bin:/bin"})
+        backend.prepare(_with_setting(plan, "POPRUN_HOST_TIMEOUT", "junk"), environ={"PATH": "/usr/bin:/bin"})
     except LaunchError as exc:
         pytest.fail(f"prepare raised: {exc}")
     finally:
@@ -59,12 +67,13 @@ def test_prepare_never_raises_for_a_junk_host_timeout(tmp_path: Path) -> None:
 
 
 def test_prepare_returns_quietly_for_junk_fanout_and_relay_settings(tmp_path: Path) -> None:
-    """A junk POPRUN_SSH_FANOUT or POPRUN_SSH_RELAY: prepare opens nothing and keeps nothing (the launch says why)."""
+    """A junk POPRUN_SSH_FANOUT or POPRUN_SSH_RELAY in the plan: prepare opens nothing and keeps nothing (the launch says why)."""
     plan = probe_plan("pass", tmp_path, backend="ssh", instances=2, hosts=("poprun-nowhere.invalid",))
-    for env in ({"POPRUN_SSH_FANOUT": "lots"}, {"POPRUN_SSH_RELAY": "sometimes"}):
+    for name, value in (("POPRUN_SSH_FANOUT", "lots"), ("POPRUN_SSH_RELAY", "sometimes")):
         backend = SshBackend()
-        backend.prepare(plan, environ=env | {"PATH": "/usr/bin:/bin"})
+        backend.prepare(_with_setting(plan, name, value), environ={"PATH": "/usr/bin:/bin"})
         assert backend._kept is None
+
 
 
 @pytest.mark.parametrize("count", [3, 4, 10, 257, 1000])

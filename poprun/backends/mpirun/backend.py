@@ -79,6 +79,7 @@ from poprun.backends.mpirun.mpirelay import (
 from poprun.backends.mpirun.mpistart import (
     greets,
     host_lost,
+    host_timeout,
     lost_daemon,
     lost_hosts,
     mpirun_missing,
@@ -465,7 +466,7 @@ class MpirunBackend:
         mpirun = which("mpirun", source.get("PATH", os.defpath))
         if mpirun is None:
             raise LaunchError("mpirun not found", diagnostics=(mpirun_missing(),))
-        settings = mpirun_settings(plan.mpi.global_args, source)
+        settings = mpirun_settings(plan.mpi.global_args, source, host_timeout_s=host_timeout(plan))
         local = frozenset(local_names())
         relay = Relay(count=len(plan.instances), remote=any(i.host not in local for i in plan.instances),
                       keepalive_s=settings.host_timeout_s)

@@ -197,9 +197,10 @@ class SshBackend:
         """
         if all(is_this_machine(instance.host) for instance in plan.instances):
             return
+        given = plan.backend.given_settings()  # the plan's settings, never the shell's
         try:
-            settings, budget = self._settings(environ), preflight_budget(environ, host_timeout(environ))
-            fanout, how = window(environ), _relay_mode(environ)
+            settings, budget = self._settings(given), preflight_budget(given, host_timeout(given))
+            fanout, how = window(given), _relay_mode(given)
             client = self._take_kept(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
                                                             connect_timeout_s=settings[3], guarded=dict(environ))
         except (ValueError, LaunchError, WatchdogError):
@@ -260,15 +261,16 @@ class SshBackend:
             LaunchError: when an instance on this machine cannot start.
         """
         source = dict(env_source)
+        given = plan.backend.given_settings()  # the ssh settings and the host timeout: the plan's, never the shell's
         envs = [environment(i, source) for i in plan.instances]
-        config = source.get(SSH_CONFIG) or None
+        config = given.get(SSH_CONFIG) or None
         hosts = list(dict.fromkeys(i.host for i in plan.instances if not is_this_machine(i.host)))
         if plan.ssh_keys.enabled:
             from poprun.backends.ssh.sshkey import distribute_key
 
             distribute_key(plan.ssh_keys, hosts, env=source, config=config)
-        timeout_s = host_timeout(source)
-        client = self._shared_client(source)  # a connection run_on_host or the probe opened is this launch's
+        timeout_s = host_timeout(given)
+        client = self._shared_client(given)  # a connection run_on_host or the probe opened is this launch's
         if plan.ssh_keys.enabled:  # a host that refused the key before (the port plan's command) may take it now
             client.forget_failures(hosts)
         try:

@@ -59,10 +59,10 @@ def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], 
         PreflightError: when any host cannot run the plan (nothing has started).
         LaunchError: when an instance on this machine cannot start.
     """
-    budget = preflight_budget(source, timeout_s)
+    budget = preflight_budget(plan.backend.given_settings(), timeout_s)  # the plan's settings, not the shell's
     remote = frozenset(i.index for i in plan.instances if not is_this_machine(i.host))
     ensure_open_files(len(plan.instances) + len(remote))  # a remote one: its session and the stdin copy
-    client.routes = _routes(plan, client, _relay_mode(source))
+    client.routes = _routes(plan, client, _relay_mode(plan.backend.given_settings()))
     slots = _slots(plan, client.routes)
     remove = directories_to_remove(cache)
     tell: Callable[[Event], None] | None = getattr(sink, "event", None)

@@ -51,7 +51,8 @@ def apply(args: list[str], session: Session) -> int:
 def _apply(args: list[str], session: Session, registry: OnDemand) -> int:
     """``poprun apply``, with the command's ``registry``."""
     # a launch: read the hosts' topologies
-    ctx = Context.from_process(probe_hosts=True, remote_probe=registry.probe_topologies)
+    ctx = Context.from_process(probe_hosts=True, remote_probe=registry.probe_topologies,
+                               backend_declares=registry.declared)
     detach = args[:1] == ["--detach"]
     words = args[1:] if detach else args
     if words and is_plan_path(words[0]):
@@ -102,7 +103,8 @@ def classic(args: list[str], session: Session) -> int:
 def _classic(args: list[str], session: Session, registry: OnDemand) -> int:
     """Plan and apply in one go, with the command's ``registry`` (:func:`classic`)."""
     # a launch: read the hosts' topologies
-    ctx = Context.from_process(probe_hosts=True, remote_probe=registry.probe_topologies)
+    ctx = Context.from_process(probe_hosts=True, remote_probe=registry.probe_topologies,
+                               backend_declares=registry.declared)
     command, spec = read_command(session, list(args), ctx, prog="poprun", allow_spec_file=False, launch=True)
     reject_plan_options(command, "the classic form")
     if command.help:

@@ -47,7 +47,7 @@ def plan(args: list[str], session: Session) -> int:
 
 def _plan(args: list[str], session: Session, registry: OnDemand) -> int:
     """``poprun plan``, with the command's backend ``registry``."""
-    ctx = Context.from_process()
+    ctx = Context.from_process(backend_declares=registry.declared)
     args = _file_first(list(args))
     if args and is_plan_path(args[0]):
         return _plan_saved(args[0], args[1:], session, registry)

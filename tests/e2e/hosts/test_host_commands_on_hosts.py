@@ -58,7 +58,7 @@ def test_a_command_before_the_launch_opens_the_launchs_connection_and_nothing_ou
     backend, env = SshBackend(grace_s=1), environ(test_hosts)
     before = accepted(test_hosts, "h2")
     plan = probe_plan("import time; print('up', flush=True); time.sleep(60)", tmp_path, backend="ssh", instances=2,
-                      hosts=("h2",))
+                      hosts=("h2",), environ=env)
 
     def masters() -> list[bytes]:  # this session's: other work's hosts may be called h2 too
         config = b"\0" + str(test_hosts.ssh_config).encode() + b"\0"
@@ -199,7 +199,8 @@ def test_a_port_held_on_the_host_is_named_and_never_chosen(test_hosts: TestHosts
 
 def launch_hanging(hosts: TestHosts, workdir: Path, run_id: str, **kwargs: object):
     backend = SshBackend(grace_s=1)
-    plan = hang_plan(workdir, backend="ssh", hosts=("h1",), run_id=run_id, instances=1, **kwargs)  # type: ignore[arg-type]
+    plan = hang_plan(workdir, backend="ssh", hosts=("h1",), run_id=run_id, instances=1, environ=environ(hosts),
+                     **kwargs)  # type: ignore[arg-type]
     sink = MemorySink()
     launch = backend.launch(plan, env_source=environ(hosts), sink=sink)
     wait_ready(sink, 1)
@@ -279,7 +280,7 @@ def test_prepare_opens_every_hosts_connection_and_the_port_plan_reuses_instance_
     """
     # GIVEN
     backend, env = SshBackend(grace_s=1), environ(test_hosts)
-    plan = probe_plan("true", tmp_path, backend="ssh", instances=4, hosts=test_hosts.names)
+    plan = probe_plan("true", tmp_path, backend="ssh", instances=4, hosts=test_hosts.names, environ=env)
 
     def masters() -> set[str]:  # this session's: other work's hosts may be called h1 too
         config = b"\0" + str(test_hosts.ssh_config).encode() + b"\0"

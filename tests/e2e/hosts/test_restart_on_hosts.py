@@ -39,10 +39,11 @@ def test_a_remote_instance_starts_again_and_leaves_nothing_on_its_host(test_host
     (tmp_path / "h4").mkdir()
     cache = private_directory("poprun-cache-")
     sink = EventSink()
-    plan = probe_plan(CODE.format(mark=mark), tmp_path, backend="ssh", hosts=("h3", "h4"))
+    env = dict(os.environ) | test_hosts.env()
+    plan = probe_plan(CODE.format(mark=mark), tmp_path, backend="ssh", hosts=("h3", "h4"), environ=env)
 
     # WHEN
-    launch = SshBackend().launch(plan, env_source=dict(os.environ) | test_hosts.env(), sink=sink,
+    launch = SshBackend().launch(plan, env_source=env, sink=sink,
                                  cache=TemporaryCache(path=cache, remove_at_exit=True), restarter=RestartOnce())
     result = launch.wait()
 
@@ -60,9 +61,9 @@ def test_a_restarted_remote_instance_hears_the_heartbeat(test_hosts: TestHosts, 
     code = ("import os, sys, time; i = os.environ['POPDIST_INSTANCE_INDEX']; n = os.environ.get('POPRUN_RESTART_COUNT')\n"
             "sys.exit(5) if i == '1' and n is None else time.sleep(4.5 if i == '1' else 0); print('done', i, n)")
     sink = EventSink()
-    launch = SshBackend().launch(probe_plan(code, tmp_path, backend="ssh", hosts=("h1", "h2")),
-                                 env_source=dict(os.environ) | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": "3"},
-                                 sink=sink, restarter=RestartOnce())
+    env = dict(os.environ) | test_hosts.env() | {"POPRUN_HOST_TIMEOUT": "3"}
+    launch = SshBackend().launch(probe_plan(code, tmp_path, backend="ssh", hosts=("h1", "h2"), environ=env),
+                                 env_source=env, sink=sink, restarter=RestartOnce())
 
     result = launch.wait()
 
@@ -83,8 +84,9 @@ def test_a_stop_reaches_the_restarted_remote_instance_gently(test_hosts: TestHos
                 launch.terminate(10.0)
 
     sink = Stopper()
-    launch = SshBackend().launch(probe_plan(code, tmp_path, backend="ssh", hosts=("h1", "h2")),
-                                 env_source=dict(os.environ) | test_hosts.env(), sink=sink, restarter=RestartOnce())
+    env = dict(os.environ) | test_hosts.env()
+    launch = SshBackend().launch(probe_plan(code, tmp_path, backend="ssh", hosts=("h1", "h2"), environ=env),
+                                 env_source=env, sink=sink, restarter=RestartOnce())
 
     result = launch.wait()
 

@@ -67,17 +67,16 @@ def nothing_left_here(tmp: Path) -> tuple[list[str], dict[int, bytes]]:
 def test_a_junk_host_timeout_is_a_one_line_diagnostic_not_an_internal_error(test_hosts: TestHosts, tmp_path: Path,
                                                                             short_tmp: Path) -> None:
     """
-    POPRUN_HOST_TIMEOUT=soon with remote hosts (MASTER_PORT left to poprun, the default): the apply step's new
-    prepare() calls SshBackend._settings -> host_timeout() before its try, the LaunchError escapes apply() as
-    an unexpected exception, and the user reads "poprun: internal error: LaunchError: ... (please report it)"
-    instead of the one-line setting error (exit 125) a launch gives. The run record says "poprun ended by
-    LaunchError". Harm: a typo in a setting looks like a poprun crash.
+    POPRUN_HOST_TIMEOUT=soon with remote hosts (MASTER_PORT left to poprun, the default): once an internal
+    error (the apply step's prepare() raised the setting's LaunchError before its try), then a launch error
+    (exit 125); now the setting is planned, so the plan refuses it: PR225 naming the variable, exit 2,
+    nothing started. Harm it guards against: a typo in a setting looking like a poprun crash.
     """
     done = cli(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2", "true", cwd=tmp_path,
                env={"POPRUN_HOST_TIMEOUT": "soon", "TMPDIR": str(short_tmp)})
 
-    assert 125 == done.returncode, done.stderr
-    assert "POPRUN_HOST_TIMEOUT" in done.stderr, done.stderr
+    assert 2 == done.returncode, done.stderr
+    assert "error[PR225]" in done.stderr and "POPRUN_HOST_TIMEOUT" in done.stderr, done.stderr
     assert "internal error" not in done.stderr, done.stderr
     assert ([], {}) == nothing_left_here(short_tmp)
 
@@ -90,13 +89,14 @@ def test_a_junk_host_timeout_is_a_one_line_diagnostic_not_an_internal_error(test
 def test_a_junk_fanout_is_one_line_naming_the_variable_and_leaves_nothing(test_hosts: TestHosts, tmp_path: Path,
                                                                           short_tmp: Path, value: str) -> None:
     """
-    POPRUN_SSH_FANOUT=junk: exit 125 with one line that names the variable and its range; no traceback, no
-    internal error; and the connections opened before the launch refused it (the port plan's) are gone.
+    POPRUN_SSH_FANOUT=junk: PR225 at plan time, exit 2, naming the variable and its range; no traceback, no
+    internal error; and no connection is left (none is opened: the plan refuses the setting first).
     """
     done = cli(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2", "true", cwd=tmp_path,
                env={"POPRUN_SSH_FANOUT": value, "TMPDIR": str(short_tmp)})
 
-    assert 125 == done.returncode, done.stderr[-500:]
+    assert 2 == done.returncode, done.stderr[-500:]
+    assert "error[PR225]" in done.stderr, done.stderr[-500:]
     assert "POPRUN_SSH_FANOUT" in done.stderr and "1 to 1024" in done.stderr, done.stderr[-500:]
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr[-500:]
     assert ([], {}) == nothing_left_here(short_tmp)
@@ -105,11 +105,12 @@ def test_a_junk_fanout_is_one_line_naming_the_variable_and_leaves_nothing(test_h
 @pytest.mark.parametrize("value", ["maybe", "1", "yes", "on off"])
 def test_a_junk_relay_mode_is_one_line_naming_the_variable(test_hosts: TestHosts, tmp_path: Path, short_tmp: Path,
                                                            value: str) -> None:
-    """POPRUN_SSH_RELAY=junk: exit 125, one line naming the variable and auto, on, off; nothing left here."""
+    """POPRUN_SSH_RELAY=junk: PR225 at plan time, exit 2, naming the variable and auto, on, off; nothing left here."""
     done = cli(test_hosts, "--host", "h1,h2,h3", "--num-instances", "3", "--num-replicas", "3", "true", cwd=tmp_path,
                env={"POPRUN_SSH_RELAY": value, "TMPDIR": str(short_tmp)})
 
-    assert 125 == done.returncode, done.stderr[-500:]
+    assert 2 == done.returncode, done.stderr[-500:]
+    assert "error[PR225]" in done.stderr, done.stderr[-500:]
     assert "POPRUN_SSH_RELAY" in done.stderr and "auto, on, off" in done.stderr, done.stderr[-500:]
     assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done.stderr[-500:]
     assert ([], {}) == nothing_left_here(short_tmp)
@@ -190,7 +191,7 @@ def test_masters_killed_between_prepare_and_launch_give_a_clean_launch(test_host
     key exchange, all at once, which is what the window exists to prevent.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=16, hosts=("h1", "h2"))
+    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=16, hosts=("h1", "h2"), environ=env)
     backend.prepare(plan, environ=env)
     directory = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     killed = _masters(directory)
@@ -214,7 +215,7 @@ def test_masters_killed_between_prepare_and_launch_still_launch(test_hosts: Test
     runs every instance (each session opens its own connection) and leaves no ssh process behind.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
+    plan = probe_plan("print('ok')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"), environ=env)
     backend.prepare(plan, environ=env)
     directory = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     for pid in _masters(directory):
@@ -237,12 +238,12 @@ def test_a_second_launch_in_the_process_on_other_hosts_and_settings_is_its_own(t
     once the launch ends no connection of either client is left.
     """
     backend, env = SshBackend(grace_s=1), dict(os.environ) | test_hosts.env()
-    first = probe_plan("print('x')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"))
+    first = probe_plan("print('x')", tmp_path, backend="ssh", instances=2, hosts=("h1", "h2"), environ=env)
     backend.prepare(first, environ=env)
     stale = backend._kept.directory  # type: ignore[union-attr] # the client prepare kept
     code = "import socket; print(socket.gethostname())"
-    second = probe_plan(code, tmp_path, backend="ssh", instances=2, hosts=("h3", "h4"))
     other = env | {"POPRUN_HOST_TIMEOUT": "20"}
+    second = probe_plan(code, tmp_path, backend="ssh", instances=2, hosts=("h3", "h4"), environ=other)
     backend.prepare(second, environ=other)
     sink = MemorySink()
     result = backend.launch(second, env_source=other, sink=sink).wait()
