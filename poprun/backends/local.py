@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from poprun.backends._process.cgroup import Cgroup, release_ahead
 from poprun.backends._process.instance import (
     DEFAULT_GRACE_S,
     abandon,
@@ -56,7 +57,27 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import ClassVar
 
-__all__ = ["LocalBackend", "LocalLaunch"]
+__all__ = ["LocalBackend", "LocalLaunch", "cgroup_ahead"]
+
+_STARTS_HERE = ("local", "offline")  # this module's backends: the launch starts every instance in this process
+
+
+def cgroup_ahead(plan: LaunchPlan) -> Callable[[], None]:
+    """
+    Make the launch's cgroup and begin moving poprun into it now, when ``plan``'s backend is local or offline.
+
+    For a caller that has work to do before the launch (the run record): the kernel's wait in
+    the move (:mod:`poprun.backends._process.cgroup`) then overlaps that work instead of
+    delaying the instances' start. The launch's watchdog takes the cgroup. Return what to call
+    once the launch is over: it leaves and removes a cgroup that no launch took (nothing started).
+    """
+    if plan.backend.name in _STARTS_HERE and Cgroup.ahead() is not None:
+        return release_ahead
+    return _nothing
+
+
+def _nothing() -> None:
+    return
 
 
 def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:

@@ -244,7 +244,12 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
-    record = record if record is not None else _record(environ, console, started)
+    release = _cgroup_ahead(plan, environ)  # before the record is made: the cgroup's move overlaps it (start-up)
+    try:
+        record = record if record is not None else _record(environ, console, started)
+    except BaseException:
+        release()
+        raise
     try:
         with _handling_signals(control, first=console.stopped):
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
@@ -253,6 +258,7 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
                 stops = len(control.signals)
                 events.drain(stop=lambda: len(control.signals) > stops)
     finally:
+        release()
         console.close()
         if events is not None:
             events.close()
@@ -269,6 +275,18 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
                 sys.stdout.flush()
         _to_stderr(console, text)
     return exit_status(result, failed_output=bool(console.failed))
+
+
+def _cgroup_ahead(plan: LaunchPlan, environ: Mapping[str, str]) -> Callable[[], None]:
+    """
+    Begin the launch's cgroup ahead (:func:`poprun.backends.local.cgroup_ahead`); return what to call once the run is over.
+
+    Not for a launch with a partition step: its tools (``vipu``) would begin in the launch's cgroup.
+    """
+    from poprun.apply.partition import wanted
+    from poprun.backends.local import cgroup_ahead
+
+    return (lambda: None) if wanted(plan, environ) else cgroup_ahead(plan)
 
 
 def _both(events: EventStream, reporter: _Reporter) -> Callable[[Event], None]:

@@ -139,7 +139,7 @@ def test_a_choice_here_tries_ports_by_binding_and_skips_held_ones(monkeypatch):
         time.sleep(0.05)
         free = free_pair()
         draws = iter([p - LOWEST for p in held] + [p - 1 - LOWEST for p in held] + [free - LOWEST])
-        monkeypatch.setattr(module, "_urandom_below", lambda n: next(draws))
+        monkeypatch.setattr(module, "_urandom_below", lambda _n: next(draws))
         monkeypatch.setattr(module, "_read_here", lambda: pytest.fail("the socket list was read"))
 
         # WHEN
