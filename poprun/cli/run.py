@@ -25,6 +25,7 @@ from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import Control, apply
+from poprun.backends._process.cgroup import release_ahead
 from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.registry import BackendRegistry
 from poprun.cli.log import Log
@@ -244,21 +245,17 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
-    release = _cgroup_ahead(plan, environ)  # before the record is made: the cgroup's move overlaps it (start-up)
-    try:
-        record = record if record is not None else _record(environ, console, started)
-    except BaseException:
-        release()
-        raise
+    record = record if record is not None else _record(environ, console, started)
     try:
         with _handling_signals(control, first=console.stopped):
+            _cgroup_ahead(plan, environ)  # the cgroup's move overlaps the apply step's preparation (start-up)
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
                            record=record)
             if events is not None:  # a reader that is behind gets a little while, not the run's signals
                 stops = len(control.signals)
                 events.drain(stop=lambda: len(control.signals) > stops)
     finally:
-        release()
+        release_ahead()  # a cgroup made ahead that no launch took
         console.close()
         if events is not None:
             events.close()
@@ -277,16 +274,17 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     return exit_status(result, failed_output=bool(console.failed))
 
 
-def _cgroup_ahead(plan: LaunchPlan, environ: Mapping[str, str]) -> Callable[[], None]:
+def _cgroup_ahead(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
     """
-    Begin the launch's cgroup ahead (:func:`poprun.backends.local.cgroup_ahead`); return what to call once the run is over.
+    Begin the launch's cgroup ahead (:func:`poprun.backends.local.cgroup_ahead`).
 
     Not for a launch with a partition step: its tools (``vipu``) would begin in the launch's cgroup.
     """
     from poprun.apply.partition import wanted
     from poprun.backends.local import cgroup_ahead
 
-    return (lambda: None) if wanted(plan, environ) else cgroup_ahead(plan)
+    if not wanted(plan, environ):
+        cgroup_ahead(plan)
 
 
 def _both(events: EventStream, reporter: _Reporter) -> Callable[[Event], None]:

@@ -18,12 +18,13 @@ removed (with the empty cgroups that nested launches left in it), by its record 
 The price is one move of poprun into the cgroup per launch: the kernel makes the first move
 after a quiet while wait for an RCU grace period (5-15 ms here, more on a busy machine), before
 the instances can start. So a launch that will start its instances here (the local and
-offline backends) makes its cgroup ahead (:meth:`Cgroup.ahead`, as the run begins): a thread
-moves poprun in while the main thread records the run and prepares the launch, and the next
+offline backends) makes its cgroup ahead (:meth:`Cgroup.ahead`, as the apply step begins): a
+thread moves poprun in while the main thread prepares the launch, and the next
 :meth:`Cgroup.make` (the launch's watchdog) takes that cgroup; :func:`release_ahead` leaves
 and removes one that no launch took. Whatever poprun starts meanwhile begins inside too (the
-watchdog among them; its clean-up leaves the cgroup before it kills it). ``POPRUN_CGROUP=0``
-makes no cgroup (and keeps the limit above).
+watchdog among them; its clean-up leaves the cgroup before it kills it). A poprun SIGKILLed
+in those milliseconds before its watchdog starts leaves the empty cgroup's directory (nothing
+runs in it). ``POPRUN_CGROUP=0`` makes no cgroup (and keeps the limit above).
 """
 
 from __future__ import annotations
@@ -118,18 +119,28 @@ class Cgroup:
             return _ahead[0]
         made = cls.make()
         if made is not None:
+            _ahead.append(made)  # first: release_ahead() then undoes it, whatever a stop signal interrupts
             made.begin_entering()
-            _ahead.append(made)
         return made
 
     def begin_entering(self) -> None:
-        """Begin :meth:`enter` in a thread (the move may wait for an RCU grace period); :meth:`enter` waits for it."""
+        """
+        Begin :meth:`enter` in a thread (the move may wait for an RCU grace period); :meth:`enter` waits for it.
+
+        The thread starts with the stop signals blocked (SIGINT, SIGTERM, SIGHUP), as the launch's
+        own threads do: they reach the main thread, whose handlers stop the launch.
+        """
+        import signal
         from threading import Thread
 
         if not self._inside:
             self._inside = True  # as in enter(): inside before the write
             self._mover = Thread(target=self._move_in, name="poprun-cgroup", daemon=True)
-            self._mover.start()
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+            try:
+                self._mover.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
 
     def _move_in(self) -> None:
         try:
