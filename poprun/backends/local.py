@@ -66,7 +66,7 @@ def cgroup_ahead(plan: LaunchPlan) -> None:
     """
     Make the launch's cgroup and begin moving poprun into it now, when ``plan``'s backend is local or offline.
 
-    For a caller that has work to do before the launch (the apply step's preparation): the
+    For a caller that has work to do before the launch (the run record, the apply step's preparation): the
     kernel's wait in the move (:mod:`poprun.backends._process.cgroup`) then overlaps that work
     instead of delaying the instances' start. The launch's watchdog takes the cgroup; once the
     launch is over, :func:`~poprun.backends._process.cgroup.release_ahead` leaves and removes

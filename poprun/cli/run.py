@@ -245,10 +245,14 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
-    record = record if record is not None else _record(environ, console, started)
+    _cgroup_ahead(plan, environ)  # its move overlaps the record's making and the launch's preparation (start-up)
+    try:
+        record = record if record is not None else _record(environ, console, started)
+    except BaseException:
+        release_ahead()
+        raise
     try:
         with _handling_signals(control, first=console.stopped):
-            _cgroup_ahead(plan, environ)  # the cgroup's move overlaps the apply step's preparation (start-up)
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
                            record=record)
             if events is not None:  # a reader that is behind gets a little while, not the run's signals

@@ -96,7 +96,7 @@ def _own_cgroup_directory() -> Path | None:
 def test_the_cgroup_made_ahead_is_the_launchs_and_none_is_left(tmp_path: Path, program: tuple[str, ...],
                                                                 status: int) -> None:
     """
-    poprun makes its launch's cgroup as the apply step begins (its move overlaps the launch's preparation).
+    poprun makes its launch's cgroup as the run begins (its move overlaps the record's making).
 
     The instance runs in it, and afterwards no cgroup of poprun's is left, also when nothing
     started (the program is missing): poprun runs in a cgroup of this test's own, so that

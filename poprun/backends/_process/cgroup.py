@@ -18,13 +18,14 @@ removed (with the empty cgroups that nested launches left in it), by its record 
 The price is one move of poprun into the cgroup per launch: the kernel makes the first move
 after a quiet while wait for an RCU grace period (5-15 ms here, more on a busy machine), before
 the instances can start. So a launch that will start its instances here (the local and
-offline backends) makes its cgroup ahead (:meth:`Cgroup.ahead`, as the apply step begins): a
-thread moves poprun in while the main thread prepares the launch, and the next
-:meth:`Cgroup.make` (the launch's watchdog) takes that cgroup; :func:`release_ahead` leaves
-and removes one that no launch took. Whatever poprun starts meanwhile begins inside too (the
-watchdog among them; its clean-up leaves the cgroup before it kills it). A poprun SIGKILLed
-in those milliseconds before its watchdog starts leaves the empty cgroup's directory (nothing
-runs in it). ``POPRUN_CGROUP=0`` makes no cgroup (and keeps the limit above).
+offline backends) makes its cgroup ahead (:meth:`Cgroup.ahead`, as the run begins): a thread
+moves poprun in while the main thread makes the run record and prepares the launch, and the
+next :meth:`Cgroup.make` (the launch's watchdog) takes that cgroup; :func:`release_ahead`
+leaves and removes one that no launch took. Whatever poprun starts meanwhile begins inside too
+(the watchdog among them; its clean-up leaves the cgroup before it kills it). A poprun killed
+in those milliseconds before its watchdog starts (SIGKILL, or SIGTERM before its handlers are
+set) leaves the empty cgroup's directory (nothing runs in it). ``POPRUN_CGROUP=0`` makes no
+cgroup (and keeps the limit above).
 """
 
 from __future__ import annotations
