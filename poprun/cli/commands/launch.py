@@ -103,6 +103,21 @@ def _run(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None 
     Plugins that failed to load are warned about (PR401); a backend that cannot be had exits
     125 with its diagnostic (PR400, PR402), placed at ``backend_span`` when given.
     """
+    if not detach and (plan.offline or plan.partition is None):  # no partition step (start-up: see cgroup_ahead)
+        from poprun.backends.local import cgroup_ahead
+
+        cgroup_ahead(plan)  # its move overlaps the imports and the run record below; released below if not taken
+    try:
+        return _run_plan(plan, session, backend_span=backend_span, console=console, events=events, detach=detach)
+    finally:
+        from poprun.backends._process.cgroup import release_ahead
+
+        release_ahead()
+
+
+def _run_plan(plan: LaunchPlan, session: Session, *, backend_span: SourceSpan | None, console: Console | None,
+              events: EventStream | None, detach: bool) -> int:
+    """:func:`_run` once the launch's cgroup is begun."""
     from poprun.backends.registry import default_registry
     from poprun.cli.run import run_plan
 
