@@ -11,6 +11,12 @@ be free. :func:`choose_port` picks at random among the free ports outside the ep
 that two runs started at once on one host get different ports; :func:`check_port` turns a port
 the user set that is taken into PR440 (or PR441 when only the hub's port is). :func:`master_port`
 decides an attempt's MASTER_PORT from the plan with them.
+
+On this machine a choice reads no socket list: listing ``/proc/net/tcp`` walks the kernel's whole
+socket table (milliseconds, however few sockets there are), so :func:`choose_port` tries the
+drawn ports by binding them instead (:func:`_bindable`: a bind without ``SO_REUSEADDR`` fails
+while any TCP socket, in any state, holds the port), and lists the sockets only when no draw
+is free.
 """
 
 from __future__ import annotations
@@ -117,6 +123,11 @@ def _socket(line: str, bound: dict[int, list[tuple[str, int]]]) -> None:
     bound.setdefault(port, []).append((_STATES.get(words[3].upper(), words[3]), inode))
 
 
+def _runs_here(backend: object, host: str) -> bool:
+    """Return whether ``host``'s instances run on this machine (it is this machine, or the backend's traits say all run here)."""
+    return traits_of(backend).all_here or is_this_machine(host)
+
+
 def _read_here() -> str:
     """Return what :data:`PORT_SCRIPT` prints, read on this machine without a shell."""
     parts = []
@@ -141,7 +152,7 @@ def read_ports(backend: object, host: str, *, environ: Mapping[str, str],
     say it runs every instance here: local, offline), the files are read here directly: no shell is started
     on the launch path.
     """
-    if traits_of(backend).all_here or is_this_machine(host):
+    if _runs_here(backend, host):
         try:
             return parse_ports(_read_here())
         except (OSError, ValueError):
@@ -176,6 +187,9 @@ def choose_port(backend: object, host: str, *, environ: Mapping[str, str], avoid
     (a backend without host commands, for another host; a host that does not answer), or none
     is free, the result keeps :data:`DEFAULT_PORT` and its reason says why.
     """
+    if rng is None and _runs_here(backend, host) and (port := _draw_here(avoid)) is not None:
+        return PortChoice(port=port, host=host, chosen=True,
+                          reason=f"chosen at apply time: free on {host} with popdist's hub port {port + 1}")
     ports = read_ports(backend, host, environ=environ)
     if isinstance(ports, str):
         return PortChoice(port=DEFAULT_PORT, host=host, chosen=False,
@@ -201,6 +215,54 @@ def choose_port(backend: object, host: str, *, environ: Mapping[str, str], avoid
         port = rng.choice(every) if rng is not None else every[_urandom_below(len(every))]
     return PortChoice(port=port, host=host, chosen=True,
                       reason=f"chosen at apply time: free on {host} with popdist's hub port {port + 1}")
+
+
+def _draw_here(avoid: Collection[int]) -> int | None:
+    """
+    Return a port P of this machine that :func:`choose_port` would take, tried by binding P and P+1; None if no draw is.
+
+    The draws are :func:`choose_port`'s (at least :data:`LOWEST`, P+1 at most :data:`HIGHEST` + 1,
+    outside the ephemeral range, away from ``avoid`` and their hubs); None too when the
+    ephemeral range cannot be read (not Linux): then the sockets are listed.
+    """
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as file:  # noqa: PTH123 - start-up
+            words = file.read().split()
+        low, high = int(words[0]), int(words[1])
+    except (OSError, ValueError, IndexError):
+        return None
+    blocked = {p for a in avoid for p in (a, a + 1)}
+    for _ in range(_DRAWS):
+        p = LOWEST + _urandom_below(HIGHEST + 1 - LOWEST)
+        if not (p in blocked or p + 1 in blocked or (low <= p + 1 and p <= high)) and _bindable(p) and _bindable(p + 1):
+            return p
+    return None
+
+
+def _bindable(port: int) -> bool:
+    """
+    Return whether a TCP socket of this machine could bind ``port`` now: no socket holds it, in any state.
+
+    Without ``SO_REUSEADDR`` a bind fails while any TCP socket is bound to the port (listening,
+    connected, in TIME_WAIT, or only bound), on any address; the socket is dual-stack (IPv4 and
+    IPv6) where IPv6 is there. ``_socket``, not ``socket``, whose import costs start-up.
+    """
+    import _socket
+
+    try:
+        sock = _socket.socket(_socket.AF_INET6, _socket.SOCK_STREAM)
+        address: tuple[str, int] = ("::", port)
+    except OSError:  # no IPv6
+        sock, address = _socket.socket(_socket.AF_INET, _socket.SOCK_STREAM), ("0.0.0.0", port)  # noqa: S104
+    try:
+        if sock.family == _socket.AF_INET6:
+            sock.setsockopt(_socket.IPPROTO_IPV6, _socket.IPV6_V6ONLY, 0)
+        sock.bind(address)
+    except OSError:
+        return False
+    finally:
+        sock.close()
+    return True
 
 
 def check_port(backend: object, host: str, port: int, *, environ: Mapping[str, str],

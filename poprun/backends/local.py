@@ -26,6 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 
+from poprun.backends._process.cgroup import Cgroup
 from poprun.backends._process.instance import (
     DEFAULT_GRACE_S,
     abandon,
@@ -57,7 +58,23 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import ClassVar
 
-__all__ = ["LocalBackend", "LocalLaunch"]
+__all__ = ["LocalBackend", "LocalLaunch", "cgroup_ahead"]
+
+_STARTS_HERE = ("local", "offline")  # this module's backends: the launch starts every instance in this process
+
+
+def cgroup_ahead(plan: LaunchPlan) -> None:
+    """
+    Make the launch's cgroup and begin moving poprun into it now, when ``plan``'s backend is local or offline.
+
+    For a caller that has work to do before the launch (the run record, the apply step's preparation): the
+    kernel's wait in the move (:mod:`poprun.backends._process.cgroup`) then overlaps that work
+    instead of delaying the instances' start. The launch's watchdog takes the cgroup; once the
+    launch is over, :func:`~poprun.backends._process.cgroup.release_ahead` leaves and removes
+    one that no launch took (nothing started).
+    """
+    if plan.backend.name in _STARTS_HERE:
+        Cgroup.ahead()
 
 
 def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:

@@ -25,6 +25,7 @@ from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import Control, apply
+from poprun.backends._process.cgroup import release_ahead
 from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.registry import BackendRegistry
 from poprun.cli.log import Log
@@ -244,7 +245,12 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
     control = Control()
     console.on_broken = control.output_closed
     environ = os.environ if env_source is None else env_source
-    record = record if record is not None else _record(environ, console, started)
+    _cgroup_ahead(plan, environ)  # its move overlaps the record's making and the launch's preparation (start-up)
+    try:
+        record = record if record is not None else _record(environ, console, started)
+    except BaseException:
+        release_ahead()
+        raise
     try:
         with _handling_signals(control, first=console.stopped):
             result = apply(plan, sink=console, registry=registry, env_source=env_source, control=control,
@@ -253,6 +259,7 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
                 stops = len(control.signals)
                 events.drain(stop=lambda: len(control.signals) > stops)
     finally:
+        release_ahead()  # a cgroup made ahead that no launch took
         console.close()
         if events is not None:
             events.close()
@@ -269,6 +276,19 @@ def run_plan(plan: LaunchPlan, *, registry: BackendRegistry | None = None,
                 sys.stdout.flush()
         _to_stderr(console, text)
     return exit_status(result, failed_output=bool(console.failed))
+
+
+def _cgroup_ahead(plan: LaunchPlan, environ: Mapping[str, str]) -> None:
+    """
+    Begin the launch's cgroup ahead (:func:`poprun.backends.local.cgroup_ahead`).
+
+    Not for a launch with a partition step: its tools (``vipu``) would begin in the launch's cgroup.
+    """
+    from poprun.apply.partition import wanted
+    from poprun.backends.local import cgroup_ahead
+
+    if not wanted(plan, environ):
+        cgroup_ahead(plan)
 
 
 def _both(events: EventStream, reporter: _Reporter) -> Callable[[Event], None]:

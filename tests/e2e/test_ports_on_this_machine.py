@@ -112,3 +112,43 @@ def test_two_choices_at_once_differ_and_never_share_a_hub():
     second = choose_port(LocalBackend(), "localhost", environ=os.environ, avoid=(first.port,))
 
     assert not {first.port, first.port + 1} & {second.port, second.port + 1}
+
+
+def test_a_choice_here_tries_ports_by_binding_and_skips_held_ones(monkeypatch):
+    """Without a given source, ports held in any state (listening, established, TIME_WAIT, IPv6) are passed over; no socket list is read."""
+    from poprun.apply import ports as module
+
+    # GIVEN a listener on A; B connected (listener gone); C in TIME_WAIT; D held by an IPv6 listener
+    a, b, c = (socket.socket() for _ in range(3))
+    d = socket.socket(socket.AF_INET6) if socket.has_ipv6 else socket.socket()
+    kept = []
+    try:
+        for sock in (a, b, c):
+            sock.bind(("127.0.0.1", free_pair()))
+            sock.listen()
+        d.bind(("::1" if d.family == socket.AF_INET6 else "127.0.0.1", free_pair()))
+        d.listen()
+        for server in (b, c):
+            client = socket.create_connection(server.getsockname())
+            accepted, _ = server.accept()
+            kept += [client, accepted]
+            server.close()
+        held = [a.getsockname()[1], kept[1].getsockname()[1], kept[3].getsockname()[1], d.getsockname()[1]]
+        kept[3].close()  # C's accepted side closes first, then its peer: port C goes to TIME_WAIT
+        kept[2].close()
+        time.sleep(0.05)
+        free = free_pair()
+        draws = iter([p - LOWEST for p in held] + [p - 1 - LOWEST for p in held] + [free - LOWEST])
+        monkeypatch.setattr(module, "_urandom_below", lambda _n: next(draws))
+        monkeypatch.setattr(module, "_read_here", lambda: pytest.fail("the socket list was read"))
+
+        # WHEN
+        choice = choose_port(LocalBackend(), "localhost", environ=os.environ)
+
+        # THEN each held port, and the port before it (whose hub it is), was passed over
+        assert (free, True) == (choice.port, choice.chosen)
+        assert f"chosen at apply time: free on localhost with popdist's hub port {free + 1}" == choice.reason
+        assert [False] * 4 == [module._bindable(p) for p in held]
+    finally:
+        for sock in (a, b, c, d, *kept):
+            sock.close()

@@ -76,3 +76,50 @@ def test_pruning_old_runs_imports_nothing_heavy(tmp_path: Path) -> None:
 
     assert (0, []) == (status, sorted(modules.intersection(HEAVY)))
     assert 1 == len(list(runs.iterdir()))
+
+
+def _own_cgroup_directory() -> Path | None:
+    """Return this process's cgroup v2 directory when a child cgroup can be made there, else None."""
+    from poprun.backends._process.cgroup import Cgroup
+
+    probe = Cgroup.make()
+    if probe is None:
+        return None
+    probe.remove()
+    return Path(probe.parent)
+
+
+@pytest.mark.parametrize(("program", "status"), [
+    (("sh", "-c", "cat /proc/self/cgroup"), 0),
+    (("no-such-program-here",), 127),
+], ids=["a-launch", "nothing-started"])
+def test_the_cgroup_made_ahead_is_the_launchs_and_none_is_left(tmp_path: Path, program: tuple[str, ...],
+                                                                status: int) -> None:
+    """
+    poprun makes its launch's cgroup as the run begins (its move overlaps the record's making).
+
+    The instance runs in it, and afterwards no cgroup of poprun's is left, also when nothing
+    started (the program is missing): poprun runs in a cgroup of this test's own, so that
+    other launches on the machine do not count.
+    """
+    parent = _own_cgroup_directory()
+    if parent is None:
+        pytest.skip("no cgroup can be made here (cgroup v2 not writable, or POPRUN_CGROUP=0)")
+    mine = parent / f"startup-test-{os.getpid()}-{status}"
+    mine.mkdir()
+    try:
+        # WHEN poprun runs in a cgroup of this test's own
+        result = subprocess.run(["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec "$@"', str(mine), sys.executable,
+                                 "-m", "poprun.cli.main", "--offline-mode=1", *program], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=30, check=False,
+                                env={**os.environ, "POPRUN_RUNS_DIR": str(tmp_path / "runs")})
+
+        # THEN
+        ran_in = [line[3:] for line in result.stdout.splitlines() if line.startswith("0::")]
+        assert status == result.returncode, result.stderr
+        assert [] == [p.name for p in mine.iterdir() if p.is_dir()]
+        assert "" == (mine / "cgroup.procs").read_text()
+        if status == 0:
+            assert (mine.name, "poprun-") == (Path(ran_in[0]).parent.name, Path(ran_in[0]).name[:7])
+    finally:
+        mine.rmdir()

@@ -16,8 +16,16 @@ launch, and from the watchdog when poprun dies. Only the directory this launch m
 removed (with the empty cgroups that nested launches left in it), by its record here.
 
 The price is one move of poprun into the cgroup per launch: the kernel makes the first move
-after a quiet while wait for an RCU grace period (a few ms, more on a busy machine), before
-the instances can start. ``POPRUN_CGROUP=0`` makes no cgroup (and keeps the limit above).
+after a quiet while wait for an RCU grace period (5-15 ms here, more on a busy machine), before
+the instances can start. So a launch that will start its instances here (the local and
+offline backends) makes its cgroup ahead (:meth:`Cgroup.ahead`, as the run begins): a thread
+moves poprun in while the main thread makes the run record and prepares the launch, and the
+next :meth:`Cgroup.make` (the launch's watchdog) takes that cgroup; :func:`release_ahead`
+leaves and removes one that no launch took. Whatever poprun starts meanwhile begins inside too
+(the watchdog among them; its clean-up leaves the cgroup before it kills it). A poprun killed
+in those milliseconds before its watchdog starts (SIGKILL, or SIGTERM before its handlers are
+set) leaves the empty cgroup's directory (nothing runs in it). ``POPRUN_CGROUP=0`` makes no
+cgroup (and keeps the limit above).
 """
 
 from __future__ import annotations
@@ -26,9 +34,14 @@ import contextlib
 import os
 import time
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from threading import Thread
+
 SWITCH = "POPRUN_CGROUP"  # "0": make no cgroup (moving poprun in costs one RCU grace period, some ms)
 _KILL_WAIT_S = 1.0  # the longest kill() waits for the cgroup to empty
 _own: list[str | None] = []  # this process's own cgroup directory, once looked up
+_ahead: list[Cgroup] = []  # the cgroup Cgroup.ahead() made, until Cgroup.make() takes it or release_ahead()
 
 
 def _own_directory() -> str | None:
@@ -69,10 +82,17 @@ class Cgroup:
     def __init__(self, path: str, parent: str) -> None:
         self.path, self.parent = path, parent
         self._inside = False
+        self._mover: Thread | None = None  # the thread moving this process in (ahead()), until joined
 
     @classmethod
     def make(cls) -> Cgroup | None:
-        """Make a new cgroup under this process's own; return it, or None where that cannot be done (or ``POPRUN_CGROUP=0``)."""
+        """
+        Make a new cgroup under this process's own; return it, or None where that cannot be done (or ``POPRUN_CGROUP=0``).
+
+        The cgroup :meth:`ahead` made, when there is one, is returned instead (once).
+        """
+        if _ahead:
+            return _ahead.pop()
         parent = None if os.environ.get(SWITCH) == "0" else _own_directory()
         if parent is None:
             return None
@@ -87,8 +107,57 @@ class Cgroup:
             return None
         return made
 
+    @classmethod
+    def ahead(cls) -> Cgroup | None:
+        """
+        Make the next launch's cgroup now and begin moving this process into it in a thread; return it, or None.
+
+        The next :meth:`make` returns it; until then what this process starts begins inside it
+        once the move is made. :meth:`enter` and :meth:`leave` wait for the move. Where no
+        launch takes it, :func:`release_ahead` leaves and removes it.
+        """
+        if _ahead:
+            return _ahead[0]
+        made = cls.make()
+        if made is not None:
+            _ahead.append(made)  # first: release_ahead() then undoes it, whatever a stop signal interrupts
+            made.begin_entering()
+        return made
+
+    def begin_entering(self) -> None:
+        """
+        Begin :meth:`enter` in a thread (the move may wait for an RCU grace period); :meth:`enter` waits for it.
+
+        The thread starts with the stop signals blocked (SIGINT, SIGTERM, SIGHUP), as the launch's
+        own threads do: they reach the main thread, whose handlers stop the launch.
+        """
+        import signal
+        from threading import Thread
+
+        if not self._inside:
+            self._inside = True  # as in enter(): inside before the write
+            self._mover = Thread(target=self._move_in, name="poprun-cgroup", daemon=True)
+            held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+            try:
+                self._mover.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+    def _move_in(self) -> None:
+        try:
+            _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+        except OSError:
+            self._inside = False
+
+    def _moved(self) -> None:
+        """Wait for the move :meth:`ahead` began, if it is under way."""
+        if self._mover is not None:
+            self._mover.join()
+            self._mover = None
+
     def enter(self) -> bool:
         """Move this process into the cgroup (what it starts then begins inside); return whether it is inside."""
+        self._moved()
         if not self._inside:
             # inside before the write: a stop signal's handler may raise right after the (slow) move,
             # and kill() must then not take poprun for outside
@@ -102,6 +171,7 @@ class Cgroup:
 
     def leave(self) -> None:
         """Move this process back to its own cgroup (what it started stays inside)."""
+        self._moved()
         if self._inside:
             _write(os.path.join(self.parent, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
             self._inside = False
@@ -122,7 +192,15 @@ class Cgroup:
                 time.sleep(0.001)
 
     def remove(self) -> None:
-        """Remove the cgroup, and the empty cgroups left in it (nested launches); a busy one stays."""
+        """Remove the cgroup, and the empty cgroups left in it (nested launches); a busy one stays. This process leaves it first."""
+        with contextlib.suppress(OSError):
+            self.leave()
         for folder, _, _ in os.walk(self.path, topdown=False):
             with contextlib.suppress(OSError):
                 os.rmdir(folder)  # noqa: PTH106 - cgroupfs: rmdir removes an empty cgroup, files and all
+
+
+def release_ahead() -> None:
+    """Leave and remove the cgroup :meth:`Cgroup.ahead` made when no launch took it (nothing of a launch is in it)."""
+    if _ahead:
+        _ahead.pop().remove()

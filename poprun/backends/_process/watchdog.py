@@ -26,9 +26,10 @@ command line makes itself a child subreaper (:func:`become_subreaper`), so such 
 re-parented to poprun when its parent dies, and the end of each launch kills and reaps every
 process re-parented to poprun since the launch began (:func:`kill_adopted`). Where cgroup v2
 is writable, each watchdog also makes a cgroup for its launch (:mod:`poprun.backends._process.cgroup`;
-the watchdog itself stays outside it): :func:`starting_in` has what poprun starts in the
-group begin in that cgroup too, and ``cgroup.kill`` ends it with the group, at the end of
-the launch and from the clean-up when poprun dies; so even such a descendant outlives no one.
+the watchdog itself begins outside it, or inside when the cgroup was made ahead): :func:`starting_in`
+has what poprun starts in the group begin in that cgroup too, and ``cgroup.kill`` ends it with
+the group, at the end of the launch and from the clean-up when poprun dies (whose forked child
+moves itself out of the cgroup first); so even such a descendant outlives no one.
 
 Known limits: without a writable cgroup v2, a process that leaves the group and outlives
 poprun's own SIGKILL is out of reach; so are the instances if the watchdog itself
@@ -62,8 +63,9 @@ from poprun.core.process import start_time
 _SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null; read -r _; '
            'p=$1; c=$2; shift 2; exec "$p" -I -S -c "$c" "$@"')
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
-# killing it (the watchdog, now this Python, goes with the instances), kills the group and the
-# cgroup (the watchdog is not in it), removes the cgroup once empty, kills every process whose
+# killing it (the watchdog, now this Python, goes with the instances), kills the group, leaves
+# the cgroup (the watchdog began in it when the cgroup was made ahead: see cgroup.py) and kills
+# it, removes the cgroup once empty, kills every process whose
 # command line names the ssh backend's socket directory among the paths (its shared connections,
 # which ssh moves out of every group), then removes the paths.
 _CLEANUP = """\
@@ -75,6 +77,11 @@ if os.fork() == 0:
     os.killpg(group, signal.SIGKILL)
     cgroup = sys.argv[1]
     if cgroup:
+        try:
+            with open(os.path.dirname(cgroup) + "/cgroup.procs", "w") as file:
+                file.write(str(os.getpid()))
+        except OSError:
+            pass
         try:
             with open(cgroup + "/cgroup.kill", "w") as file:
                 file.write("1")

@@ -131,6 +131,22 @@ def _run(plan: LaunchPlan, session: Session, backends: OnDemand, *, backend_span
     before the run's supervisor is forked: the supervisor opens its own, and the command, which
     ends first, closes nothing the run uses.
     """
+    if not detach and (plan.offline or plan.partition is None):  # no partition step (start-up: see cgroup_ahead)
+        from poprun.backends.local import cgroup_ahead
+
+        cgroup_ahead(plan)  # its move overlaps the imports and the run record below; released below if not taken
+    try:
+        return _run_plan(plan, session, backends, backend_span=backend_span, console=console, events=events,
+                         detach=detach)
+    finally:
+        from poprun.backends._process.cgroup import release_ahead
+
+        release_ahead()
+
+
+def _run_plan(plan: LaunchPlan, session: Session, backends: OnDemand, *, backend_span: SourceSpan | None,
+              console: Console | None, events: EventStream | None, detach: bool) -> int:
+    """:func:`_run` once the launch's cgroup is begun."""
     from poprun.cli.run import run_plan
 
     registry = backends()
