@@ -68,8 +68,9 @@ from poprun.core.events import (
     Stopping,
     Teardown,
 )
+from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.localhost import is_this_machine
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, Attempt, exit_status, signal_name
+from poprun.core.outcome import ApplyError, ApplyResult, Attempt, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
