@@ -129,9 +129,25 @@ CODES: dict[str, str] = {
     "PR422": "mpirun could not start on a host",
     "PR423": "not enough slots for mpirun",
     "PR425": "instance loads MPI without an MPI launcher",
+    "PR426": "program not found",
+    "PR427": "program not executable",
+    "PR428": "program could not be started",
+    "PR429": "not enough open files for the instances",
     "PR430": "output files cannot be written safely",
+    "PR431": "host is not this machine",
+    "PR432": "planned CPUs not available here",
+    "PR433": "instance cannot start as planned",
+    "PR434": "a process poprun needs could not start",
+    "PR435": "output files cannot be made",
+    "PR436": "not inside a Slurm allocation",
+    "PR437": "srun not found",
+    "PR438": "instances too large for srun's environment",
+    "PR439": "command could not run on a host",
     "PR440": "port already in use",
     "PR441": "popdist's hub port already in use",
+    "PR442": "no SSH key to distribute",
+    "PR443": "SSH key could not be made",
+    "PR444": "ssh-copy-id refused",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",
@@ -247,15 +263,17 @@ class PreflightError(LaunchError):
 
 
 def launch_error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
-                 status: int = CANNOT_LAUNCH) -> LaunchError:
+                 status: int = CANNOT_LAUNCH, coded: bool = False) -> LaunchError:
     """
     Return the :class:`LaunchError` of one coded problem: its message is ``detail``, in one line.
 
-    ``detail`` is the line a caller that shows no diagnostics tells (a restart that could not
-    start, a command on a host); the user sees the diagnostic (code, place, detail and hint).
+    The message is what a caller that shows no diagnostics tells (a restart that could not
+    start); the user otherwise sees the diagnostic (code, place, detail and hint). ``coded``:
+    the message is ``CODE: SUMMARY: DETAIL``, as a command run on a host
+    (:meth:`~poprun.backends.base.HostCommands.run_on_host`) tells why it could not run.
     """
-    return LaunchError(detail, status=status,
-                       diagnostics=(error(code, summary, detail=detail, span=span, hint=hint),))
+    problem = error(code, summary, detail=detail, span=span, hint=hint)
+    return LaunchError(f"{code}: {summary}: {detail}" if coded else detail, status=status, diagnostics=(problem,))
 
 
 class Diagnostics:

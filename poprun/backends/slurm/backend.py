@@ -77,11 +77,13 @@ from poprun.backends.base import (
     ApplyResult,
     FormatRequest,
     InstanceEnded,
-    LaunchError,
     OutputSink,
     PlanFormat,
     TemporaryCache,
 )
+from poprun.backends.slurm.hostcommand import outside_allocation, srun_missing
+from poprun.core.diagnostic import launch_error
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
 
@@ -397,16 +399,21 @@ class SlurmBackend:
         source = dict(env_source)
         job = source.get("SLURM_JOB_ID", "")
         if not job:
-            raise LaunchError("the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: "
-                              "run poprun under salloc or sbatch, or use 'poprun submit'")
+            raise outside_allocation("the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: "
+                                     "run poprun under salloc or sbatch, or use 'poprun submit'")
         srun = which("srun", source.get("PATH", os.defpath))
         if srun is None:
-            raise LaunchError("srun not found on PATH: the slurm backend needs Slurm's client commands",
-                              status=NOT_FOUND)
+            raise srun_missing("srun not found on PATH: the slurm backend needs Slurm's client commands",
+                               status=NOT_FOUND)
         payload = encode_instances(plan, cache)
         if len(payload) > MAX_PAYLOAD:
-            raise LaunchError(f"the plan's {len(plan.instances)} instances take {len(payload)} bytes, more than "
-                              f"the environment carries ({MAX_PAYLOAD}): use fewer instances or variables")
+            raise launch_error("PR438", "instances too large for srun's environment",
+                               detail=f"the plan's {len(plan.instances)} instances take {len(payload)} bytes, more "
+                                      f"than the environment carries ({MAX_PAYLOAD}): use fewer instances or variables",
+                               span=SourceSpan.environment(LAUNCH),
+                               hint="every task of the srun step reads its instance (argv, working directory, "
+                                    "variables) from one variable of at most 128 KiB: use fewer instances, shorter "
+                                    "arguments or fewer -x variables, or another backend")
         name = f"poprun-{secrets.token_hex(4)}"
         folder = private_directory("poprun-slurm-")
         hostfile = Path(folder, "hosts")
