@@ -149,7 +149,7 @@ def start_instance(instance: Instance, env: dict[str, str], program: str, group:
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
         code, summary, hint = _EXEC_FAILURES[status.get(exc.errno or 0, CANNOT_LAUNCH)]
         raise launch_error(code, summary, detail=f"cannot run '{instance.argv[0]}': {exc.strerror}",
-                           span=SourceSpan.environment(program), hint=hint,
+                           span=SourceSpan.environment(instance.argv[0]), hint=hint,
                            status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
     finally:
         if restart:  # the launch runs: nothing else moves poprun out of its cgroup
