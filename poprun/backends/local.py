@@ -189,7 +189,7 @@ class LocalBackend:
         if not is_this_machine(host):
             raise launch_error("PR431", "host is not this machine",
                                detail=f"host '{host}' is not this machine: the local backend runs commands here only",
-                               span=SourceSpan.environment(f"host {host}"), hint=_NOT_HERE_HINT, coded=True)
+                               span=SourceSpan.environment(f"host {host}"), hint=_NOT_HERE_HINT)
         return run_here(script, environ=environ, timeout_s=timeout_s)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,

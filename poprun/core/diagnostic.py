@@ -263,17 +263,15 @@ class PreflightError(LaunchError):
 
 
 def launch_error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
-                 status: int = CANNOT_LAUNCH, coded: bool = False) -> LaunchError:
+                 status: int = CANNOT_LAUNCH) -> LaunchError:
     """
     Return the :class:`LaunchError` of one coded problem: its message is ``detail``, in one line.
 
     The message is what a caller that shows no diagnostics tells (a restart that could not
-    start); the user otherwise sees the diagnostic (code, place, detail and hint). ``coded``:
-    the message is ``CODE: SUMMARY: DETAIL``, as a command run on a host
-    (:meth:`~poprun.backends.base.HostCommands.run_on_host`) tells why it could not run.
+    start, a command on a host that could not run: :mod:`poprun.apply.hostrun`); the user
+    otherwise sees the diagnostic (code, place, detail and hint).
     """
-    problem = error(code, summary, detail=detail, span=span, hint=hint)
-    return LaunchError(f"{code}: {summary}: {detail}" if coded else detail, status=status, diagnostics=(problem,))
+    return LaunchError(detail, status=status, diagnostics=(error(code, summary, detail=detail, span=span, hint=hint),))
 
 
 class Diagnostics:

@@ -151,5 +151,5 @@ def run_here(script: str, *, environ: Mapping[str, str], timeout_s: float) -> tu
     except OSError as exc:
         from poprun.backends._process.instance import helper_failed
 
-        raise helper_failed(exc, "/bin/sh", f"cannot run /bin/sh here: {exc.strerror}", coded=True) from exc
+        raise helper_failed(exc, "/bin/sh", f"cannot run /bin/sh here: {exc.strerror}") from exc
     return status, out

@@ -44,16 +44,15 @@ _EXEC_FAILURES = {  # poprun's status when the program's exec fails -> code, sum
 }
 
 
-def helper_failed(exc: OSError, what: str, message: str | None = None, *, coded: bool = False) -> LaunchError:
+def helper_failed(exc: OSError, what: str, message: str | None = None) -> LaunchError:
     """
     Return PR434: ``what``, a process poprun runs itself (its watchdog, mpirun, srun, ssh, /bin/sh), could not start.
 
-    ``message`` is the line told (default: the error's own words); ``coded``: a command on a
-    host, whose message carries the code (:func:`~poprun.core.diagnostic.launch_error`).
+    ``message`` is the line told (default: the error's own words).
     """
     return launch_error("PR434", "a process poprun needs could not start",
                         detail=message if message is not None else str(exc.strerror),
-                        span=SourceSpan.environment(what), coded=coded,
+                        span=SourceSpan.environment(what),
                         hint=f"poprun starts {what} itself: check that it is installed and runs here, and that this "
                              "machine allows more processes and open files (ulimit -u, ulimit -n)")
 

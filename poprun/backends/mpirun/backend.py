@@ -434,7 +434,7 @@ class MpirunBackend:
         if self._remote is None:
             raise launch_error("PR439", "command could not run on a host",
                                detail=f"cannot run a command on {host}: this mpirun backend was made without a way "
-                                      "to reach other hosts", span=SourceSpan.environment(f"host {host}"), coded=True,
+                                      "to reach other hosts", span=SourceSpan.environment(f"host {host}"),
                                hint="make the backend with remote= (the registry's mpirun backend reaches other "
                                     "hosts as the ssh backend does)")
         if self._reach is None:

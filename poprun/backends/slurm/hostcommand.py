@@ -30,26 +30,26 @@ _DROPPED = ("SLURM_HOSTFILE", "POPRUN_SLURM_LAUNCH", "SLURM_DISTRIBUTION")  # th
 __all__ = ["host_command", "outside_allocation", "run_on_host", "srun_missing"]
 
 
-def outside_allocation(detail: str, *, coded: bool = False) -> LaunchError:
+def outside_allocation(detail: str) -> LaunchError:
     """Return PR436: SLURM_JOB_ID is not set, so there is no allocation to run in (``detail``: the line told)."""
     return launch_error("PR436", "not inside a Slurm allocation", detail=detail,
-                        span=SourceSpan.environment("SLURM_JOB_ID"), coded=coded,
+                        span=SourceSpan.environment("SLURM_JOB_ID"),
                         hint="run poprun inside an allocation (salloc, or a batch script given to sbatch), or let "
                              "'poprun submit' make one; or use another backend (--backend local or ssh)")
 
 
-def srun_missing(detail: str, *, status: int = CANNOT_LAUNCH, coded: bool = False) -> LaunchError:
+def srun_missing(detail: str, *, status: int = CANNOT_LAUNCH) -> LaunchError:
     """Return PR437: no ``srun`` on PATH (``detail``: the line told)."""
     return launch_error("PR437", "srun not found", detail=detail, span=SourceSpan.environment("PATH"),
-                        status=status, coded=coded,
+                        status=status,
                         hint="install Slurm's client commands (Debian: apt-get install slurm-client) or put their "
                              "directory on PATH")
 
 
 def _unreachable(host: str, detail: str, hint: str) -> LaunchError:
-    """Return PR439: the command could not run on node ``host`` (its message carries the code)."""
+    """Return PR439: the command could not run on node ``host``."""
     return launch_error("PR439", "command could not run on a host", detail=detail,
-                        span=SourceSpan.environment(f"host {host}"), hint=hint, coded=True)
+                        span=SourceSpan.environment(f"host {host}"), hint=hint)
 
 
 def host_command(srun: str, host: str, timeout_s: float) -> list[str]:
@@ -69,11 +69,10 @@ def run_on_host(host: str, script: str, *, environ: Mapping[str, str], timeout_s
     if is_this_machine(host):
         return run_here(script, environ=environ, timeout_s=timeout_s)
     if not environ.get("SLURM_JOB_ID"):
-        raise outside_allocation(f"cannot run a command on {host}: SLURM_JOB_ID is not set (not inside an allocation)",
-                                 coded=True)
+        raise outside_allocation(f"cannot run a command on {host}: SLURM_JOB_ID is not set (not inside an allocation)")
     srun = which("srun", environ.get("PATH", os.defpath))
     if srun is None:
-        raise srun_missing(f"cannot run a command on {host}: srun not found on PATH", coded=True)
+        raise srun_missing(f"cannot run a command on {host}: srun not found on PATH")
     env = {k: v for k, v in environ.items() if k not in _DROPPED}
     if "/" in host or host.startswith("-") or not host.strip():
         raise _unreachable(host, f"{host!r} is not a node name",
@@ -82,7 +81,7 @@ def run_on_host(host: str, script: str, *, environ: Mapping[str, str], timeout_s
         status, out, err = run_script(host_command(srun, host, timeout_s), script, env=env, timeout_s=timeout_s,
                                       keep_stderr=True)
     except OSError as exc:
-        raise helper_failed(exc, "srun", f"cannot start srun: {exc.strerror}", coded=True) from exc
+        raise helper_failed(exc, "srun", f"cannot start srun: {exc.strerror}") from exc
     words = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
     if status not in (0, TIMED_OUT) and not out and any(w.startswith(("srun: error:", "srun: fatal:")) for w in words):
         said = next(w for w in words if w.startswith(("srun: error:", "srun: fatal:")))
