@@ -104,7 +104,7 @@ def test_this_machine_has_one_definition_for_the_planner_and_the_backends():
 
 def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
     """probe_topologies opens the host's connection through the launch's client: exactly the options a launch's ssh has (one option set)."""
-    from poprun.backends.ssh.backend import SshClient, ssh_options
+    from poprun.backends.ssh.client import SshClient, ssh_options
     from poprun.backends.ssh.probe import probe_topologies
 
     fake = tmp_path / "ssh"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from poprun.backends.ssh.backend import _greeting, _machine
+from poprun.backends.ssh.preflight import _greeting, _machine
 from poprun.render.outcome import render_failures
 from poprun.runs.report import result_of
 

@@ -15,7 +15,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from poprun.backends.base import LaunchError
-from poprun.backends.ssh.backend import _diagnose, environment_input, host_timeout, remote_command
+from poprun.backends.ssh.client import host_timeout
+from poprun.backends.ssh.preflight import _diagnose
+from poprun.backends.ssh.remote import environment_input, remote_command
 from poprun.backends.ssh.sshkey import key_to_distribute
 from poprun.core.record import evolve
 from poprun.planner.context import Context
@@ -297,7 +299,7 @@ def test_a_host_timeout_out_of_range_is_refused(value: str) -> None:
 
 def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Path) -> None:
     """A host '-oProxyCommand=...' (a hand-made plan) reaches the real ssh as a name after '--': nothing runs."""
-    from poprun.backends.ssh.backend import SshClient
+    from poprun.backends.ssh.client import SshClient
 
     planted = tmp_path / "pwned"
     client = SshClient(config=str(tmp_path / "no_config"))
@@ -314,7 +316,7 @@ def test_a_host_name_that_looks_like_an_option_is_never_read_as_one(tmp_path: Pa
 
 def test_a_login_greeting_without_a_newline_is_no_problem_and_stays_the_instances_output() -> None:
     """A shell that prints 'Welcome' (no newline) before the check: the host passed, and the greeting is kept."""
-    from poprun.backends.ssh.backend import _greeting
+    from poprun.backends.ssh.preflight import _greeting
 
     answer = "Welcome to pod9poprun-preflight ok\n"
 
@@ -337,7 +339,7 @@ def test_a_cache_whose_record_is_not_this_poprun_s_is_never_removed_on_a_host(tm
 def test_two_hosts_that_answer_from_one_machine_are_pr413_and_others_are_not(tmp_path: Path) -> None:
     """Which machine answered each check: the second name of one machine is PR413; no answer, or a different one, is fine."""
     from poprun.backends.conformance import probe_plan
-    from poprun.backends.ssh.backend import _machine, _one_machine
+    from poprun.backends.ssh.preflight import _machine, _one_machine
 
     plan = probe_plan("pass", tmp_path, backend="ssh", instances=4, hosts=("a", "b", "c", "d"))
     said = {host: _machine(f"motd\npoprun-preflight id {boot} net:[{net}]\npoprun-preflight ok\n".encode())

@@ -6,7 +6,7 @@ Layer: ``poprun.backends``; imports the ssh backend's client and diagnoses, and
 registry hands it an ssh backend): one way to reach a host, not two.
 
 On this machine the script runs with ``/bin/sh -s``. Elsewhere, through the backend's
-:class:`~poprun.backends.ssh.backend.SshClient` (batch mode, its connect timeout, ``-F
+:class:`~poprun.backends.ssh.client.SshClient` (batch mode, its connect timeout, ``-F
 $POPRUN_SSH_CONFIG``): the host's shared connection is opened first when there is none (so
 that a host that cannot be reached gets the preflight's own one-line reason, PR405-PR408), and
 the script goes through it on the session's standard input to ``sh -s``, bounded on the host
@@ -21,7 +21,8 @@ from collections.abc import Callable, Mapping
 
 from poprun.backends._process.hostscript import bounded_shell, run_here, run_script
 from poprun.backends.base import LaunchError
-from poprun.backends.ssh.backend import SshClient, _diagnose, _unreachable, ssh_options
+from poprun.backends.ssh.client import SshClient, ssh_options
+from poprun.backends.ssh.preflight import _diagnose, _unreachable
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.localhost import is_this_machine
 

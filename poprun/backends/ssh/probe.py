@@ -3,7 +3,7 @@ Other hosts' CPU topologies, read through ssh for placement (``SshBackend.probe_
 
 Layer: ``poprun.backends``; imports the ssh backend's client and ``poprun.planner.machine`` (what a
 topology is, and the script that prints one). The probe goes through an
-:class:`~poprun.backends.ssh.backend.SshClient`, as a launch does (the same options, its
+:class:`~poprun.backends.ssh.client.SshClient`, as a launch does (the same options, its
 fan-out window, its repeated probes): its connections are then the launch's, which follows
 in the same poprun, so that a host pays one key exchange, not two, and a host that could not
 be reached is not waited for twice.
@@ -19,7 +19,7 @@ import subprocess
 import time
 from collections.abc import Mapping
 
-from poprun.backends.ssh.backend import SshClient
+from poprun.backends.ssh.client import SshClient
 from poprun.planner.machine import DUMP_SCRIPT, HostTopology, from_dump
 
 PROBE_S = 4.0  # how long the probe waits for a host that says nothing (while none of the others does either)

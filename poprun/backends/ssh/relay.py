@@ -14,7 +14,7 @@ sqrt(N) key exchanges (times one per 8 sessions of a relay: sshd's ``MaxSessions
 relay makes those of its leaves, all relays at once.
 
 Nothing else changes: the leaf's session runs the very command a direct one would
-(:func:`~poprun.backends.ssh.backend.remote_command`), reads its variables, "G", heartbeats and
+(:func:`~poprun.backends.ssh.remote.remote_command`), reads its variables, "G", heartbeats and
 stops from its standard input, which the relay's ssh passes on, and its output comes back the
 same way. So every guarantee of a direct start holds: the environment is exact (values on
 standard input, never in a command line); the leaf's wrapper kills its program when its input

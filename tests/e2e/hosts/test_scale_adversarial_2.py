@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends.ssh import backend as ssh_backend
+from poprun.backends.ssh import client as ssh_client
 from tests.e2e.hosts.test_adversarial_ssh import GREETER, greeting_user  # noqa: F401 - a fixture
 from tests.e2e.hosts.test_scale_adversarial import cli, nothing_left_here
 from tests.testhosts import TestHosts
@@ -84,7 +84,7 @@ def test_clear_stale_leaves_symlinks_files_and_live_sockets(tmp_path: Path) -> N
     a plain file and a listening socket stay; the dead socket elsewhere is untouched."""
     import socket
 
-    client = ssh_backend.SshClient()
+    client = ssh_client.SshClient()
     try:
         directory = Path(client.directory)
         outside = tmp_path / "o.sock"
@@ -110,8 +110,8 @@ def test_clear_stale_leaves_symlinks_files_and_live_sockets(tmp_path: Path) -> N
 def test_close_of_one_client_kills_no_master_of_another(test_hosts: TestHosts) -> None:
     """Two clients in one process (two runs at once): closing one leaves the other's masters up."""
     env = test_hosts.env()
-    first = ssh_backend.SshClient(config=env["POPRUN_SSH_CONFIG"])
-    second = ssh_backend.SshClient(config=env["POPRUN_SSH_CONFIG"])
+    first = ssh_client.SshClient(config=env["POPRUN_SSH_CONFIG"])
+    second = ssh_client.SshClient(config=env["POPRUN_SSH_CONFIG"])
     try:
         assert first.connect([("h1", 0)], timeout_s=10) == {}
         assert second.connect([("h1", 0)], timeout_s=10) == {}
