@@ -20,8 +20,10 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
      ├── ProviderError ── UnreachableError, MalformedAnswerError, NotFoundError, ExistsError,
      │                    CapacityError, InUseError → PR5xx (poprun.partitions.provider)
      ├── OSError ── WatchdogError, RecordError  a record that cannot be made is a warning
-     └── ValueError ── HostlistError, InvalidValueError, PlacementError, ShapeError,
-                       RawBytesError: internal, each turned into a diagnostic where it is caught
+     ├── ValueError ── HostlistError, InvalidValueError, PlacementError, ShapeError,
+     │                 RawBytesError: internal, each turned into a diagnostic where it is caught
+     ├── AttributeError ── FrozenRecordError    a programmer's error: records are frozen
+     └── Refusal                                the V-IPU emulator's HTTP answer, not a failure
 
 - :class:`DiagnosticError` is what a stage raises once, at its end, with every problem it
   found (:class:`Diagnostics` collects them). Planning's exit with status 2
