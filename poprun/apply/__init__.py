@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -933,3 +934,16 @@ def _launch(backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, r
         raise relay.failed
     relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
     return result
+
+
+
+class _Package(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
+    """The package as ``from poprun import apply`` gives it: calling it is :func:`apply` (the ``poprun`` facade)."""
+
+    def __call__(self, plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
+                 env_source: Mapping[str, str] | None = None, control: Control | None = None,
+                 record: RunRecord | None = None) -> ApplyResult:
+        return apply(plan, sink=sink, registry=registry, env_source=env_source, control=control, record=record)
+
+
+sys.modules[__name__].__class__ = _Package
