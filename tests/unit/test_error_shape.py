@@ -158,3 +158,23 @@ def test_no_module_but_core_exitstatus_defines_a_status_constant():
                 defined += [f"{path.relative_to(ROOT)}: {n}" for n in names if any(w in n for w in words)]
 
     assert [] == defined
+
+
+def test_a_launch_error_met_outside_apply_exits_with_its_status(monkeypatch, capsys):
+    """The CLI's boundary: a LaunchError (a DiagnosticError) exits with its own status, never 2, and says why."""
+    from poprun.cli import main
+
+    raised = [LaunchError("POPRUN_HOST_TIMEOUT='abc' is not a number of seconds from 3 to 3600"),
+              launch_error("PR426", "program not found", detail="program 'x' not found (on PATH or in /)",
+                           span=SourceSpan.environment("PATH"), hint="install it", status=127)]
+
+    def failing(_args, _session):
+        raise raised.pop(0)
+
+    monkeypatch.setattr(main, "_dispatch", failing)
+    bare = (main.main(["true"]), capsys.readouterr().err)
+    coded = (main.main(["x"]), capsys.readouterr().err)
+
+    assert (125, "poprun: POPRUN_HOST_TIMEOUT='abc' is not a number of seconds from 3 to 3600\n") == bare
+    assert (127, ("error[PR426]: program not found\n  --> PATH\n   = program 'x' not found (on PATH or in /)\n"
+                  "   = hint: install it\n")) == coded
