@@ -15,8 +15,8 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
     Exception
      ├── DiagnosticError                        coded; exit 2 when planning, 125/126/127 at apply
      │    ├── UnknownBackendError (+KeyError)   PR400, PR402 (poprun.backends.registry)
-     │    └── LaunchError ── PreflightError     nothing ran; carries the status; PR405-PR413, PR420,
-     │                                          PR426-PR439, PR442-PR444, PR460-PR463
+     │    └── LaunchError ── PreflightError     nothing ran; carries the status (125, 126, 127) and
+     │                                          its PR4xx diagnostics (PR405-PR409 per host: preflight)
      ├── ProviderError ── UnreachableError, MalformedAnswerError, NotFoundError, ExistsError,
      │                    CapacityError, InUseError → PR5xx (poprun.partitions.provider)
      ├── OSError ── WatchdogError, RecordError  a record that cannot be made is a warning
@@ -26,18 +26,20 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
      └── Refusal                                the V-IPU emulator's HTTP answer, not a failure
 
 - :class:`DiagnosticError` is what a stage raises once, at its end, with every problem it
-  found (:class:`Diagnostics` collects them). Planning's exit with status 2
+  found (:class:`Diagnostics` collects them); the CLI exits with status 2 for it
   (:mod:`poprun.core.exitstatus`).
 - :class:`LaunchError` is what a backend raises from ``launch`` (or ``run_on_host``) when
   nothing of the plan runs: its ``status`` is poprun's (125, 126 or 127), its ``message`` one
   line (what ``str()`` gives, and what a restart that fails tells), its ``diagnostics`` the
   coded form shown to the user (:func:`launch_error` makes both from one diagnostic). The
   apply step maps it, at one boundary, to the result's
-  :class:`~poprun.core.outcome.ApplyError`. :class:`PreflightError` is one per host that
-  cannot run the plan (the ssh preflight).
+  :class:`~poprun.core.outcome.ApplyError`; met outside apply, the CLI exits with its status.
+  :class:`PreflightError` (the ssh preflight's) holds one diagnostic per host that cannot run
+  the plan.
 - The ``ValueError`` family is raised by pure functions that know no place; the caller that
   knows the place turns them into a diagnostic (``raise ... from exc``).
 """
+
 from __future__ import annotations
 
 import enum
