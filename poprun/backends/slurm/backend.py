@@ -83,6 +83,7 @@ from poprun.backends.base import (
 )
 from poprun.backends.slurm.hostcommand import outside_allocation, srun_missing
 from poprun.core.diagnostic import launch_error
+from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
@@ -99,8 +100,9 @@ LAUNCH = "POPRUN_SLURM_LAUNCH"
 MAX_PAYLOAD = 120_000  # bytes of POPRUN_SLURM_LAUNCH; Linux refuses a variable over 128 KiB (MAX_ARG_STRLEN)
 SRUN_PIECE = 1024  # srun --label cuts longer lines into pieces of this many bytes
 _SRUN_EXIT_S = 10.0  # after srun is told to kill the step: how long it has before its group is killed
-# The wrapper every task runs: its instance from POPRUN_SLURM_LAUNCH by SLURM_PROCID, then exec.
-WRAPPER = """\
+# The wrapper every task runs: its instance from POPRUN_SLURM_LAUNCH by SLURM_PROCID, then exec (the statuses
+# formatted in from poprun.core.exitstatus).
+WRAPPER = f"""\
 import base64, json, os, sys, zlib
 e = os.environ
 d = json.loads(zlib.decompress(base64.b64decode(e.pop("POPRUN_SLURM_LAUNCH"))))
@@ -126,7 +128,7 @@ if i["cache"]:
 try:
     os.chdir(i["cwd"])
 except OSError as x:
-    fail(125, "no working directory %s (%s)" % (i["cwd"], x.strerror))
+    fail({CANNOT_LAUNCH}, "no working directory %s (%s)" % (i["cwd"], x.strerror))
 a = i["argv"]
 p = a[0]
 if "/" not in p and os.access(p, os.X_OK) and not any(
@@ -135,9 +137,9 @@ if "/" not in p and os.access(p, os.X_OK) and not any(
 try:
     os.execvpe(p, a, e)
 except FileNotFoundError:
-    fail(127, "program '%s' not found" % a[0])
+    fail({NOT_FOUND}, "program '%s' not found" % a[0])
 except OSError as x:
-    fail(126, "cannot run '%s': %s" % (a[0], x.strerror))
+    fail({NOT_EXECUTABLE}, "cannot run '%s': %s" % (a[0], x.strerror))
 """
 _LABEL = re.compile(rb" *(\d+): ")
 _STEP_NOTE = re.compile(rb"slurmstepd(?:-\S+)?: error: \*\*\* (?:STEP|JOB) .* \*\*\*")
