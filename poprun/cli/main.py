@@ -44,7 +44,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         session.report(tuple(exc.diagnostics))
         return exitcode.USAGE
     except KeyboardInterrupt:
-        return 130
+        return exitcode.INTERRUPTED
     except Exception as exc:  # a bug: one line, and the traceback only when asked for
         if os.environ.get("POPRUN_DEBUG"):
             raise

@@ -147,7 +147,8 @@ def test_exit_statuses_have_one_definition():
 def test_no_module_but_core_exitstatus_defines_a_status_constant():
     """No module assigns 1, 2 or 124-143 to an upper-case name of a status; they import core.exitstatus."""
     statuses = {1, 2, *range(124, 144)}
-    words = ("LAUNCH", "FOUND", "EXECUTABLE", "TIMED_OUT", "BROKEN", "NOT_NOW", "USAGE", "FAILURE", "INTERRUPTED")
+    words = ("LAUNCH", "FOUND", "EXECUTABLE", "TIMED_OUT", "BROKEN", "NOT_NOW", "USAGE", "FAILURE", "INTERRUPTED",
+             "SIGNALLED")
     defined = []
     for path in sorted([*POPRUN.rglob("*.py")]):
         if path == POPRUN / "core" / "exitstatus.py":

@@ -353,7 +353,7 @@ def _attach(run_id: str, path: str) -> int:
         console.close()
         sys.stderr.write(f"poprun: detached from {run_id}: it goes on running ('poprun attach {run_id}' "
                          f"to come back, 'poprun stop {run_id}' to stop it)\n")
-        return 130
+        return exitcode.INTERRUPTED
     finally:
         console.close()
     return _ending_status(run_id, path)
