@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import sys
 import time
 from collections.abc import Iterator, Mapping
 
@@ -47,7 +48,8 @@ from poprun.backends.base import EventSink, TemporaryCache
 from poprun.backends.registry import BackendRegistry, default_registry
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.events import RunEnded, RunStarted, Teardown
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyError, ApplyResult, exit_status, signal_name
+from poprun.core.exitstatus import CANNOT_LAUNCH
+from poprun.core.outcome import ApplyError, ApplyResult, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
 from poprun.runs.record import RUN_ID, RunRecord, new_id
@@ -186,3 +188,15 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
     finally:
         if plan.cache.remove_at_exit:
             remove_directories([path])
+
+
+class _Package(type(sys)):  # type: ignore[misc]  # types.ModuleType, without importing types
+    """The package as ``from poprun import apply`` gives it: calling it is :func:`apply` (the ``poprun`` facade)."""
+
+    def __call__(self, plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None = None,
+                 env_source: Mapping[str, str] | None = None, control: Control | None = None,
+                 record: RunRecord | None = None) -> ApplyResult:
+        return apply(plan, sink=sink, registry=registry, env_source=env_source, control=control, record=record)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -24,7 +24,8 @@ from collections.abc import Callable, Iterator
 
 from poprun.backends.base import Backend, Launch, LaunchError, accepts_keyword
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult
+from poprun.core.exitstatus import CANNOT_LAUNCH, LAUNCH_STATUSES
+from poprun.core.outcome import ApplyResult
 from poprun.core.span import SourceSpan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -40,7 +41,6 @@ NO_PLUGINS = "POPRUN_NO_PLUGINS"
 # BaseExceptions a plugin raises itself (poprun's own stop, apply's Stopped, is none of these and passes on)
 CAUGHT = (Exception, SystemExit, KeyboardInterrupt, GeneratorExit)
 _ASKED_BEFORE_LAUNCH = ("prepare", "run_on_host")  # optional methods apply calls before launch (the port plan)
-_LAUNCH_STATUSES = (125, 126, 127)  # what LaunchError may carry (design.md section 3)
 
 
 def span(name: str) -> SourceSpan:
@@ -229,7 +229,7 @@ class GuardedBackend:
         try:
             launch = self._backend.launch(plan, **arguments)  # type: ignore[attr-defined]
         except LaunchError as exc:
-            if exc.status not in _LAUNCH_STATUSES or isinstance(exc.status, bool):  # 0 would say it ran and succeeded
+            if exc.status not in LAUNCH_STATUSES or isinstance(exc.status, bool):  # 0 would say it ran and succeeded
                 raise self._failed(f"its launch() raised LaunchError with status {exc.status!r}, not 125, 126 or "
                                    "127") from exc
             raise

@@ -26,9 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
-from poprun.core.diagnostic import Diagnostic
+from poprun.core.diagnostic import LaunchError
 from poprun.core.events import Event, InstanceEnded, InstanceStarted
-from poprun.core.outcome import CANNOT_LAUNCH, ApplyResult, InstanceFailure, signal_name
+from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND
+from poprun.core.outcome import ApplyResult, InstanceFailure, signal_name
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
 
@@ -43,9 +44,6 @@ if TYPE_CHECKING:
 else:
     Protocol = object  # the protocols below are for type checkers; at run time, plain classes
     Stream = str
-
-NOT_EXECUTABLE = 126
-NOT_FOUND = 127
 
 PROCESSES = "processes"
 """Capability: the instances are real processes that run the plan's argv (a test double's are not)."""
@@ -66,22 +64,6 @@ def environment(instance: Instance, env_source: Mapping[str, str]) -> dict[str, 
     env = {k: v for k, v in env_source.items() if k not in instance.env.unset}
     env.update(instance.env.set)
     return env
-
-
-class LaunchError(Exception):
-    """
-    Nothing of the plan runs: the program is missing, a host is wrong, a directory is gone.
-
-    ``status`` is poprun's exit status: 127 program not found, 126 not executable, 125 any
-    other reason poprun could not launch (design.md section 3). The message is one line;
-    ``diagnostics``, when there are several problems with codes (the ssh preflight), say more.
-    """
-
-    def __init__(self, message: str, *, status: int = CANNOT_LAUNCH, diagnostics: tuple[Diagnostic, ...] = ()) -> None:
-        super().__init__(message)
-        self.message = message
-        self.status = status
-        self.diagnostics = diagnostics  # when given, what to show instead of the message (one per problem)
 
 
 Gate = Callable[[], None]

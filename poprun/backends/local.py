@@ -33,6 +33,7 @@ from poprun.backends._process.instance import (
     directories_to_remove,
     ensure_open_files,
     executable,
+    helper_failed,
     start_instance,
 )
 from poprun.backends._process.output import Router
@@ -43,14 +44,15 @@ from poprun.backends.base import (
     PROCESSES,
     RESTARTS_INSTANCES,
     Gate,
-    LaunchError,
     OutputSink,
     Restarter,
     TemporaryCache,
     environment,
 )
+from poprun.core.diagnostic import launch_error
 from poprun.core.events import PhaseEnded
 from poprun.core.localhost import is_this_machine
+from poprun.core.span import SourceSpan
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import LaunchPlan
 
@@ -75,6 +77,9 @@ def cgroup_ahead(plan: LaunchPlan) -> None:
     """
     if plan.backend.name in _STARTS_HERE:
         Cgroup.ahead()
+
+_NOT_HERE_HINT = ("the local backend runs every instance on this machine: use --backend offline to run them here "
+                  "whatever their hosts, or --backend ssh to reach the host")
 
 
 def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:
@@ -156,8 +161,10 @@ class LocalBackend:
         """Raise :class:`LaunchError` (125) naming the first host of the plan that is not this machine."""
         remote = next((i.host for i in plan.instances if not is_this_machine(i.host)), None)
         if remote is not None:
-            raise LaunchError(f"host '{remote}' is not this machine: the local backend runs instances here only "
-                              "(the offline backend runs every instance here whatever its host)")
+            raise launch_error("PR431", "host is not this machine",
+                               detail=f"host '{remote}' is not this machine: the local backend runs instances here only "
+                                      "(the offline backend runs every instance here whatever its host)",
+                               span=SourceSpan.environment(f"host {remote}"), hint=_NOT_HERE_HINT)
 
     def cpu_masks(self, plan: LaunchPlan) -> list[set[int] | None]:
         """
@@ -177,9 +184,13 @@ class LocalBackend:
                 if self.skip_foreign_bindings:
                     masks.append(None)
                     continue
-                raise LaunchError(f"instance {instance.index} is planned for CPUs {instance.placement.cpus}, but this "
-                                  f"process may use only {cpulist(allowed)}: plan again here, or use "
-                                  "--process-placement disabled")
+                raise launch_error("PR432", "planned CPUs not available here",
+                                   detail=f"instance {instance.index} is planned for CPUs {instance.placement.cpus}, "
+                                          f"but this process may use only {cpulist(allowed)}: plan again here, or use "
+                                          "--process-placement disabled",
+                                   span=SourceSpan.environment("CPUs this process may use"),
+                                   hint="make the plan again on this machine (its placement then binds CPUs that are "
+                                        "here), or launch it with --process-placement disabled")
             masks.append(cpus)
         return masks
 
@@ -194,7 +205,9 @@ class LocalBackend:
         from poprun.backends._process.hostscript import run_here
 
         if not is_this_machine(host):
-            raise LaunchError(f"host '{host}' is not this machine: the local backend runs commands here only")
+            raise launch_error("PR431", "host is not this machine",
+                               detail=f"host '{host}' is not this machine: the local backend runs commands here only",
+                               span=SourceSpan.environment(f"host {host}"), hint=_NOT_HERE_HINT)
         return run_here(script, environ=environ, timeout_s=timeout_s)
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
@@ -222,7 +235,7 @@ class LocalBackend:
             watchdog = Watchdog(remove=remove, env=source)
         except WatchdogError as exc:
             router.close()
-            raise LaunchError(str(exc.strerror)) from exc
+            raise helper_failed(exc, "the watchdog") from exc
         procs: list[subprocess.Popen[bytes]] = []
         try:
             router.started()
@@ -235,7 +248,7 @@ class LocalBackend:
                 tell(PhaseEnded(phase="start", ms=round((time.monotonic() - router.began) * 1000)))
         except WatchdogError as exc:
             abandon(watchdog, procs, router)
-            raise LaunchError(str(exc.strerror)) from exc
+            raise helper_failed(exc, "the watchdog") from exc
         except BaseException:  # a LaunchError, or an interrupt while starting: nothing of the launch is left
             abandon(watchdog, procs, router)
             raise

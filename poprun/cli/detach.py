@@ -187,7 +187,7 @@ def _await(read: int, child: int, run_id: str) -> int:
     words = head.split()
     if interrupted and words:  # it was told to stop (SIGTERM), as Ctrl-C stops a launch in the foreground
         sys.stderr.write(f"poprun: interrupted: run {run_id} is being stopped\n")
-        return 130
+        return exitcode.INTERRUPTED
     if head + b"\n" == _RUNNING:
         sys.stdout.write(f"{run_id}\n")
         return exitcode.OK

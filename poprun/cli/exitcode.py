@@ -1,12 +1,10 @@
 """
-Exit statuses (design.md section 3).
+Exit statuses of the commands, by the names the CLI uses; defined in :mod:`poprun.core.exitstatus`.
 
-Layer: ``poprun.cli``.
+Layer: ``poprun.cli``; imports :mod:`poprun.core.exitstatus` only.
 """
 
-OK = 0
-FAILURE = 1  # the instances succeeded, but their output could not be written (stdout on a full disk)
-USAGE = 2  # a spec or command-line error: nothing was started
-LAUNCH = 125  # poprun itself could not launch
-NOT_EXECUTABLE = 126
-NOT_FOUND = 127
+from poprun.core.exitstatus import CANNOT_LAUNCH as LAUNCH
+from poprun.core.exitstatus import FAILURE, INTERRUPTED, NOT_EXECUTABLE, NOT_FOUND, OK, USAGE
+
+__all__ = ["FAILURE", "INTERRUPTED", "LAUNCH", "NOT_EXECUTABLE", "NOT_FOUND", "OK", "USAGE"]

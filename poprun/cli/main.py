@@ -29,16 +29,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stdout.write(f"poprun {__version__}\n")
         return exitcode.OK
     from poprun.cli.session import Session
-    from poprun.core.diagnostic import DiagnosticError
+    from poprun.core.diagnostic import DiagnosticError, LaunchError
 
     session = Session()
     try:
         return _dispatch(args, session)
+    except LaunchError as exc:  # a backend's, met outside apply (the hosts' topologies while planning): its status
+        if exc.diagnostics:
+            session.report(tuple(exc.diagnostics))
+        else:
+            sys.stderr.write(f"poprun: {exc.message}\n")
+        return exc.status
     except DiagnosticError as exc:
         session.report(tuple(exc.diagnostics))
         return exitcode.USAGE
     except KeyboardInterrupt:
-        return 130
+        return exitcode.INTERRUPTED
     except Exception as exc:  # a bug: one line, and the traceback only when asked for
         if os.environ.get("POPRUN_DEBUG"):
             raise

@@ -1,19 +1,51 @@
 """
 Diagnostics: every user error and warning, with a stable code, a place and a hint.
 
-Layer: ``poprun.core``; imports only ``poprun.core.record`` and ``poprun.core.span``.
+Layer: ``poprun.core``; imports only ``poprun.core.record``, ``poprun.core.span`` and
+``poprun.core.exitstatus``.
 
 Codes are stable and never reused: ``PR1xx`` syntax (flags, TOML, DSL, host lists),
 ``PR2xx`` validation, ``PR3xx`` solving, ``PR4xx`` backends and apply, ``PR5xx`` partitions,
 ``PR6xx`` run records (``poprun ps``, ``logs``, ``report``, ``stop``, ``attach``, ``--detach``). Each code in
 :data:`CODES` has a page in ``docs/errors/`` and a test that triggers it.
+
+The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py``)::
+
+    BaseException ── Stopped                    apply: a stop before the launch (poprun.apply)
+    Exception
+     ├── DiagnosticError                        coded; exit 2 when planning, 125/126/127 at apply
+     │    ├── UnknownBackendError (+KeyError)   PR400, PR402 (poprun.backends.registry)
+     │    └── LaunchError ── PreflightError     nothing ran; carries the status (125, 126, 127) and
+     │                                          its PR4xx diagnostics (PR405-PR409 per host: preflight)
+     ├── ProviderError ── UnreachableError, MalformedAnswerError, NotFoundError, ExistsError,
+     │                    CapacityError, InUseError → PR5xx (poprun.partitions.provider)
+     ├── OSError ── WatchdogError, RecordError  a record that cannot be made is a warning
+     ├── ValueError ── HostlistError, InvalidValueError, PlacementError, ShapeError,
+     │                 RawBytesError: internal, each turned into a diagnostic where it is caught
+     ├── AttributeError ── FrozenRecordError    a programmer's error: records are frozen
+     └── Refusal                                the V-IPU emulator's HTTP answer, not a failure
+
+- :class:`DiagnosticError` is what a stage raises once, at its end, with every problem it
+  found (:class:`Diagnostics` collects them); the CLI exits with status 2 for it
+  (:mod:`poprun.core.exitstatus`).
+- :class:`LaunchError` is what a backend raises from ``launch`` (or ``run_on_host``) when
+  nothing of the plan runs: its ``status`` is poprun's (125, 126 or 127), its ``message`` one
+  line (what ``str()`` gives, and what a restart that fails tells), its ``diagnostics`` the
+  coded form shown to the user (:func:`launch_error` makes both from one diagnostic). The
+  apply step maps it, at one boundary, to the result's
+  :class:`~poprun.core.outcome.ApplyError`; met outside apply, the CLI exits with its status.
+  :class:`PreflightError` (the ssh preflight's) holds one diagnostic per host that cannot run
+  the plan.
+- The ``ValueError`` family is raised by pure functions that know no place; the caller that
+  knows the place turns them into a diagnostic (``raise ... from exc``).
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
+from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.record import record
 from poprun.core.span import SourceSpan
 
@@ -102,9 +134,25 @@ CODES: dict[str, str] = {
     "PR422": "mpirun could not start on a host",
     "PR423": "not enough slots for mpirun",
     "PR425": "instance loads MPI without an MPI launcher",
+    "PR426": "program not found",
+    "PR427": "program not executable",
+    "PR428": "program could not be started",
+    "PR429": "not enough open files for the instances",
     "PR430": "output files cannot be written safely",
+    "PR431": "host is not this machine",
+    "PR432": "planned CPUs not available here",
+    "PR433": "instance cannot start as planned",
+    "PR434": "a process poprun needs could not start",
+    "PR435": "output files cannot be made",
+    "PR436": "not inside a Slurm allocation",
+    "PR437": "srun not found",
+    "PR438": "instances too large for srun's environment",
+    "PR439": "command could not run on a host",
     "PR440": "port already in use",
     "PR441": "popdist's hub port already in use",
+    "PR442": "no SSH key to distribute",
+    "PR443": "SSH key could not be made",
+    "PR444": "ssh-copy-id refused",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",
@@ -193,6 +241,42 @@ class DiagnosticError(Exception):
         self.diagnostics = tuple(diagnostics)
         first = next((d for d in self.diagnostics if d.is_error), None)
         super().__init__(f"{first.code}: {first.summary}" if first else "failed")
+
+
+class LaunchError(DiagnosticError):
+    """
+    Nothing of the plan runs: the program is missing, a host is wrong, a directory is gone.
+
+    ``status`` is poprun's exit status: 127 program not found, 126 not executable, 125 any
+    other reason poprun could not launch (design.md section 3). The message is one line;
+    ``diagnostics``, when given, are what the user is shown instead (one per problem, with codes).
+    """
+
+    def __init__(self, message: str, *, status: int = CANNOT_LAUNCH, diagnostics: tuple[Diagnostic, ...] = ()) -> None:
+        super().__init__(diagnostics)
+        self.args = (message,)
+        self.message = message
+        self.status = status
+
+
+class PreflightError(LaunchError):
+    """Some hosts cannot run the plan; ``diagnostics`` says which and why, one each."""
+
+    def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
+        super().__init__(f"{len(diagnostics)} host(s) cannot run the plan: "
+                         + "; ".join(d.detail for d in diagnostics), diagnostics=tuple(diagnostics))
+
+
+def launch_error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,
+                 status: int = CANNOT_LAUNCH) -> LaunchError:
+    """
+    Return the :class:`LaunchError` of one coded problem: its message is ``detail``, in one line.
+
+    The message is what a caller that shows no diagnostics tells (a restart that could not
+    start, a command on a host that could not run: :mod:`poprun.apply.hostrun`); the user
+    otherwise sees the diagnostic (code, place, detail and hint).
+    """
+    return LaunchError(detail, status=status, diagnostics=(error(code, summary, detail=detail, span=span, hint=hint),))
 
 
 class Diagnostics:

@@ -1,7 +1,7 @@
 """
 What happens during a launch, as typed events: the seed of a run's event stream.
 
-Layer: ``poprun.core``; imports only the standard library and :mod:`poprun.core.record`.
+Layer: ``poprun.core``; imports only the standard library, :mod:`poprun.core.record` and :mod:`poprun.core.exitstatus`.
 
 Backends report :class:`InstanceStarted` and :class:`InstanceEnded`; the apply step
 (:mod:`poprun.apply`) reports its own steps around them. Every event is a record with a
@@ -13,6 +13,7 @@ with defaults keep it, and a reader skips kinds it does not know.
 
 from __future__ import annotations
 
+from poprun.core.exitstatus import SIGNALLED
 from poprun.core.record import fields, record
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -59,7 +60,7 @@ class InstanceEnded:
     @property
     def status(self) -> int:
         """Return the exit code, or 128+N for signal N."""
-        return 128 + self.signal if self.signal is not None else self.exit_code or 0
+        return SIGNALLED + self.signal if self.signal is not None else self.exit_code or 0
 
 
 @record

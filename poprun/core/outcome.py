@@ -1,7 +1,7 @@
 """
 How a launch ended: each failed instance, the root cause, poprun's status.
 
-Layer: ``poprun.core``; imports only the standard library and :mod:`poprun.core.record`.
+Layer: ``poprun.core``; imports only the standard library and :mod:`poprun.core` (record, diagnostic, exitstatus).
 Backends return an :class:`ApplyResult` from ``Launch.wait``; the apply step completes it
 with what happened around the launch; ``poprun.render`` shows it.
 """
@@ -11,10 +11,8 @@ from __future__ import annotations
 import signal
 
 from poprun.core.diagnostic import Diagnostic
+from poprun.core.exitstatus import CANNOT_LAUNCH, FAILURE, OK, SIGNALLED, TIMED_OUT
 from poprun.core.record import record
-
-CANNOT_LAUNCH = 125
-TIMED_OUT = 124  # a time limit ended the run, as timeout(1) says
 
 
 @record
@@ -45,7 +43,7 @@ class InstanceFailure:
     @property
     def status(self) -> int:
         """Return the shell's view of how it ended: the exit code, or 128+N for signal N."""
-        return 128 + self.signal if self.signal is not None else self.exit_code or 0
+        return SIGNALLED + self.signal if self.signal is not None else self.exit_code or OK
 
     @property
     def signal_name(self) -> str | None:
@@ -131,7 +129,7 @@ class ApplyResult:
         cause = self.failure(self.root_cause)
         if cause is not None and cause.lost:
             return CANNOT_LAUNCH
-        return cause.status if cause is not None else 0
+        return cause.status if cause is not None else OK
 
     def failure(self, index: int | None) -> InstanceFailure | None:
         """Return the failure of instance ``index``, or None."""
@@ -152,7 +150,7 @@ def exit_status(result: ApplyResult, *, failed_output: bool = False) -> int:
     if result.limit:
         return TIMED_OUT
     if result.root_cause is None and result.signals:
-        return 128 + result.signals[0]
-    if result.status == 0 and failed_output:
-        return 1
+        return SIGNALLED + result.signals[0]
+    if result.status == OK and failed_output:
+        return FAILURE
     return result.status

@@ -135,13 +135,16 @@ def test_sigkill_is_reported_as_possibly_out_of_memory(tmp_path: Path) -> None:
     assert "killed by SIGKILL (possibly out of memory)" in done.stderr
 
 
-def test_missing_program_exits_127_with_one_line(tmp_path: Path) -> None:
-    """A program that is nowhere gives 127 and one line naming it; nothing runs."""
+def test_missing_program_exits_127_with_its_diagnostic(tmp_path: Path) -> None:
+    """A program that is nowhere gives 127 and PR426 naming it; nothing runs."""
     done = poprun("--num-instances", "2", "--num-replicas", "2", "no-such-program-xyz", cwd=tmp_path)
 
     assert (127, "") == (done.returncode, done.stdout)
-    assert 1 == len(done.stderr.splitlines())
-    assert "poprun: program 'no-such-program-xyz' not found" in done.stderr
+    assert ("error[PR426]: program not found\n"
+            "  --> PATH\n"
+            f"   = program 'no-such-program-xyz' not found (on PATH or in {tmp_path})\n"
+            "   = hint: check the program's name; a bare name is looked for on PATH, then in the working directory: "
+            "install the program, put its directory on PATH, or give its path\n") == done.stderr
 
 
 def test_program_that_is_not_executable_exits_126(tmp_path: Path) -> None:
@@ -150,7 +153,8 @@ def test_program_that_is_not_executable_exits_126(tmp_path: Path) -> None:
     done = poprun("--num-instances", "1", "--num-replicas", "1", "./plain.sh", cwd=tmp_path)
 
     assert 126 == done.returncode
-    assert "poprun: program './plain.sh' is not executable" in done.stderr
+    assert (f"error[PR427]: program not executable\n  --> {tmp_path}/plain.sh\n"
+            f"   = program './plain.sh' is not executable ({tmp_path}/plain.sh)\n") in done.stderr
 
 
 def test_program_in_the_working_directory_runs_without_dot_slash(tmp_path: Path) -> None:
@@ -225,8 +229,13 @@ def test_slurm_backend_outside_an_allocation_is_a_launch_error(capsys: pytest.Ca
     environ = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     status = run_plan(evolve(plan, backend=BackendChoice(name="slurm", reason="test")), env_source=environ)
 
-    assert (125, ("poprun: the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: run poprun "
-                  "under salloc or sbatch, or use 'poprun submit'\n")) == (status, capsys.readouterr().err)
+    assert (125, ("error[PR436]: not inside a Slurm allocation\n"
+                  "  --> SLURM_JOB_ID\n"
+                  "   = the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: run poprun "
+                  "under salloc or sbatch, or use 'poprun submit'\n"
+                  "   = hint: run poprun inside an allocation (salloc, or a batch script given to sbatch), or let "
+                  "'poprun submit' make one; or use another backend (--backend local or ssh)\n")) == \
+        (status, capsys.readouterr().err)
 
 
 @pytest.mark.parametrize("spec", ["hello.toml", "hello.pop"])

@@ -26,12 +26,16 @@ def test_poprun_raises_its_soft_limit_to_start_every_instance(tmp_path: Path) ->
     assert (0, set(range(100))) == (done.returncode, {int(line) for line in done.stdout.split()}), done.stderr[-500:]
 
 
-def test_a_hard_limit_too_low_is_one_line_before_anything_starts(tmp_path: Path) -> None:
+def test_a_hard_limit_too_low_is_pr429_before_anything_starts(tmp_path: Path) -> None:
     marker = tmp_path / "started"
     done = _poprun("ulimit -n 128", "--num-instances", "100", "--num-replicas", "100", "sh", "-c",
                    f"touch {marker}", cwd=tmp_path)
 
     assert 125 == done.returncode
-    assert ("poprun: 100 instances need about 464 open files, and this process may open 128 at most: raise the hard "
-            "limit (ulimit -Hn, or limits.conf), or launch fewer instances\n") == done.stderr
+    assert ("error[PR429]: not enough open files for the instances\n"
+            "  --> open files (ulimit -n)\n"
+            "   = 100 instances need about 464 open files, and this process may open 128 at most: raise the hard "
+            "limit (ulimit -Hn, or limits.conf), or launch fewer instances\n"
+            "   = hint: each instance holds about 4 open files in poprun: raise the hard limit on open files "
+            "(ulimit -Hn, or nofile in /etc/security/limits.conf), or launch fewer instances\n") == done.stderr
     assert not marker.exists()

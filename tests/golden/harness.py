@@ -4,7 +4,13 @@ The golden tests' harness: run the real CLI on a case folder in a fixed context,
 A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...], "sparse_files":
 {"big.toml": 5000000}}``, optionally ``"ssh_hostnames": {"alias": "address"}`` and
 ``"resolvable": ["name", ...]``), any files
-the argv names, and ``expected.txt``. ``sys_path`` names folders of the case put on ``sys.path``
+the argv names, and ``expected.txt``. More, for apply-time failures: ``"cwd": "/"`` the working
+directory the command sees (default ``/home/user/app``, which does not exist); ``{case}`` in an
+``env`` value is the case folder's path (a ``bin/`` of fake commands on PATH; it reads ``<case>``
+in the expected text); ``"long_argument": N`` adds an argument of N hexadecimal digits to argv (the
+same each time, and not compressible);
+``"getrlimit_nofile": [SOFT, HARD]`` is what the limit on open files reads as; ``"sched_getaffinity":
+[CPU, ...]`` the CPUs this process may use. ``sys_path`` names folders of the case put on ``sys.path``
 for the run (a fake distribution whose entry points declare a backend plugin); ``sparse_files``
 are made (of that many bytes, all NUL) before the run and removed after it. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
 """
@@ -38,6 +44,17 @@ def case_dirs(folder: Path) -> list[Path]:
     return sorted(p for p in folder.iterdir() if (p / "case.json").is_file())
 
 
+def _hex_digits(count: int) -> str:
+    """Return ``count`` hexadecimal digits, the same each time, that zlib cannot shrink much."""
+    import hashlib
+
+    digest, digits = b"poprun", []
+    while len(digits) * 64 < count:
+        digest = hashlib.sha256(digest).digest()
+        digits.append(digest.hex())
+    return "".join(digits)[:count]
+
+
 def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]:
     """Run the case's argv in its folder, with a fixed context (working directory /home/user/app, not root)."""
     spec = json.loads((case / "case.json").read_text(encoding="utf-8"))
@@ -47,7 +64,15 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     if runs is not None:
         monkeypatch.setenv("POPRUN_RUNS_DIR", runs)
     for name, value in spec.get("env", {}).items():
-        monkeypatch.setenv(name, value)
+        monkeypatch.setenv(name, value.replace("{case}", str(case)))
+    if "getrlimit_nofile" in spec:  # a double of the limit on open files (a hard limit cannot be raised again)
+        import resource
+
+        real, fake = resource.getrlimit, tuple(spec["getrlimit_nofile"])
+        monkeypatch.setattr(resource, "getrlimit", lambda which: fake if which == resource.RLIMIT_NOFILE
+                            else real(which))
+    if "sched_getaffinity" in spec:  # a double of the CPUs this process may use
+        monkeypatch.setattr(os, "sched_getaffinity", lambda _pid: set(spec["sched_getaffinity"]))
     for folder in spec.get("sys_path", []):
         monkeypatch.syspath_prepend(str(case / folder))
     monkeypatch.setenv("HOME", str(case))  # no vipu configuration of the machine running the tests
@@ -55,7 +80,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     # Host names: ssh_config maps only those of "ssh_hostnames"; with "resolvable", a launch's names resolve only
     # if listed there (else nothing is resolved, as when planning).
     mapped, resolvable = spec.get("ssh_hostnames", {}), spec.get("resolvable")
-    fixed = evolve(FROM_PROCESS(), cwd="/home/user/app", is_root=False, probe=WORKSTATION, remote_probe=None,
+    fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app"), is_root=False, probe=WORKSTATION, remote_probe=None,
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
@@ -66,11 +91,11 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     out, err = io.StringIO(), io.StringIO()
     try:
         with redirect_stdout(out), redirect_stderr(err):
-            status = main(spec["argv"])
+            status = main([*spec["argv"], *([_hex_digits(spec["long_argument"])] if "long_argument" in spec else [])])
     finally:
         for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
             made.unlink()
-    return status, out.getvalue(), err.getvalue()
+    return status, out.getvalue(), err.getvalue().replace(str(case), "<case>")
 
 
 def assert_golden(case: Path, actual: str) -> None:

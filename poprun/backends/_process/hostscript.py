@@ -1,7 +1,8 @@
 """
 Running a short POSIX sh script through a command that reads it on its standard input.
 
-Layer: ``poprun.backends._process``; the standard library only. The shared half of every
+Layer: ``poprun.backends._process``; the standard library and :mod:`poprun.core.exitstatus` (and, on a failure,
+:mod:`poprun.backends._process.instance` for its diagnostic). The shared half of every
 built-in backend's :meth:`~poprun.backends.base.HostCommands.run_on_host`: ``/bin/sh -s`` here,
 or ``ssh ... sh -s`` / ``srun ... sh -s`` there. The script is written to the command's
 standard input (never its argv, which ``ps`` shows), wrapped in ``{ ...; } </dev/null`` so that a
@@ -22,9 +23,10 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
+from poprun.core.exitstatus import TIMED_OUT  # timeout(1)'s status
+
 MAX_OUTPUT = 1 << 20  # bytes of standard output kept (HostCommands' promise)
 MAX_ERROR = 1 << 14  # bytes of the command's own standard error kept (ssh's or srun's words)
-TIMED_OUT = 124  # timeout(1)'s status
 LOCAL_SHELL = ("/bin/sh", "-s")
 
 __all__ = ["LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "bounded_shell", "run_here", "run_script"]
@@ -144,10 +146,10 @@ def run_here(script: str, *, environ: Mapping[str, str], timeout_s: float) -> tu
     Raises:
         LaunchError: when ``/bin/sh`` cannot be started.
     """
-    from poprun.backends.base import LaunchError
-
     try:
         status, out, _ = run_script(LOCAL_SHELL, script, env=environ, timeout_s=timeout_s)
     except OSError as exc:
-        raise LaunchError(f"cannot run /bin/sh here: {exc.strerror}") from exc
+        from poprun.backends._process.instance import helper_failed
+
+        raise helper_failed(exc, "/bin/sh", f"cannot run /bin/sh here: {exc.strerror}") from exc
     return status, out

@@ -23,12 +23,38 @@ from poprun.backends._process.files import made_here, which
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog, started_in, starting_in
 from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, TemporaryCache
+from poprun.core.diagnostic import launch_error
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance
 
 DEFAULT_GRACE_S = 5.0
 
 __all__ = ["BIND_SCRIPT", "DEFAULT_GRACE_S", "abandon", "bound_argv", "directories_to_remove", "executable",
-           "forwarded_stdin", "start_instance"]
+           "forwarded_stdin", "helper_failed", "start_instance"]
+
+_NOT_FOUND_HINT = ("check the program's name; a bare name is looked for on PATH, then in the working directory: "
+                   "install the program, put its directory on PATH, or give its path")
+_NOT_EXECUTABLE_HINT = "make it executable (chmod +x), or run it through its interpreter (python3 FILE, sh FILE)"
+_REFUSED_HINT = ("the system refused to start it: keep each argument under 128 KiB and all of them with the "
+                 "environment under the system's limit (getconf ARG_MAX), and leave room for more processes (ulimit -u)")
+_EXEC_FAILURES = {  # poprun's status when the program's exec fails -> code, summary, hint
+    NOT_FOUND: ("PR426", "program not found", _NOT_FOUND_HINT),
+    NOT_EXECUTABLE: ("PR427", "program not executable", _NOT_EXECUTABLE_HINT),
+    CANNOT_LAUNCH: ("PR428", "program could not be started", _REFUSED_HINT),
+}
+
+
+def helper_failed(exc: OSError, what: str, message: str | None = None) -> LaunchError:
+    """
+    Return PR434: ``what``, a process poprun runs itself (its watchdog, mpirun, srun, ssh, /bin/sh), could not start.
+
+    ``message`` is the line told (default: the error's own words).
+    """
+    return launch_error("PR434", "a process poprun needs could not start",
+                        detail=message if message is not None else str(exc.strerror),
+                        span=SourceSpan.environment(what),
+                        hint=f"poprun starts {what} itself: check that it is installed and runs here, and that this "
+                             "machine allows more processes and open files (ulimit -u, ulimit -n)")
 
 
 def executable(instance: Instance, env: Mapping[str, str]) -> str:
@@ -45,15 +71,22 @@ def executable(instance: Instance, env: Mapping[str, str]) -> str:
     """
     if not instance.argv or not Path(instance.cwd).is_dir():
         what = "no program to run" if not instance.argv else f"no working directory ({instance.cwd} is missing)"
-        raise LaunchError(f"instance {instance.index} has {what}")
+        raise launch_error("PR433", "instance cannot start as planned", detail=f"instance {instance.index} has {what}",
+                           span=SourceSpan.environment(instance.cwd if instance.argv else f"instance {instance.index}"),
+                           hint="make the plan again where it is to run (the working directory must exist on every "
+                                "host), or create the directory")
     name = instance.argv[0]
     found = which(name, env.get("PATH", os.defpath)) if "/" not in name else None
     candidate = Path(found or Path(instance.cwd) / name).absolute()
     if not candidate.exists():
         where = "on PATH or in " + instance.cwd if "/" not in name else str(candidate)
-        raise LaunchError(f"program '{name}' not found ({where})", status=NOT_FOUND)
+        raise launch_error("PR426", "program not found", detail=f"program '{name}' not found ({where})",
+                           span=SourceSpan.environment("PATH" if "/" not in name else str(candidate)),
+                           hint=_NOT_FOUND_HINT, status=NOT_FOUND)
     if candidate.is_dir() or not os.access(candidate, os.X_OK):
-        raise LaunchError(f"program '{name}' is not executable ({candidate})", status=NOT_EXECUTABLE)
+        raise launch_error("PR427", "program not executable", detail=f"program '{name}' is not executable ({candidate})",
+                           span=SourceSpan.environment(str(candidate)), hint=_NOT_EXECUTABLE_HINT,
+                           status=NOT_EXECUTABLE)
     return str(candidate) if found else name if "/" in name else "./" + name
 
 
@@ -113,8 +146,10 @@ def start_instance(instance: Instance, env: dict[str, str], program: str, group:
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=group)
     except OSError as exc:  # EMFILE, EAGAIN: poprun cannot launch (each instance holds 3 descriptors here)
         status = {errno.ENOENT: NOT_FOUND, errno.EACCES: NOT_EXECUTABLE, errno.ENOEXEC: NOT_EXECUTABLE}
-        raise LaunchError(f"cannot run '{instance.argv[0]}': {exc.strerror}",
-                          status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
+        code, summary, hint = _EXEC_FAILURES[status.get(exc.errno or 0, CANNOT_LAUNCH)]
+        raise launch_error(code, summary, detail=f"cannot run '{instance.argv[0]}': {exc.strerror}",
+                           span=SourceSpan.environment(instance.argv[0]), hint=hint,
+                           status=status.get(exc.errno or 0, CANNOT_LAUNCH)) from exc
     finally:
         if restart:  # the launch runs: nothing else moves poprun out of its cgroup
             started_in(group)
@@ -183,6 +218,8 @@ def start_supervising(thread: threading.Thread, announce: Callable[[], None], ab
 
 
 FILES_PER_INSTANCE = 4  # its three pipes here, and a process's or a session's own
+_OPEN_FILES_HINT = ("each instance holds about 4 open files in poprun: raise the hard limit on open files (ulimit -Hn, "
+                    "or nofile in /etc/security/limits.conf), or launch fewer instances")
 
 
 def ensure_open_files(instances: int, *, spare: int = 64) -> None:
@@ -203,9 +240,14 @@ def ensure_open_files(instances: int, *, spare: int = 64) -> None:
     if soft == resource.RLIM_INFINITY or soft >= need:
         return
     if hard != resource.RLIM_INFINITY and hard < need:
-        raise LaunchError(f"{instances} instances need about {need} open files, and this process may open {hard} "
-                          "at most: raise the hard limit (ulimit -Hn, or limits.conf), or launch fewer instances")
+        raise launch_error("PR429", "not enough open files for the instances",
+                           detail=f"{instances} instances need about {need} open files, and this process may open "
+                                  f"{hard} at most: raise the hard limit (ulimit -Hn, or limits.conf), or launch fewer "
+                                  "instances",
+                           span=SourceSpan.environment("open files (ulimit -n)"), hint=_OPEN_FILES_HINT)
     try:
         resource.setrlimit(resource.RLIMIT_NOFILE, (need, hard))
     except (OSError, ValueError) as exc:
-        raise LaunchError(f"cannot raise the limit on open files to {need}: {exc}") from exc
+        raise launch_error("PR429", "not enough open files for the instances",
+                           detail=f"cannot raise the limit on open files to {need}: {exc}",
+                           span=SourceSpan.environment("open files (ulimit -n)"), hint=_OPEN_FILES_HINT) from exc

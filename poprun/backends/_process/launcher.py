@@ -27,7 +27,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from poprun.backends._process.files import remove_directories
-from poprun.backends._process.instance import start_supervising
+from poprun.backends._process.instance import helper_failed, start_supervising
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
@@ -37,7 +37,6 @@ from poprun.backends.base import (
     InstanceEnded,
     InstanceFailure,
     InstanceStarted,
-    LaunchError,
     OutputSink,
 )
 from poprun.planner.plan import LaunchPlan
@@ -83,7 +82,7 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
     except WatchdogError as exc:
         router.close()
         remove_directories(list(cleanup))
-        raise LaunchError(str(exc.strerror)) from exc
+        raise helper_failed(exc, "the watchdog") from exc
     try:
         proc = subprocess.Popen(argv, executable=executable, stdout=subprocess.PIPE,  # noqa: S603 - the plan's
                                 stdin=subprocess.DEVNULL if stdin is None else stdin,
@@ -93,7 +92,8 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
         watchdog.close()
         router.close()
         remove_directories(list(cleanup))
-        raise LaunchError(f"cannot start {os.path.basename(argv[0])}: {exc.strerror}") from exc  # noqa: PTH119
+        name = os.path.basename(argv[0])  # noqa: PTH119
+        raise helper_failed(exc, name, f"cannot start {name}: {exc.strerror}") from exc
     return proc, watchdog
 
 

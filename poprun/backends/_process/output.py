@@ -376,7 +376,14 @@ def _open_files(directory: str | None, indices: list[int]) -> dict[tuple[int, St
             raise LaunchError(exc.diagnostic.detail, diagnostics=(exc.diagnostic,)) from None
         if exc.errno in _FULL:
             raise
-        raise LaunchError(f"cannot write output files under '{directory}': {exc.strerror}") from exc
+        from poprun.core.diagnostic import launch_error
+        from poprun.core.span import SourceSpan
+
+        raise launch_error("PR435", "output files cannot be made",
+                           detail=f"cannot write output files under '{directory}': {exc.strerror}",
+                           span=SourceSpan.environment(directory),
+                           hint="give --output-filename (in --mpi-global-args) a directory you can write in, or free "
+                                "room there") from exc
     finally:
         for fd in fds:
             os.close(fd)

@@ -61,12 +61,12 @@ from poprun.backends.base import (
     Stream,
 )
 from poprun.core.events import MpiWithoutLauncher
+from poprun.core.exitstatus import SIGNALLED as _SIGNALLED  # a POSIX shell reports death by signal N as 128+N
 from poprun.planner.plan import LaunchPlan
 
 _READ = 1 << 18  # bytes read from a pipe at once
 _DRAIN_READS = 64  # reads of one pipe at most when draining it while its writers may still run
 _DRAIN_S = 0.5  # how long output may keep flowing once the group is killed (a process outside it holds a pipe)
-_SIGNALLED = 128  # a POSIX shell reports death by signal N as status 128+N
 _MAX_SIGNAL = 64
 _SSH_FAILED = 255  # ssh's status when it, not the remote command, failed (or the command's own 255)
 _Key = tuple[int, Stream] | int | None  # a pipe, an instance's pidfd, the wake-up pipe

@@ -87,10 +87,11 @@ from poprun.backends.mpirun.mpistart import (
     ssh_host_named,
     startup_failure,
 )
-from poprun.core.diagnostic import DiagnosticError
+from poprun.core.diagnostic import DiagnosticError, launch_error
 from poprun.core.localhost import is_this_machine, local_names
 from poprun.core.process import start_time
 from poprun.core.record import evolve
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -438,8 +439,11 @@ class MpirunBackend:
 
             return run_here(script, environ=environ, timeout_s=timeout_s)
         if self._remote is None:
-            raise LaunchError(f"cannot run a command on {host}: this mpirun backend was made without a way to reach "
-                              "other hosts")
+            raise launch_error("PR439", "command could not run on a host",
+                               detail=f"cannot run a command on {host}: this mpirun backend was made without a way "
+                                      "to reach other hosts", span=SourceSpan.environment(f"host {host}"),
+                               hint="make the backend with remote= (the registry's mpirun backend reaches other "
+                                    "hosts as the ssh backend does)")
         if self._reach is None:
             self._reach = self._remote()
         return self._reach.run_on_host(host, script, environ=environ, timeout_s=timeout_s)

@@ -2,7 +2,7 @@
 The mpirun backend's output relay: each instance's stdout and stderr reach poprun over a connection of their own.
 
 Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`; ``poprun.core``'s
-diagnostics, imported when one is made).
+exit statuses, and its diagnostics, imported when one is made).
 
 Why: OpenMPI 4.1's ``--tag-output`` loses output (it tags each 4 KiB read into an 8 KiB
 buffer and drops what does not fit: ``mpirun --tag-output seq 2000`` prints about 1,300
@@ -69,6 +69,8 @@ import selectors
 import socket
 import sys
 import time
+
+from poprun.core.exitstatus import NOT_EXECUTABLE, NOT_FOUND  # formatted into the wrapper, run on the hosts
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -350,7 +352,7 @@ def main():
         os.execvp(program[0], program)
     except OSError as e:
         os.write(2, ("poprun: cannot run %%s: %%s\n" %% (program[0], e.strerror)).encode())
-        os._exit(127 if e.errno == 2 else 126)
+        os._exit(%(not_found)s if e.errno == 2 else %(not_executable)s)
 main()
 """
 
@@ -359,7 +361,8 @@ def _wrapper(keepalive_s: float) -> str:
     """Return the wrapper's code for a host timeout of ``keepalive_s`` (its relay's keepalives)."""
     step = max(1, round(keepalive_s / 3))
     return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "step": step, "window": WINDOW,
-                      "again": max(RECONNECT_S, round(keepalive_s))}
+                      "again": max(RECONNECT_S, round(keepalive_s)), "not_found": NOT_FOUND,
+                      "not_executable": NOT_EXECUTABLE}
 
 
 # Runs the wrapper with $1 (poprun's own Python, when the host has it at the same path), else the host's

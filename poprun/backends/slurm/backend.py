@@ -78,11 +78,14 @@ from poprun.backends.base import (
     FormatRequest,
     Gate,
     InstanceEnded,
-    LaunchError,
     OutputSink,
     PlanFormat,
     TemporaryCache,
 )
+from poprun.backends.slurm.hostcommand import outside_allocation, srun_missing
+from poprun.core.diagnostic import launch_error
+from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
 
@@ -98,8 +101,9 @@ LAUNCH = "POPRUN_SLURM_LAUNCH"
 MAX_PAYLOAD = 120_000  # bytes of POPRUN_SLURM_LAUNCH; Linux refuses a variable over 128 KiB (MAX_ARG_STRLEN)
 SRUN_PIECE = 1024  # srun --label cuts longer lines into pieces of this many bytes
 _SRUN_EXIT_S = 10.0  # after srun is told to kill the step: how long it has before its group is killed
-# The wrapper every task runs: its instance from POPRUN_SLURM_LAUNCH by SLURM_PROCID, then exec.
-WRAPPER = """\
+# The wrapper every task runs: its instance from POPRUN_SLURM_LAUNCH by SLURM_PROCID, then exec (the statuses
+# formatted in from poprun.core.exitstatus).
+WRAPPER = f"""\
 import base64, json, os, sys, zlib
 e = os.environ
 d = json.loads(zlib.decompress(base64.b64decode(e.pop("POPRUN_SLURM_LAUNCH"))))
@@ -125,7 +129,7 @@ if i["cache"]:
 try:
     os.chdir(i["cwd"])
 except OSError as x:
-    fail(125, "no working directory %s (%s)" % (i["cwd"], x.strerror))
+    fail({CANNOT_LAUNCH}, "no working directory %s (%s)" % (i["cwd"], x.strerror))
 a = i["argv"]
 p = a[0]
 if "/" not in p and os.access(p, os.X_OK) and not any(
@@ -134,9 +138,9 @@ if "/" not in p and os.access(p, os.X_OK) and not any(
 try:
     os.execvpe(p, a, e)
 except FileNotFoundError:
-    fail(127, "program '%s' not found" % a[0])
+    fail({NOT_FOUND}, "program '%s' not found" % a[0])
 except OSError as x:
-    fail(126, "cannot run '%s': %s" % (a[0], x.strerror))
+    fail({NOT_EXECUTABLE}, "cannot run '%s': %s" % (a[0], x.strerror))
 """
 _LABEL = re.compile(rb" *(\d+): ")
 _STEP_NOTE = re.compile(rb"slurmstepd(?:-\S+)?: error: \*\*\* (?:STEP|JOB) .* \*\*\*")
@@ -404,16 +408,21 @@ class SlurmBackend:
         source = dict(env_source)
         job = source.get("SLURM_JOB_ID", "")
         if not job:
-            raise LaunchError("the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: "
-                              "run poprun under salloc or sbatch, or use 'poprun submit'")
+            raise outside_allocation("the slurm backend runs inside a Slurm allocation, and SLURM_JOB_ID is not set: "
+                                     "run poprun under salloc or sbatch, or use 'poprun submit'")
         srun = which("srun", source.get("PATH", os.defpath))
         if srun is None:
-            raise LaunchError("srun not found on PATH: the slurm backend needs Slurm's client commands",
-                              status=NOT_FOUND)
+            raise srun_missing("srun not found on PATH: the slurm backend needs Slurm's client commands",
+                               status=NOT_FOUND)
         payload = encode_instances(plan, cache)
         if len(payload) > MAX_PAYLOAD:
-            raise LaunchError(f"the plan's {len(plan.instances)} instances take {len(payload)} bytes, more than "
-                              f"the environment carries ({MAX_PAYLOAD}): use fewer instances or variables")
+            raise launch_error("PR438", "instances too large for srun's environment",
+                               detail=f"the plan's {len(plan.instances)} instances take {len(payload)} bytes, more "
+                                      f"than the environment carries ({MAX_PAYLOAD}): use fewer instances or variables",
+                               span=SourceSpan.environment(LAUNCH),
+                               hint="every task of the srun step reads its instance (argv, working directory, "
+                                    "variables) from one variable of at most 128 KiB: use fewer instances, shorter "
+                                    "arguments or fewer -x variables, or another backend")
         name = f"poprun-{secrets.token_hex(4)}"
         folder = private_directory("poprun-slurm-")
         hostfile = Path(folder, "hosts")

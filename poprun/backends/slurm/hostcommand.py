@@ -1,7 +1,9 @@
 """
 A short command on a node of the allocation (``SlurmBackend.run_on_host``): a one-task step of its own.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends._process` and :mod:`poprun.backends.base`.
+Layer: ``poprun.backends``; imports :mod:`poprun.backends._process`, :mod:`poprun.backends.base` and
+``poprun.core``. It also says, for the backend's launch too, what is missing outside an allocation
+(PR436, PR437).
 
 ``srun --overlap --nodes=1 --ntasks=1 --nodelist=HOST`` runs ``sh -s`` on the node, beside
 the launch's step (``--overlap``: it takes no CPU from the instances, and does not wait for
@@ -17,12 +19,37 @@ from collections.abc import Mapping
 
 from poprun.backends._process.files import which
 from poprun.backends._process.hostscript import TIMED_OUT, bounded_shell, run_here, run_script
-from poprun.backends.base import LaunchError
+from poprun.backends._process.instance import helper_failed
+from poprun.backends.base import CANNOT_LAUNCH, LaunchError
+from poprun.core.diagnostic import launch_error
 from poprun.core.localhost import is_this_machine
+from poprun.core.span import SourceSpan
 
 _DROPPED = ("SLURM_HOSTFILE", "POPRUN_SLURM_LAUNCH", "SLURM_DISTRIBUTION")  # the launch's own step settings
 
-__all__ = ["host_command", "run_on_host"]
+__all__ = ["host_command", "outside_allocation", "run_on_host", "srun_missing"]
+
+
+def outside_allocation(detail: str) -> LaunchError:
+    """Return PR436: SLURM_JOB_ID is not set, so there is no allocation to run in (``detail``: the line told)."""
+    return launch_error("PR436", "not inside a Slurm allocation", detail=detail,
+                        span=SourceSpan.environment("SLURM_JOB_ID"),
+                        hint="run poprun inside an allocation (salloc, or a batch script given to sbatch), or let "
+                             "'poprun submit' make one; or use another backend (--backend local or ssh)")
+
+
+def srun_missing(detail: str, *, status: int = CANNOT_LAUNCH) -> LaunchError:
+    """Return PR437: no ``srun`` on PATH (``detail``: the line told)."""
+    return launch_error("PR437", "srun not found", detail=detail, span=SourceSpan.environment("PATH"),
+                        status=status,
+                        hint="install Slurm's client commands (Debian: apt-get install slurm-client) or put their "
+                             "directory on PATH")
+
+
+def _unreachable(host: str, detail: str, hint: str) -> LaunchError:
+    """Return PR439: the command could not run on node ``host``."""
+    return launch_error("PR439", "command could not run on a host", detail=detail,
+                        span=SourceSpan.environment(f"host {host}"), hint=hint)
 
 
 def host_command(srun: str, host: str, timeout_s: float) -> list[str]:
@@ -42,20 +69,23 @@ def run_on_host(host: str, script: str, *, environ: Mapping[str, str], timeout_s
     if is_this_machine(host):
         return run_here(script, environ=environ, timeout_s=timeout_s)
     if not environ.get("SLURM_JOB_ID"):
-        raise LaunchError(f"cannot run a command on {host}: SLURM_JOB_ID is not set (not inside an allocation)")
+        raise outside_allocation(f"cannot run a command on {host}: SLURM_JOB_ID is not set (not inside an allocation)")
     srun = which("srun", environ.get("PATH", os.defpath))
     if srun is None:
-        raise LaunchError(f"cannot run a command on {host}: srun not found on PATH")
+        raise srun_missing(f"cannot run a command on {host}: srun not found on PATH")
     env = {k: v for k, v in environ.items() if k not in _DROPPED}
     if "/" in host or host.startswith("-") or not host.strip():
-        raise LaunchError(f"{host!r} is not a node name")
+        raise _unreachable(host, f"{host!r} is not a node name",
+                           'name a node of the allocation (scontrol show hostnames "$SLURM_JOB_NODELIST")')
     try:
         status, out, err = run_script(host_command(srun, host, timeout_s), script, env=env, timeout_s=timeout_s,
                                       keep_stderr=True)
     except OSError as exc:
-        raise LaunchError(f"cannot start srun: {exc.strerror}") from exc
+        raise helper_failed(exc, "srun", f"cannot start srun: {exc.strerror}") from exc
     words = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]
     if status not in (0, TIMED_OUT) and not out and any(w.startswith(("srun: error:", "srun: fatal:")) for w in words):
         said = next(w for w in words if w.startswith(("srun: error:", "srun: fatal:")))
-        raise LaunchError(f"cannot run a command on node {host}: {said}")
+        raise _unreachable(host, f"cannot run a command on node {host}: {said}",
+                           f"srun's own words say why: check that {host} is a node of this allocation and is up "
+                           "(sinfo, scontrol show node)")
     return status, out

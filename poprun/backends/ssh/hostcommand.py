@@ -20,6 +20,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from poprun.backends._process.hostscript import bounded_shell, run_here, run_script
+from poprun.backends._process.instance import helper_failed
 from poprun.backends.base import LaunchError
 from poprun.backends.ssh.client import SshClient, ssh_options
 from poprun.backends.ssh.preflight import _diagnose, _unreachable
@@ -49,7 +50,7 @@ def run_on_host(client_for: Callable[[Mapping[str, str]], SshClient], host: str,
         try:
             failed = client.connect([(host, 0)], timeout_s=timeout_s)
         except OSError as exc:  # no ssh to run
-            raise LaunchError(f"cannot start ssh: {exc.strerror or exc}") from exc
+            raise helper_failed(exc, "ssh", f"cannot start ssh: {exc.strerror or exc}") from exc
         if host in failed:
             code, said = failed[host]
             _raise(_diagnose(host, code, "", said, "/") or _unreachable(host, said.strip() or f"ssh exited with {code}"))
@@ -81,7 +82,7 @@ def _run(argv: list[str], host: str, script: str, *, environ: Mapping[str, str],
     try:
         status, out, err = run_script(argv, script, env=environ, timeout_s=timeout_s, keep_stderr=True)
     except OSError as exc:
-        raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+        raise helper_failed(exc, "ssh", f"cannot start ssh: {exc.strerror}") from exc
     if status == SSH_FAILED and err.strip():  # the script's own stderr is dropped on the host: these are ssh's words
         _raise(_diagnose(host, status, "", err.decode(errors="replace"), "/")
                or _unreachable(host, err.decode(errors="replace").strip()))

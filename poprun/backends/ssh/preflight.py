@@ -19,30 +19,24 @@ import os
 import selectors
 import subprocess
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
+from poprun.backends._process.instance import helper_failed
 from poprun.backends._process.output import Router
 from poprun.backends._process.watchdog import Watchdog
-from poprun.backends.base import Event, LaunchError
+from poprun.backends.base import Event
 from poprun.backends.ssh.client import HOST_TIMEOUT, SshClient, _send
 from poprun.backends.ssh.relay import Routes
 from poprun.backends.ssh.remote import _MARK, _OK
-from poprun.core.diagnostic import Diagnostic, error
+from poprun.core.diagnostic import Diagnostic, PreflightError, error
 from poprun.core.events import HostChecked, HostConnected, PhaseEnded
+from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
 
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes (or the host timeout, when longer and set by the user)
-
-
-class PreflightError(LaunchError):
-    """Some hosts cannot run the plan; ``diagnostics`` says which and why, one each."""
-
-    def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
-        super().__init__(f"{len(diagnostics)} host(s) cannot run the plan: "
-                         + "; ".join(d.detail for d in diagnostics), diagnostics=tuple(diagnostics))
 
 
 def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnostic | None:
@@ -64,7 +58,7 @@ def _diagnose(host: str, status: int, out: str, err: str, cwd: str) -> Diagnosti
                          "program": f"program '{name}' is not found",
                          "script": f"'{name}' does not exist in {cwd}"}.get(kind, item))
         return _missing(host, f"on {host}: " + "; ".join(what))
-    if status == 125 and not said:  # noqa: PLR2004 - remote_command's exit status for a missing cwd
+    if status == CANNOT_LAUNCH and not said:  # remote_command's exit status for a missing cwd
         return _missing(host, f"the working directory {cwd} does not exist on {host}")
     text = " ".join(line.strip() for line in err.splitlines() if line.strip()) or f"ssh exited with {status}"
     if "Could not resolve hostname" in text or "Name or service not known" in text:
@@ -316,7 +310,7 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
         for guard in guards:
             guard.close()
         if isinstance(exc, OSError):
-            raise LaunchError(f"cannot start ssh: {exc.strerror or exc}") from exc
+            raise helper_failed(exc, "ssh", f"cannot start ssh: {exc.strerror or exc}") from exc
         raise
     if tell is not None:
         for host in dict.fromkeys(host for host, _ in connections):

@@ -1,7 +1,7 @@
 """
 The ssh backend's host-side shell scripts, as text: what each remote session runs, and what it reads first.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` (``LaunchError``),
+Layer: ``poprun.backends``; imports ``poprun.core`` (``launch_error``, the exit statuses),
 :func:`poprun.backends._process.instance.bound_argv`, ``poprun.planner.plan`` and the client's
 default host timeout; nothing here starts a process: given an instance, these functions return
 the exact text (``tests/unit/test_ssh_remote.py``).
@@ -23,8 +23,10 @@ from collections.abc import Mapping, Sequence
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.backends._process.instance import bound_argv
-from poprun.backends.base import LaunchError
 from poprun.backends.ssh.client import DEFAULT_HOST_TIMEOUT_S
+from poprun.core.diagnostic import launch_error
+from poprun.core.exitstatus import CANNOT_LAUNCH
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance
 
 _MARK = "poprun-preflight"
@@ -69,8 +71,8 @@ command -v -- "$__poprun_p" >/dev/null 2>&1 || {{ [ -x "./$__poprun_p" ] && __po
 __poprun_made && command exec 9<"$__poprun_k/{_LOCK}" && flock -s 9
 exec 3<&0
 if [ "$__poprun_f" = - ]; then setsid -- "$__poprun_p" "$@" </dev/null 3<&- 9<&- &
-else mkdir -m 700 -- "$__poprun_f" || exit 125
-  mkfifo -m 600 -- "$__poprun_f/in" || {{ rm -rf -- "$__poprun_f"; exit 125; }}
+else mkdir -m 700 -- "$__poprun_f" || exit {CANNOT_LAUNCH}
+  mkfifo -m 600 -- "$__poprun_f/in" || {{ rm -rf -- "$__poprun_f"; exit {CANNOT_LAUNCH}; }}
   setsid -- "$__poprun_p" "$@" <"$__poprun_f/in" 3<&- 9<&- &
 fi
 __poprun_c=$!
@@ -152,7 +154,7 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
     Without ``check`` (an instance started again: its host passed already), the session prints
     nothing of its own and starts on "G".
     """
-    lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit 125"]
+    lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit {CANNOT_LAUNCH}"]
     if instance.env.unset:
         lines.append("unset " + " ".join(shlex.quote(name) for name in instance.env.unset))
     where = "-"
@@ -210,7 +212,11 @@ def environment_input(instance: Instance, env: Mapping[str, str]) -> bytes:
     names = [name for name in dict.fromkeys([*instance.env.forward, *(k for k, _ in instance.env.set)]) if name in env]
     bad = next((name for name in [*names, *instance.env.unset] if not _NAME.match(name)), None)
     if bad is not None:
-        raise LaunchError(f"instance {instance.index}: {bad!r} is not a variable name")
+        raise launch_error("PR433", "instance cannot start as planned",
+                           detail=f"instance {instance.index}: {bad!r} is not a variable name",
+                           span=SourceSpan.environment(f"instance {instance.index}"),
+                           hint="a variable's name is letters, digits and underscores, not starting with a digit: "
+                                "make the plan again with poprun rather than by hand")
     text = "".join(f"export {shlex.quote(f'{name}={env[name]}')}\n" for name in names).encode(errors="surrogateescape")
     return b"%d\n%s" % (len(text), text)
 

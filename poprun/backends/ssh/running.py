@@ -29,6 +29,7 @@ from poprun.backends._process.instance import (
     ensure_open_files,
     executable,
     forwarded_stdin,
+    helper_failed,
     start_instance,
 )
 from poprun.backends._process.output import Router
@@ -90,7 +91,7 @@ def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], 
         clients.close()
         abandon(watchdog, list(procs.values()), router)
         if isinstance(exc, OSError):
-            raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+            raise helper_failed(exc, "ssh", f"cannot start ssh: {exc.strerror}") from exc
         raise
     ordered = [procs[i] for i in range(len(plan.instances))]
     sessions.go(router, tell=tell)
@@ -218,7 +219,7 @@ def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], procs: dict[int, su
                 client.argv(instance.host, command, slot=slots[index]), stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, process_group=groups[0])
         except OSError as exc:
-            raise LaunchError(f"cannot start ssh: {exc.strerror}") from exc
+            raise helper_failed(exc, "ssh", f"cannot start ssh: {exc.strerror}") from exc
         _write_input(proc, data, timeout_s=timeout_s)
         old = procs.get(index)
         if old is not None and old.stdin is not None:
@@ -275,12 +276,12 @@ def _watchdogs(remove: tuple[str, ...], env: Mapping[str, str]) -> tuple[Watchdo
     try:
         watchdog = Watchdog(remove=remove, env=env)
     except WatchdogError as exc:
-        raise LaunchError(str(exc.strerror)) from exc
+        raise helper_failed(exc, "the watchdog") from exc
     try:
         return watchdog, Watchdog(env=env)
     except WatchdogError as exc:
         watchdog.close()
-        raise LaunchError(str(exc.strerror)) from exc
+        raise helper_failed(exc, "the watchdog") from exc
 
 
 def _commands(plan: LaunchPlan, remote: frozenset[int], cache: str | None, timeout_s: float,

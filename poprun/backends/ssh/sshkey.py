@@ -1,7 +1,7 @@
 """
 ``--distribute-ssh-key``: copy an SSH public key to every host with ``ssh-copy-id`` (seed 2.2.2).
 
-Layer: ``poprun.backends``; standard library and ``poprun.planner.plan``.
+Layer: ``poprun.backends``; standard library, ``poprun.core`` and ``poprun.planner.plan``.
 
 The key is ``id_<type>.pub`` in the key folder (``--distribute-ssh-key-path``, default
 ``~/.ssh``): with ``--distribute-ssh-key-type`` that one, made with ``ssh-keygen`` if it does not
@@ -18,8 +18,9 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from poprun.backends.base import LaunchError
+from poprun.core.diagnostic import launch_error
 from poprun.core.private import make_directories
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import SshKeyDistribution
 
 KEY_TYPES = ("ed25519", "ecdsa", "rsa", "dsa")
@@ -43,15 +44,24 @@ def key_to_distribute(keys: SshKeyDistribution, *, home: str) -> Path:
             done = subprocess.run(["ssh-keygen", "-q", "-t", keys.key_type, "-N", "", "-f", str(private)],  # noqa: S603, S607
                                   stdin=subprocess.DEVNULL, capture_output=True, text=True, check=False)
             if done.returncode != 0:
-                raise LaunchError(f"cannot make a {keys.key_type} key in {folder}: "
-                                  f"{done.stderr.strip() or 'ssh-keygen failed'}")
+                raise launch_error("PR443", "SSH key could not be made",
+                                   detail=f"cannot make a {keys.key_type} key in {folder}: "
+                                          f"{done.stderr.strip() or 'ssh-keygen failed'}",
+                                   span=SourceSpan.flag("--distribute-ssh-key-type"),
+                                   hint="ssh-keygen's own words say why: choose a key type this OpenSSH makes "
+                                        "(--distribute-ssh-key-type ed25519), or a folder you can write in "
+                                        "(--distribute-ssh-key-path)")
         return private.with_name(private.name + ".pub")
     for kind in KEY_TYPES:
         public = folder / f"id_{kind}.pub"
         if public.is_file():
             return public
-    raise LaunchError(f"no SSH key to distribute in {folder} (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub or id_dsa.pub); "
-                      "add --distribute-ssh-key-type=ed25519 to make one")
+    raise launch_error("PR442", "no SSH key to distribute",
+                       detail=f"no SSH key to distribute in {folder} (id_ed25519.pub, id_ecdsa.pub, id_rsa.pub or "
+                              "id_dsa.pub); add --distribute-ssh-key-type ed25519 to make one",
+                       span=SourceSpan.flag("--distribute-ssh-key-path" if keys.key_path else "--distribute-ssh-key"),
+                       hint="add --distribute-ssh-key-type ed25519 (poprun makes the key pair with ssh-keygen), or "
+                            "name the folder of your key with --distribute-ssh-key-path")
 
 
 def distribute_key(keys: SshKeyDistribution, hosts: Sequence[str], *, env: Mapping[str, str],
@@ -77,8 +87,12 @@ def distribute_key(keys: SshKeyDistribution, hosts: Sequence[str], *, env: Mappi
     if refused and password is not None:
         refused = _copy_with_password(base, refused, dict(env), password)
     if refused:
-        raise LaunchError(f"cannot copy {public} to {', '.join(refused)} with ssh-copy-id: the host refused it "
-                          "(run 'ssh-copy-id HOST' by hand to see why)")
+        raise launch_error("PR444", "ssh-copy-id refused",
+                           detail=f"cannot copy {public} to {', '.join(refused)} with ssh-copy-id: the host refused it "
+                                  "(run 'ssh-copy-id HOST' by hand to see why)",
+                           span=SourceSpan.environment(f"host {refused[0]}"),
+                           hint=f"run 'ssh-copy-id -i {public} {refused[0]}' by hand to see why (a wrong password, "
+                                "password logins turned off, a full disk there), or install the key another way")
 
 
 def _copy(argv: list[str], hosts: Sequence[str], env: dict[str, str]) -> list[str]:

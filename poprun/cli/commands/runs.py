@@ -21,6 +21,8 @@ from collections.abc import Callable, Iterable
 from poprun.cli import exitcode
 from poprun.cli.session import Session
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.exitstatus import BROKEN_PIPE as BROKEN
+from poprun.core.exitstatus import NOT_NOW
 from poprun.core.hint import did_you_mean
 from poprun.core.rawbytes import shell_join
 from poprun.core.secret import mask_text
@@ -34,8 +36,6 @@ if TYPE_CHECKING:
 RECENT = 10  # ended runs that ``poprun ps`` shows without --all
 POLL_S = 0.1  # how often ``logs -f`` and ``attach`` look for more output
 STOP_WAIT_S = 15.0  # how long ``poprun stop`` waits for the run to end: poprun's grace period (5 s) and some
-BROKEN = 141  # stdout was closed: 128 + SIGPIPE, as a tool killed by it
-NOT_NOW = 1  # the run is not in a state the command can act on
 _USAGE = {
     "ps": "poprun ps [--all] [--json]",
     "logs": "poprun logs RUN [--instance N] [--attempt K] [-f] [--tail N] [--tag]",
@@ -353,7 +353,7 @@ def _attach(run_id: str, path: str) -> int:
         console.close()
         sys.stderr.write(f"poprun: detached from {run_id}: it goes on running ('poprun attach {run_id}' "
                          f"to come back, 'poprun stop {run_id}' to stop it)\n")
-        return 130
+        return exitcode.INTERRUPTED
     finally:
         console.close()
     return _ending_status(run_id, path)
