@@ -1,5 +1,5 @@
 """
-Which variables' values text output masks, and the secrets it masks in any text.
+Which variables' values text output masks, the secrets it masks in any text, and how a value is shown on one line.
 
 Layer: ``poprun.core``; the standard library only. The planner's explanation, the renderers,
 the CLI's logs and a backend's ``describe`` (the mpirun command) mask by this one rule; text
@@ -98,3 +98,8 @@ def mask_text(text: str, mask: tuple[str, ...] = (), *, same_length: bool = Fals
     for pattern in _ASSIGNMENTS:
         text = pattern.sub(masked, text)
     return text
+
+
+def printable(text: str) -> str:
+    """Return ``text`` as text output shows it: control characters (a newline) escaped, so that it is one line."""
+    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")

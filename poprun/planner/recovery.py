@@ -11,6 +11,7 @@ The apply step acts on the result; nothing here starts, waits or picks a port.
 from __future__ import annotations
 
 from popdist import env as names
+from poprun.core.secret import printable
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner import value as conv
@@ -127,11 +128,6 @@ def _pre_restart(s: Solver) -> str:
     s.decide(PREFIX + "pre_restart", printable(given.value), given.origin,
              "run on this machine before each restart; its failure ends the run")
     return given.value
-
-
-def printable(text: str) -> str:
-    """Return ``text`` as text output shows it: control characters (a newline) escaped, so that it is one line."""
-    return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
 
 
 def _restart_settings_alone(s: Solver, restarts: int) -> None:

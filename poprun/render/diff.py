@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from poprun.core.hostlist import compress
 from poprun.core.record import evolve, fields, record
-from poprun.core.secret import mask_text
-from poprun.planner.environment import is_secret
+from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from poprun.core.secret import mask_text
-from poprun.planner.environment import is_secret
+from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
@@ -67,7 +66,7 @@ def describe_recovery(r: Recovery) -> str:
         never = ",".join(map(str, r.never_retry)) or "none"
         parts.append(f"never retried: {never}")
         if r.pre_restart:
-            from poprun.planner.recovery import printable
+            from poprun.core.secret import printable
 
             parts.append(f"before each: {_short(printable(r.pre_restart))}")
     else:
