@@ -180,7 +180,7 @@ def _executable_cache(plan: LaunchPlan) -> Iterator[str | None]:
     if plan.cache.mode != "temporary":
         yield None
         return
-    from poprun.backends._process.files import private_directory, remove_directories
+    from poprun.process.files import private_directory, remove_directories
 
     path = private_directory(CACHE_PREFIX)  # the backend removes it too (and its watchdog)
     try:

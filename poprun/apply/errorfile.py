@@ -2,7 +2,7 @@
 torch's error files: where each instance's ``@record`` writes its uncaught exception, and what the failure report shows of it.
 
 Layer: ``poprun.apply``; imports ``poprun.core`` and ``poprun.planner.plan``, and the
-temporary-directory helpers of ``poprun.backends._process`` (lazily).
+temporary-directory helpers of ``poprun.process`` (lazily).
 
 As torchrun does, each instance gets ``TORCHELASTIC_ERROR_FILE``: a file of its own for each
 attempt, ``<dir>/<attempt>/<instance>.json``, in a directory made here, owner-only: ``errors/``
@@ -60,7 +60,7 @@ class ErrorFiles:
     def close(self) -> None:
         """Remove the temporary directory (by record); a run record keeps its own."""
         if self._temporary and self._root is not None:
-            from poprun.backends._process.files import remove_directories
+            from poprun.process.files import remove_directories
 
             for folder in self._folders:  # the common case, no error written: empty folders, no rmtree to import
                 with contextlib.suppress(OSError):
@@ -85,7 +85,7 @@ class ErrorFiles:
             root = os.path.join(self._record_path, "errors")  # noqa: PTH118
             os.mkdir(root, 0o700)  # noqa: PTH102
             return root
-        from poprun.backends._process.files import private_directory
+        from poprun.process.files import private_directory
 
         self._temporary = True
         return private_directory("poprun-errors-")

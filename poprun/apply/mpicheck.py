@@ -4,7 +4,7 @@ The warning for an instance that loads MPI with no MPI launcher around it (PR425
 Layer: ``poprun.apply``; imports ``poprun.core`` and ``poprun.planner.plan``.
 
 The local and offline backends tell :class:`~poprun.core.events.MpiWithoutLauncher` when an
-instance of theirs has an MPI library loaded (:mod:`poprun.backends._process.mpiwatch`): the
+instance of theirs has an MPI library loaded (:mod:`poprun.process.mpiwatch`): the
 program calls MPI, yet the planner did not see it (it reaches MPI through ``importlib``, a wrapper
 script or a module of its own), so each instance is an MPI world of one. It is a warning, told
 once per run, on stderr as it is found, in the events and in the report, unless the user chose

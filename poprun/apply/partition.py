@@ -39,7 +39,7 @@ def wanted(plan: LaunchPlan, environ: Mapping[str, str]) -> bool:
         return False
     if given := setting_value(PROVIDER, environ):
         return given != "none"
-    from poprun.backends._process.files import which
+    from poprun.process.files import which
 
     if which("vipu", environ.get("PATH", os.defpath)) is not None:
         return True

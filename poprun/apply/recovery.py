@@ -113,7 +113,7 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
 
     Its output goes where poprun's own does (the terminal's stderr and stdout are inherited, as
     for a hook). It runs in a process group of its own, led by a watchdog as a launch's is
-    (:mod:`poprun.backends._process.watchdog`: should poprun die meanwhile, even by SIGKILL,
+    (:mod:`poprun.process.watchdog`: should poprun die meanwhile, even by SIGKILL,
     nothing of the command is left), and, where cgroup v2 can be written, in the watchdog's
     cgroup from before its first instruction (so a helper that leaves the group, ``setsid``
     or a double fork, is held too), from either scope's thread; it is killed when
@@ -122,7 +122,7 @@ def run_pre_restart(command: str, environ: Mapping[str, str], variables: Mapping
     left the group (``setsid``) is found among the processes re-parented to poprun (a
     subreaper) by a variable only the command was given, and killed when it ends.
     """
-    from poprun.backends._process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
+    from poprun.process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
 
     mark = f"{_MARK}={os.urandom(8).hex()}"  # what the command starts carries it, where no cgroup holds it
     env = dict(environ) | dict(variables) | dict([mark.split("=", 1)])

@@ -12,7 +12,7 @@ test double (:mod:`.testing`) and the conformance suite (:mod:`.conformance`). T
 first use (PEP 562), so that importing a submodule (``poprun.backends.base`` on every launch)
 costs nothing more. The built-in backends are one module or subpackage each (:mod:`.local`,
 :mod:`.offline`, :mod:`.ssh`, :mod:`.mpirun`, :mod:`.slurm`); the process machinery they share
-is private (:mod:`._process`): a plugin uses only the names below. ``docs/backends.md`` shows a
+is the layer below them (:mod:`poprun.process`; a plugin uses only the names below). ``docs/backends.md`` shows a
 plugin in a few lines.
 """
 

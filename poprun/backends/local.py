@@ -2,20 +2,20 @@
 The ``local`` backend: every instance of the plan is a child process of poprun.
 
 Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the process machinery of
-:mod:`poprun.backends._process`, ``poprun.core`` and ``poprun.planner`` (the plan, CPU lists);
+:mod:`poprun.process`, ``poprun.core`` and ``poprun.planner`` (the plan, CPU lists);
 never the spec, never another backend. Linux and other POSIX systems with ``/bin/sh``.
 
 Each instance runs with exactly its argv and cwd, and the launching environment minus
 ``env.unset`` plus ``env.set`` (forwarded names are inherited). Instances are started with
 ``vfork`` (no ``preexec_fn``, which would force a slower ``fork``), in the process group of the
-launch's :class:`~poprun.backends._process.watchdog.Watchdog`, so that no process of the launch survives
-poprun, even when poprun is SIGKILLed. :class:`~poprun.backends._process.supervisor.LocalLaunch` forwards
+launch's :class:`~poprun.process.watchdog.Watchdog`, so that no process of the launch survives
+poprun, even when poprun is SIGKILLed. :class:`~poprun.process.supervisor.LocalLaunch` forwards
 their output and stops the others at the first failure.
 
 The temporary executable cache the caller passes (a :class:`~poprun.backends.base.TemporaryCache`
 with ``remove_at_exit``, made in this process) is removed when the launch ends, and by the
 watchdog if poprun dies; only if this process made it
-(:func:`~poprun.backends._process.files.made_here`), never because of its name.
+(:func:`~poprun.process.files.made_here`), never because of its name.
 """
 
 from __future__ import annotations
@@ -26,19 +26,6 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from poprun.backends._process.cgroup import Cgroup
-from poprun.backends._process.instance import (
-    DEFAULT_GRACE_S,
-    abandon,
-    directories_to_remove,
-    ensure_open_files,
-    executable,
-    helper_failed,
-    start_instance,
-)
-from poprun.backends._process.output import Router
-from poprun.backends._process.supervisor import LocalLaunch, Respawn
-from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
@@ -55,6 +42,19 @@ from poprun.core.localhost import is_this_machine
 from poprun.core.span import SourceSpan
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import LaunchPlan
+from poprun.process.cgroup import Cgroup
+from poprun.process.instance import (
+    DEFAULT_GRACE_S,
+    abandon,
+    directories_to_remove,
+    ensure_open_files,
+    executable,
+    helper_failed,
+    start_instance,
+)
+from poprun.process.output import Router
+from poprun.process.supervisor import LocalLaunch, Respawn
+from poprun.process.watchdog import Watchdog, WatchdogError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -70,9 +70,9 @@ def cgroup_ahead(plan: LaunchPlan) -> None:
     Make the launch's cgroup and begin moving poprun into it now, when ``plan``'s backend is local or offline.
 
     For a caller that has work to do before the launch (the run record, the apply step's preparation): the
-    kernel's wait in the move (:mod:`poprun.backends._process.cgroup`) then overlaps that work
+    kernel's wait in the move (:mod:`poprun.process.cgroup`) then overlaps that work
     instead of delaying the instances' start. The launch's watchdog takes the cgroup; once the
-    launch is over, :func:`~poprun.backends._process.cgroup.release_ahead` leaves and removes
+    launch is over, :func:`~poprun.process.cgroup.release_ahead` leaves and removes
     one that no launch took (nothing started).
     """
     if plan.backend.name in _STARTS_HERE:
@@ -107,7 +107,7 @@ def _binding() -> Iterator[Callable[[set[int] | None, tuple[int, ...]], None]]:
     A child inherits the CPU affinity and the memory policy of the thread that starts it, so
     setting this thread's before each start binds the instance from its first instruction,
     without a wrapper program or a ``preexec_fn`` (which would make every start a slower
-    fork). ``cpus`` None: unbound; the memory policy: :func:`poprun.backends._process.numa.prefer`.
+    fork). ``cpus`` None: unbound; the memory policy: :func:`poprun.process.numa.prefer`.
     """
     original = _allowed_cpus()
     current, preferring = original, False
@@ -119,7 +119,7 @@ def _binding() -> Iterator[Callable[[set[int] | None, tuple[int, ...]], None]]:
             os.sched_setaffinity(0, wanted)
             current = wanted
         if nodes or preferring:
-            from poprun.backends._process.numa import prefer
+            from poprun.process.numa import prefer
 
             preferring = prefer(nodes) and bool(nodes)
 
@@ -129,14 +129,14 @@ def _binding() -> Iterator[Callable[[set[int] | None, tuple[int, ...]], None]]:
         if original is not None and current != original:
             os.sched_setaffinity(0, original)
         if preferring:
-            from poprun.backends._process.numa import prefer
+            from poprun.process.numa import prefer
 
             prefer(None)
 
 
 def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], programs: list[str], masks: list[set[int] | None],
                group: int) -> Respawn:
-    """Return the :data:`~poprun.backends._process.supervisor.Respawn` of a launch: its instances as they first started."""
+    """Return the :data:`~poprun.process.supervisor.Respawn` of a launch: its instances as they first started."""
 
     def respawn(index: int, variables: Mapping[str, str]) -> subprocess.Popen[bytes]:
         instance, mask = plan.instances[index], masks[index]
@@ -202,7 +202,7 @@ class LocalBackend:
         Raises:
             LaunchError: for another host, or when /bin/sh cannot start.
         """
-        from poprun.backends._process.hostscript import run_here
+        from poprun.process.hostscript import run_here
 
         if not is_this_machine(host):
             raise launch_error("PR431", "host is not this machine",
@@ -221,7 +221,7 @@ class LocalBackend:
 
         With ``restarter``, a failed instance starts again alone when it says so, with the
         same program, working directory, environment (plus the restarter's variables) and CPU
-        binding, reading ``/dev/null`` (:class:`~poprun.backends._process.supervisor.LocalLaunch`).
+        binding, reading ``/dev/null`` (:class:`~poprun.process.supervisor.LocalLaunch`).
         """
         self.check_hosts(plan)
         ensure_open_files(len(plan.instances))

@@ -30,6 +30,6 @@ class OfflineBackend(LocalBackend):
     def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],  # noqa: ARG002 - every host is here
                     timeout_s: float) -> tuple[int, bytes]:
         """Run ``script`` with ``/bin/sh -s`` here, whatever ``host`` is: offline, every host's commands run here."""
-        from poprun.backends._process.hostscript import run_here
+        from poprun.process.hostscript import run_here
 
         return run_here(script, environ=environ, timeout_s=timeout_s)

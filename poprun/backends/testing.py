@@ -2,7 +2,7 @@
 A test double: :class:`RecordingBackend` records the plans it is given and plays back scripted endings.
 
 Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, ``poprun.planner.plan`` and one
-constant of :mod:`poprun.backends._process.output`;
+constant of :mod:`poprun.process.output`;
 never the spec, and no other backend (it stands in for them). It never starts a
 process, so unit tests of ``apply`` stay fast and exact, the way httpx's ``MockTransport``
 serves tests of a client. Each instance ends as scripted (exit code 0 unless told); one
@@ -16,7 +16,6 @@ import signal
 from collections.abc import Mapping
 from typing import ClassVar
 
-from poprun.backends._process.output import TAIL_LINES
 from poprun.backends.base import (
     ApplyResult,
     Gate,
@@ -28,6 +27,7 @@ from poprun.backends.base import (
 )
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
+from poprun.process.output import TAIL_LINES
 
 
 @record

@@ -9,7 +9,7 @@ apply step's events as progress and log lines (:mod:`poprun.cli.progress`, :mod:
 prints how it ended (:func:`poprun.render.outcome.render_outcome`) and maps the result to an
 exit status. poprun makes itself a child subreaper here, so that descendants of instances that
 leave their process group come back to it and die with the launch
-(:mod:`poprun.backends._process.watchdog`).
+(:mod:`poprun.process.watchdog`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,6 @@ from types import FrameType
 
 from popdist.env import EXECUTABLE_CACHE_PATH
 from poprun.apply import Control, apply
-from poprun.backends._process.cgroup import release_ahead
-from poprun.backends._process.watchdog import become_subreaper
 from poprun.backends.registry import BackendRegistry
 from poprun.cli.log import Log
 from poprun.cli.progress import Console
@@ -50,6 +48,8 @@ from poprun.core.outcome import exit_status, signal_name
 from poprun.core.rawbytes import shell_join, shell_quote
 from poprun.core.secret import is_secret
 from poprun.planner.plan import LaunchPlan
+from poprun.process.cgroup import release_ahead
+from poprun.process.watchdog import become_subreaper
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:

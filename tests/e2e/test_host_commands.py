@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends._process.hostscript import MAX_OUTPUT, TIMED_OUT
 from poprun.backends.base import LaunchError
 from poprun.backends.local import LocalBackend
 from poprun.backends.offline import OfflineBackend
 from poprun.backends.registry import BackendRegistry, default_registry
+from poprun.process.hostscript import MAX_OUTPUT, TIMED_OUT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 

@@ -13,10 +13,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poprun.backends._process import output
-from poprun.backends._process.output import TAIL_LINES, Router
 from poprun.backends.base import InstanceSink, Stream
 from poprun.backends.conformance import MemorySink
+from poprun.process import output
+from poprun.process.output import TAIL_LINES, Router
 from tests.e2e.helpers import plan_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

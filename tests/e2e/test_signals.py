@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends._process.cgroup import Cgroup
+from poprun.process.cgroup import Cgroup
 from tests.conftest import Marked
 from tests.e2e.test_lifecycle import READY, RUN_WITH_GRANDCHILD, await_ready, finish, start
 

@@ -80,7 +80,7 @@ def test_pruning_old_runs_imports_nothing_heavy(tmp_path: Path) -> None:
 
 def _own_cgroup_directory() -> Path | None:
     """Return this process's cgroup v2 directory when a child cgroup can be made there, else None."""
-    from poprun.backends._process.cgroup import Cgroup
+    from poprun.process.cgroup import Cgroup
 
     probe = Cgroup.make()
     if probe is None:

@@ -5,13 +5,13 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends._process.files import private_directory, remove_directories
 from poprun.backends.base import FormatRequest, TemporaryCache
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.local import LocalBackend
 from poprun.backends.registry import BackendRegistry, default_registry, describe, find_format, topology_prober
 from poprun.backends.testing import RecordingBackend
 from poprun.core.record import evolve
+from poprun.process.files import private_directory, remove_directories
 
 
 def test_describe_gives_the_mpirun_command_only_for_an_mpirun_plan(tmp_path):
@@ -126,7 +126,7 @@ def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
 def test_instance_0_reads_stdin_only_when_there_is_something_to_read(opened: str, expected: int | None,
                                                                      tmp_path: Path) -> None:
     """mpirun's rule: a file or a pipe is instance 0's; /dev/null and a closed stdin are nothing to copy to it."""
-    from poprun.backends._process.instance import forwarded_stdin
+    from poprun.process.instance import forwarded_stdin
 
     saved = os.dup(0)
     try:

@@ -5,13 +5,13 @@ import sys
 
 import pytest
 
-from poprun.backends._process.cgroup import Cgroup
+from poprun.process.cgroup import Cgroup
 
 # Moves this process into a new cgroup with a _write that raises right after the move is made
 # (a stop signal's handler raising as the slow write returns), then kills the cgroup.
 _CHILD = """
 import sys
-from poprun.backends._process import cgroup
+from poprun.process import cgroup
 
 real = cgroup._write
 def interrupted(path, text):
@@ -49,7 +49,7 @@ def test_a_move_interrupted_after_it_is_made_does_not_kill_poprun() -> None:
 # leave() and remove() end it. Then one made ahead and never taken: release_ahead() leaves and removes it.
 _AHEAD = """
 import os, subprocess
-from poprun.backends._process import cgroup
+from poprun.process import cgroup
 
 def where():
     with open("/proc/self/cgroup") as file:

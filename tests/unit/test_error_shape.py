@@ -9,12 +9,12 @@ import pytest
 
 import poprun.backends
 from poprun.backends import base
-from poprun.backends._process.instance import executable, start_instance
 from poprun.cli import exitcode
 from poprun.core import diagnostic, exitstatus
 from poprun.core.diagnostic import CODES, DiagnosticError, LaunchError, PreflightError, error, launch_error
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Environment, Instance, Placement
+from poprun.process.instance import executable, start_instance
 
 ROOT = Path(__file__).parents[2]
 POPRUN = ROOT / "poprun"

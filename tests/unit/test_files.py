@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends._process.files import private_directory, remove_directories, which
+from poprun.process.files import private_directory, remove_directories, which
 
 
 def test_which_finds_the_first_executable_file_and_skips_the_rest(tmp_path: Path) -> None:

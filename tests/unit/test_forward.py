@@ -9,11 +9,11 @@ import pytest
 
 from poprun.apply import Control
 from poprun.backends import _plugin
-from poprun.backends._process.output import Router
 from poprun.backends.base import InstanceSink, Launch, Stream
 from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.testing import RecordingBackend
 from poprun.core.diagnostic import DiagnosticError
+from poprun.process.output import Router
 
 PLUGIN = _plugin.Plugin("gpu", "declared by distribution 'gpu-backend 1.0' (gpu_backend:Gpu)", "gpu-backend")
 

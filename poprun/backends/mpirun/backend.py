@@ -1,18 +1,18 @@
 """
 The ``mpirun`` backend: OpenMPI's ``mpirun`` starts every instance, as real poprun had it do.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.process`,
 its own modules (:mod:`.command`, the command, which ``poprun plan`` shows through
 :meth:`MpirunBackend.describe`) and ``poprun.planner.plan``; never the spec, never another backend.
 
 poprun runs the one command of :func:`~poprun.backends.mpirun.command.mpirun_command` (global args
 first, ``--bind-to none``, ``--tag-output``, ``-H host:slots``, one app context per instance,
 so MPI rank = instance index) as its child, in the process group of a
-:class:`~poprun.backends._process.watchdog.Watchdog`. Each instance's program runs through the output
+:class:`~poprun.process.watchdog.Watchdog`. Each instance's program runs through the output
 relay's wrapper (:mod:`poprun.backends.mpirun.mpirelay`): its stdout and stderr are connections to
 poprun, so its output never passes through mpirun (OpenMPI 4.1.4's ``--tag-output`` loses
 bulk output of short lines) and every line arrives once, whole, attributed. The
-:class:`~poprun.backends._process.output.Router` forwards each instance's lines as the local backend does
+:class:`~poprun.process.output.Router` forwards each instance's lines as the local backend does
 (tagged or not, only one instance's, the failure report's tail, ``--output-filename``'s files in
 mpirun's layout). What still comes through mpirun's pipes is split by its tags
 (:class:`~poprun.backends.mpirun.mpiout.TagSplitter`): the output of an instance whose wrapper could
@@ -50,12 +50,6 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from poprun.backends._process import watchdog as watchdog_module
-from poprun.backends._process.files import which
-from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
-from poprun.backends._process.launcher import LauncherLaunch, start_launcher
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog
 from poprun.backends.base import (
     PROCESSES,
     ApplyResult,
@@ -93,13 +87,19 @@ from poprun.core.process import start_time
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
+from poprun.process import watchdog as watchdog_module
+from poprun.process.files import which
+from poprun.process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
+from poprun.process.launcher import LauncherLaunch, start_launcher
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import ClassVar
 
-    from poprun.backends._process.launcher import Piece
     from poprun.backends.base import Stream
+    from poprun.process.launcher import Piece
 
 _OWN_TEXT = 1 << 16  # how much of mpirun's own messages is kept to find the failure in
 _DRAIN_IDLE_S = 1.0  # once mpirun has ended, a relay connection silent this long is closed
@@ -109,7 +109,7 @@ _TICK_S = 0.5  # how often the reading thread looks at mpirun's children and the
 
 
 class MpirunLaunch(LauncherLaunch):
-    """The running ``mpirun`` of one plan; see :class:`~poprun.backends._process.launcher.LauncherLaunch`."""
+    """The running ``mpirun`` of one plan; see :class:`~poprun.process.launcher.LauncherLaunch`."""
 
     thread_name = "poprun-mpirun"
 
@@ -435,7 +435,7 @@ class MpirunBackend:
             LaunchError: when the host cannot be reached, or no way to reach other hosts was given.
         """
         if is_this_machine(host):
-            from poprun.backends._process.hostscript import run_here
+            from poprun.process.hostscript import run_here
 
             return run_here(script, environ=environ, timeout_s=timeout_s)
         if self._remote is None:

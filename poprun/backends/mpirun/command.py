@@ -2,7 +2,7 @@
 The OpenMPI ``mpirun`` command that runs a plan, built the way real poprun built it.
 
 Layer: ``poprun.backends`` (the mpirun backend's own); imports the plan model and
-:func:`~poprun.backends._process.instance.bound_argv`. The backend runs this command, and shows
+:func:`~poprun.process.instance.bound_argv`. The backend runs this command, and shows
 it in ``poprun plan`` (its ``describe``). It decides nothing: hosts, instance indices,
 environment, working directory and program all come from the plan.
 
@@ -17,8 +17,8 @@ section 3.2, evidence A and B)::
 
 from __future__ import annotations
 
-from poprun.backends._process.instance import bound_argv
 from poprun.planner.plan import Instance, LaunchPlan
+from poprun.process.instance import bound_argv
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -54,7 +54,7 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
     - ``mpirun``, then ``plan.mpi.global_args`` first, as given (``--mpi-global-args``).
     - ``--bind-to none``, unless the user gave ``--bind-to`` (with ``--process-placement
       disabled`` the user's ``--map-by`` and ``--bind-to`` stand, seed 2.5); an instance with a
-      planned binding runs through :func:`~poprun.backends._process.instance.bound_argv` (numactl or taskset: the role of real
+      planned binding runs through :func:`~poprun.process.instance.bound_argv` (numactl or taskset: the role of real
       poprun's ``poprun_numa_wrapper``), so mpirun itself binds nothing.
     - ``--tag-output``, always, as real poprun did: the tags say which instance wrote each
       line of what still passes through mpirun (:mod:`poprun.backends.mpirun.mpiout`). The mpirun

@@ -1,7 +1,7 @@
 """
 The ``slurm`` backend: inside a Slurm allocation, every instance is a task of one ``srun`` step.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.process`,
 ``poprun.planner.plan`` and ``poprun.planner.slurm`` (the allocation); never the spec, never
 another backend. Its :mod:`.batch` writes the ``sbatch`` script, offered to ``poprun plan
 --format sbatch`` and ``poprun submit`` by :meth:`SlurmBackend.formats`. Needs ``srun``, ``squeue`` and ``scancel`` here, and
@@ -26,7 +26,7 @@ configuration cannot carry per-instance environments with arbitrary values (newl
 allocation (``SLURM_JOB_CPUS_PER_NODE``); otherwise srun would wait for CPUs that never come.
 
 Output: ``--label`` prefixes every line with its task number (``N: ``, right-aligned), and
-:class:`LabelSplitter` gives each instance's lines to the :class:`~poprun.backends._process.output.Router`,
+:class:`LabelSplitter` gives each instance's lines to the :class:`~poprun.process.output.Router`,
 which tags, filters and keeps the failure report's tail exactly as for the other backends.
 srun splits a line longer than 1024 bytes into labelled pieces of 1024 (an exactly 1024-byte
 line is followed by an empty piece); the splitter passes each piece on without its newline, so
@@ -66,11 +66,6 @@ import zlib
 from collections.abc import Mapping
 from pathlib import Path
 
-from poprun.backends._process.files import private_directory, which
-from poprun.backends._process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
-from poprun.backends._process.launcher import LauncherLaunch, start_launcher
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog
 from poprun.backends.base import (
     NOT_FOUND,
     PROCESSES,
@@ -88,6 +83,11 @@ from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
+from poprun.process.files import private_directory, which
+from poprun.process.instance import DEFAULT_GRACE_S, directories_to_remove, forwarded_stdin
+from poprun.process.launcher import LauncherLaunch, start_launcher
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -266,7 +266,7 @@ def parse_task_ends(line: str) -> list[tuple[int, int | None, int | None]]:
 
 
 class SlurmLaunch(LauncherLaunch):
-    """The running srun step of one plan; see :class:`~poprun.backends._process.launcher.LauncherLaunch`."""
+    """The running srun step of one plan; see :class:`~poprun.process.launcher.LauncherLaunch`."""
 
     thread_name = "poprun-slurm"
 

@@ -1,14 +1,14 @@
 """
 A short command on a node of the allocation (``SlurmBackend.run_on_host``): a one-task step of its own.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends._process`, :mod:`poprun.backends.base` and
+Layer: ``poprun.backends``; imports :mod:`poprun.process`, :mod:`poprun.backends.base` and
 ``poprun.core``. It also says, for the backend's launch too, what is missing outside an allocation
 (PR436, PR437).
 
 ``srun --overlap --nodes=1 --ntasks=1 --nodelist=HOST`` runs ``sh -s`` on the node, beside
 the launch's step (``--overlap``: it takes no CPU from the instances, and does not wait for
 them), with the script on its standard input; bounded here (srun's group is killed) and
-there (:func:`~poprun.backends._process.hostscript.bounded_shell`). On this machine, when it is
+there (:func:`~poprun.process.hostscript.bounded_shell`). On this machine, when it is
 the node, the script runs here.
 """
 
@@ -17,13 +17,13 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from poprun.backends._process.files import which
-from poprun.backends._process.hostscript import TIMED_OUT, bounded_shell, run_here, run_script
-from poprun.backends._process.instance import helper_failed
 from poprun.backends.base import CANNOT_LAUNCH, LaunchError
 from poprun.core.diagnostic import launch_error
 from poprun.core.localhost import is_this_machine
 from poprun.core.span import SourceSpan
+from poprun.process.files import which
+from poprun.process.hostscript import TIMED_OUT, bounded_shell, run_here, run_script
+from poprun.process.instance import helper_failed
 
 _DROPPED = ("SLURM_HOSTFILE", "POPRUN_SLURM_LAUNCH", "SLURM_DISTRIBUTION")  # the launch's own step settings
 

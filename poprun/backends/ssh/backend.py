@@ -1,7 +1,7 @@
 """
 The ``ssh`` backend: instances on other hosts through the OpenSSH client, those on this machine as children.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.backends._process`,
+Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, :mod:`poprun.process`,
 the ssh backend's other modules (:mod:`.client`, :mod:`.remote`, :mod:`.preflight`,
 :mod:`.running`; none of them imports this one) and ``poprun.planner.plan``; never the spec,
 never another backend. Needs ``ssh`` here and a POSIX login shell, ``sh`` and
@@ -41,9 +41,6 @@ import threading
 import time
 from collections.abc import Mapping
 
-from poprun.backends._process.instance import DEFAULT_GRACE_S
-from poprun.backends._process.supervisor import LocalLaunch
-from poprun.backends._process.watchdog import WatchdogError
 from poprun.backends.base import (
     CHECKS_BEFORE_START,
     PROCESSES,
@@ -61,6 +58,9 @@ from poprun.backends.ssh.preflight import PREFLIGHT_S, preflight_budget
 from poprun.backends.ssh.running import _relay_mode, _routes, _shared_connections, _slots, start
 from poprun.core.localhost import is_this_machine
 from poprun.planner.plan import LaunchPlan
+from poprun.process.instance import DEFAULT_GRACE_S
+from poprun.process.supervisor import LocalLaunch
+from poprun.process.watchdog import WatchdogError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:

@@ -1,7 +1,7 @@
 """
 The OpenSSH client as poprun runs it (:class:`SshClient`): batch mode, a connect timeout, one shared connection per host.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends._process` (private directories,
+Layer: ``poprun.backends``; imports :mod:`poprun.process` (private directories,
 watchdogs), the ssh backend's :mod:`.fanout` and :mod:`.relay`, and :mod:`poprun.backends.base`;
 no other module of the ssh backend.
 
@@ -21,11 +21,11 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from poprun.backends._process.files import private_directory, remove_directories
-from poprun.backends._process.watchdog import Watchdog, WatchdogError
 from poprun.backends.base import LaunchError
 from poprun.backends.ssh.fanout import Connected, default_window, open_connections
 from poprun.backends.ssh.relay import Routes
+from poprun.process.files import private_directory, remove_directories
+from poprun.process.watchdog import Watchdog, WatchdogError
 
 SSH_CONFIG = "POPRUN_SSH_CONFIG"
 CONNECT_TIMEOUT_S = 3  # ssh's ConnectTimeout

@@ -2,7 +2,7 @@
 A short command on a host of the ssh backend (``SshBackend.run_on_host``), over the launch's own connection.
 
 Layer: ``poprun.backends``; imports the ssh backend's client and diagnoses, and
-:mod:`poprun.backends._process.hostscript`. The mpirun backend reaches its hosts through this too (the
+:mod:`poprun.process.hostscript`. The mpirun backend reaches its hosts through this too (the
 registry hands it an ssh backend): one way to reach a host, not two.
 
 On this machine the script runs with ``/bin/sh -s``. Elsewhere, through the backend's
@@ -10,7 +10,7 @@ On this machine the script runs with ``/bin/sh -s``. Elsewhere, through the back
 $POPRUN_SSH_CONFIG``): the host's shared connection is opened first when there is none (so
 that a host that cannot be reached gets the preflight's own one-line reason, PR405-PR408), and
 the script goes through it on the session's standard input to ``sh -s``, bounded on the host
-too (:func:`~poprun.backends._process.hostscript.bounded_shell`). The connection stays open for
+too (:func:`~poprun.process.hostscript.bounded_shell`). The connection stays open for
 the launch that follows (it takes the same client), or is the running launch's.
 """
 
@@ -19,13 +19,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Mapping
 
-from poprun.backends._process.hostscript import bounded_shell, run_here, run_script
-from poprun.backends._process.instance import helper_failed
 from poprun.backends.base import LaunchError
 from poprun.backends.ssh.client import SshClient, ssh_options
 from poprun.backends.ssh.preflight import _diagnose, _unreachable
 from poprun.core.diagnostic import Diagnostic
 from poprun.core.localhost import is_this_machine
+from poprun.process.hostscript import bounded_shell, run_here, run_script
+from poprun.process.instance import helper_failed
 
 SSH_FAILED = 255  # ssh's own status when it could not run the command
 

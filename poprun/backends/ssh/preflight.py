@@ -2,7 +2,7 @@
 The ssh backend's preflight: every host is checked before anything starts, and told "G" only when all passed.
 
 Layer: ``poprun.backends``; imports the ssh backend's :mod:`.client` and :mod:`.remote` (the
-check's marks), :mod:`poprun.backends._process.output`, ``poprun.core`` (diagnostics, events)
+check's marks), :mod:`poprun.process.output`, ``poprun.core`` (diagnostics, events)
 and ``poprun.planner.plan``.
 
 Each instance's session first runs a check and waits for poprun's "G" (:class:`_Sessions`),
@@ -21,9 +21,6 @@ import subprocess
 import time
 from collections.abc import Callable, Mapping
 
-from poprun.backends._process.instance import helper_failed
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog
 from poprun.backends.base import Event
 from poprun.backends.ssh.client import HOST_TIMEOUT, SshClient, _send
 from poprun.backends.ssh.relay import Routes
@@ -35,6 +32,9 @@ from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance, LaunchPlan
+from poprun.process.instance import helper_failed
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog
 
 PREFLIGHT_S = 4.5  # the longest the whole preflight takes (or the host timeout, when longer and set by the user)
 

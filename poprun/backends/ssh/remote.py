@@ -2,7 +2,7 @@
 The ssh backend's host-side shell scripts, as text: what each remote session runs, and what it reads first.
 
 Layer: ``poprun.backends``; imports ``poprun.core`` (``launch_error``, the exit statuses),
-:func:`poprun.backends._process.instance.bound_argv`, ``poprun.planner.plan`` and the client's
+:func:`poprun.process.instance.bound_argv`, ``poprun.planner.plan`` and the client's
 default host timeout; nothing here starts a process: given an instance, these functions return
 the exact text (``tests/unit/test_ssh_remote.py``).
 
@@ -22,12 +22,12 @@ import signal
 from collections.abc import Mapping, Sequence
 
 from popdist.env import EXECUTABLE_CACHE_PATH
-from poprun.backends._process.instance import bound_argv
 from poprun.backends.ssh.client import DEFAULT_HOST_TIMEOUT_S
 from poprun.core.diagnostic import launch_error
 from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance
+from poprun.process.instance import bound_argv
 
 _MARK = "poprun-preflight"
 _OK = f"{_MARK} ok\n".encode()  # the last line of a host's check: nothing else follows it until "G"

@@ -2,7 +2,7 @@
 The ssh backend's running launch: sessions started after the preflight, heartbeats, stops, restarts, lost hosts.
 
 Layer: ``poprun.backends``; imports the ssh backend's :mod:`.client`, :mod:`.remote` and
-:mod:`.preflight`, :mod:`poprun.backends._process` (watchdogs, the supervisor, the router) and
+:mod:`.preflight`, :mod:`poprun.process` (watchdogs, the supervisor, the router) and
 ``poprun.planner.plan``.
 
 The local ssh clients are spared SIGTERM, so that a graceful stop reaches the remote program
@@ -22,7 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from poprun.backends._process.instance import (
+from poprun.backends.base import Event, Gate, LaunchError, OutputSink, Restarter, TemporaryCache
+from poprun.backends.ssh.client import SshClient, _send
+from poprun.backends.ssh.preflight import _connect, _Sessions, preflight_budget
+from poprun.backends.ssh.relay import Routes, relays
+from poprun.backends.ssh.remote import environment_input, remote_command, signal_line, stdin_command
+from poprun.core.localhost import is_this_machine
+from poprun.core.record import evolve
+from poprun.planner.plan import LaunchPlan
+from poprun.process.instance import (
     DEFAULT_GRACE_S,
     abandon,
     directories_to_remove,
@@ -32,17 +40,9 @@ from poprun.backends._process.instance import (
     helper_failed,
     start_instance,
 )
-from poprun.backends._process.output import Router
-from poprun.backends._process.supervisor import LocalLaunch, Respawn
-from poprun.backends._process.watchdog import Watchdog, WatchdogError
-from poprun.backends.base import Event, Gate, LaunchError, OutputSink, Restarter, TemporaryCache
-from poprun.backends.ssh.client import SshClient, _send
-from poprun.backends.ssh.preflight import _connect, _Sessions, preflight_budget
-from poprun.backends.ssh.relay import Routes, relays
-from poprun.backends.ssh.remote import environment_input, remote_command, signal_line, stdin_command
-from poprun.core.localhost import is_this_machine
-from poprun.core.record import evolve
-from poprun.planner.plan import LaunchPlan
+from poprun.process.output import Router
+from poprun.process.supervisor import LocalLaunch, Respawn
+from poprun.process.watchdog import Watchdog, WatchdogError
 
 SESSIONS_PER_CONNECTION = 8  # sshd's MaxSessions is 10 by default: room for instance 0's stdin session and a check
 
@@ -193,7 +193,7 @@ def _respawner(plan: LaunchPlan, envs: list[dict[str, str]], procs: dict[int, su
                client: SshClient, slots: dict[int, int], remote: frozenset[int], cache: str | None, timeout_s: float,
                env: dict[str, str], groups: tuple[int, int]) -> Respawn:
     """
-    Return the :data:`~poprun.backends._process.supervisor.Respawn` of a launch: an instance of this machine as it first started, a remote one in a new session.
+    Return the :data:`~poprun.process.supervisor.Respawn` of a launch: an instance of this machine as it first started, a remote one in a new session.
 
     The new session goes through the host's shared connection, reads its variables (the
     restarter's added) and "G" at once from its input, never from its command line, and runs

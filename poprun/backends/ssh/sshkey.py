@@ -113,7 +113,7 @@ def _copy(argv: list[str], hosts: Sequence[str], env: dict[str, str]) -> list[st
 
 def _copy_with_password(base: list[str], hosts: Sequence[str], env: dict[str, str], password: str) -> list[str]:
     """Run ssh-copy-id for ``hosts`` with ``password`` given to ssh through SSH_ASKPASS; return the failures."""
-    from poprun.backends._process.files import private_directory, remove_directories
+    from poprun.process.files import private_directory, remove_directories
 
     folder = private_directory("poprun-askpass-")
     try:

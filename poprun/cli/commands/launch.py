@@ -139,7 +139,7 @@ def _run(plan: LaunchPlan, session: Session, backends: OnDemand, *, backend_span
         return _run_plan(plan, session, backends, backend_span=backend_span, console=console, events=events,
                          detach=detach)
     finally:
-        from poprun.backends._process.cgroup import release_ahead
+        from poprun.process.cgroup import release_ahead
 
         release_ahead()
 

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from poprun.backends._process.files import private_directory
 from poprun.backends.base import InstanceStarted, TemporaryCache
 from poprun.backends.conformance import EventSink, RestartOnce, probe_plan
 from poprun.backends.ssh.backend import SshBackend
+from poprun.process.files import private_directory
 from tests.e2e.hosts.test_adversarial_ssh import private_tmp_h4  # noqa: F401 - a fixture
 from tests.e2e.hosts.test_ssh_backend import marked_anywhere, wait_for
 from tests.testhosts import TestHosts

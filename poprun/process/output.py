@@ -1,7 +1,7 @@
 """
 The output router: instance output to the sink in whole lines, tagged, filtered and filed.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base` and ``poprun.planner.plan``,
+Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``) and ``poprun.planner.plan``,
 never the spec, and never prints (the sink does). It is fed raw chunks as they are read from an
 instance's pipes and passes on whole lines, so that the lines of two instances are never cut or
 interleaved mid-line; a line without its newline at the end of a stream gets one.
@@ -34,8 +34,9 @@ import os
 import stat
 import time
 
-from poprun.backends.base import InstanceSink, LaunchError, OutputSink, Stream
+from poprun.core.diagnostic import LaunchError
 from poprun.core.events import PhaseEnded
+from poprun.core.launching import InstanceSink, OutputSink, Stream
 from poprun.core.private import make_directories
 from poprun.planner.plan import LaunchPlan
 
@@ -56,7 +57,7 @@ class Router:
     Routes the output of every instance of a plan.
 
     Every whole line goes to its instance's tail, to the sink's ``instance_lines(index, stream,
-    lines)`` when it has one (an :class:`~poprun.backends.base.InstanceSink`: the apply step's run
+    lines)`` when it has one (an :class:`~poprun.core.launching.InstanceSink`: the apply step's run
     record) and, unless ``only_from_instance`` names another instance, to the sink (prefixed ``[1,<index>]<stdout>:`` when the plan tags
     output, like ``mpirun --tag-output``). With ``output_filename DIR`` the bytes of each
     stream are also written, exactly as they came, to ``DIR/1/rank.<index>/stdout|stderr``

@@ -1,33 +1,33 @@
 """
 The supervisor of a local launch: one thread that forwards output, sees instances end and stops the rest.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``; never the
+Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``), the other ``poprun.process`` modules and ``poprun.planner.plan``; never the
 spec. Linux (``pidfd``), with a fallback of one waiting thread per instance elsewhere.
 
 One thread waits in ``select`` (epoll) on everything at once: both pipes of every instance
-(non-blocking, read in large chunks and handed to the :class:`~poprun.backends._process.output.Router`),
+(non-blocking, read in large chunks and handed to the :class:`~poprun.process.output.Router`),
 a pidfd per instance (readable when it ends), and a wake-up pipe that :meth:`LocalLaunch.terminate`
 writes to. When an instance ends, its pipes are drained first, so that its last lines are
 forwarded before anyone hears that it ended. At the first failure the launch's gate is awaited
-(:data:`~poprun.backends.base.Gate`: the apply step may be reading stacks), then the group is
+(:data:`~poprun.core.launching.Gate`: the apply step may be reading stacks), then the group is
 sent SIGTERM, and SIGKILL after the grace period. When every instance has ended, what is still in the group
 (background processes of the instances) is killed, processes re-parented to poprun are killed
-(:func:`~poprun.backends._process.watchdog.kill_adopted`), the output is drained to its end and the
+(:func:`~poprun.process.watchdog.kill_adopted`), the output is drained to its end and the
 temporary directories are removed: no process of the launch outlives :meth:`LocalLaunch.wait`.
 
-Restarts (``--restart-scope instance``). Given a :class:`~poprun.backends.base.Restarter` and a
+Restarts (``--restart-scope instance``). Given a :class:`~poprun.core.launching.Restarter` and a
 ``respawn`` callable, a failed instance (not stopped by poprun, its host not lost) may start
-again alone: the restarter says after how long (:meth:`~poprun.backends.base.Restarter.restart_after`,
+again alone: the restarter says after how long (:meth:`~poprun.core.launching.Restarter.restart_after`,
 asked once its pipes are drained, with its uptime since its last start), its end is told with
 ``restarting=True`` and the others go on, their output flowing. Once the delay has passed, a
-thread of its own asks :meth:`~poprun.backends.base.Restarter.prepare` (which may block), then,
+thread of its own asks :meth:`~poprun.core.launching.Restarter.prepare` (which may block), then,
 with the launch's lock held (so that a stop either comes before, and nothing starts, or after,
 and reaches the new process), calls ``respawn(index, variables)``; the supervisor registers the
-new process's pipes and pidfd and tells :class:`~poprun.backends.base.InstanceStarted` with
+new process's pipes and pidfd and tells :class:`~poprun.core.events.InstanceStarted` with
 ``restart`` set. A stop (:meth:`LocalLaunch.terminate`) during the delay or the preparation
 cancels the restart at once (a preparation still running is not waited for: its answer is
 ignored), as does ``prepare`` returning None or ``respawn`` raising
-:class:`~poprun.backends.base.LaunchError`: the instance then stays ended with its last status
+:class:`~poprun.core.diagnostic.LaunchError`: the instance then stays ended with its last status
 and the launch is torn down as after a failure. The output router, the instance's tail, the
 sink's per-instance lines and its output files go on across restarts (the files are appended to).
 """
@@ -43,26 +43,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from poprun.backends._process.files import remove_directories
-from poprun.backends._process.instance import start_supervising
-from poprun.backends._process.mpiwatch import MpiWatch
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog, kill_adopted
-from poprun.backends.base import (
-    ApplyResult,
-    Event,
-    Gate,
-    InstanceEnded,
-    InstanceFailure,
-    InstanceStarted,
-    LaunchError,
-    OutputSink,
-    Restarter,
-    Stream,
-)
-from poprun.core.events import MpiWithoutLauncher
+from poprun.core.diagnostic import LaunchError
+from poprun.core.events import Event, InstanceEnded, InstanceStarted, MpiWithoutLauncher
 from poprun.core.exitstatus import SIGNALLED as _SIGNALLED  # a POSIX shell reports death by signal N as 128+N
+from poprun.core.launching import Gate, OutputSink, Restarter, Stream
+from poprun.core.outcome import ApplyResult, InstanceFailure
 from poprun.planner.plan import LaunchPlan
+from poprun.process.files import remove_directories
+from poprun.process.instance import start_supervising
+from poprun.process.mpiwatch import MpiWatch
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog, kill_adopted
 
 _READ = 1 << 18  # bytes read from a pipe at once
 _DRAIN_READS = 64  # reads of one pipe at most when draining it while its writers may still run

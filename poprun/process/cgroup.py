@@ -1,7 +1,7 @@
 """
 A cgroup (v2) per launch: what a process group cannot hold, a cgroup does.
 
-Layer: ``poprun.backends``; standard library only. Linux with a cgroup v2 hierarchy that this
+Layer: ``poprun.process``; standard library only. Linux with a cgroup v2 hierarchy that this
 user may write to (a delegated systemd slice, a container, root) and ``cgroup.kill`` (Linux
 5.14). Anywhere else :meth:`Cgroup.make` returns None and nothing changes.
 

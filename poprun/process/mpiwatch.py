@@ -1,7 +1,7 @@
 """
 Whether an instance loaded an MPI library: the run-time half of poprun's promise to MPI programs.
 
-Layer: ``poprun.backends``; the standard library only.
+Layer: ``poprun.process``; the standard library only.
 
 The planner sees a program that calls MPI when its own code says so (:mod:`poprun.planner.mpiuse`)
 and runs it under ``mpirun``. A program that reaches MPI another way (``importlib``, a wrapper

@@ -1,8 +1,8 @@
 """
 Running a short POSIX sh script through a command that reads it on its standard input.
 
-Layer: ``poprun.backends._process``; the standard library and :mod:`poprun.core.exitstatus` (and, on a failure,
-:mod:`poprun.backends._process.instance` for its diagnostic). The shared half of every
+Layer: ``poprun.process``; the standard library and :mod:`poprun.core.exitstatus` (and, on a failure,
+:mod:`poprun.process.instance` for its diagnostic). The shared half of every
 built-in backend's :meth:`~poprun.backends.base.HostCommands.run_on_host`: ``/bin/sh -s`` here,
 or ``ssh ... sh -s`` / ``srun ... sh -s`` there. The script is written to the command's
 standard input (never its argv, which ``ps`` shows), wrapped in ``{ ...; } </dev/null`` so that a
@@ -149,7 +149,7 @@ def run_here(script: str, *, environ: Mapping[str, str], timeout_s: float) -> tu
     try:
         status, out, _ = run_script(LOCAL_SHELL, script, env=environ, timeout_s=timeout_s)
     except OSError as exc:
-        from poprun.backends._process.instance import helper_failed
+        from poprun.process.instance import helper_failed
 
         raise helper_failed(exc, "/bin/sh", f"cannot run /bin/sh here: {exc.strerror}") from exc
     return status, out

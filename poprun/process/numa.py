@@ -1,7 +1,7 @@
 """
 NUMA memory policy for the next child: prefer an instance's own NUMA nodes (Linux ``set_mempolicy``).
 
-Layer: ``poprun.backends``; the standard library (ctypes, already loaded by the watchdog).
+Layer: ``poprun.process``; the standard library (ctypes, already loaded by the watchdog).
 
 A child inherits the memory policy of the thread that starts it, as it inherits its CPU
 affinity; :func:`prefer` sets this thread's before a start and :func:`prefer` with None

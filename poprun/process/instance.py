@@ -1,7 +1,7 @@
 """
 Starting one instance as a child process: its program, its stdin, its CPU binding, the cache to remove.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules
+Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``), the other ``poprun.process`` modules
 and ``poprun.planner.plan``. The local, offline and ssh backends start instances of this
 machine with :func:`start_instance`; the ssh and mpirun backends run a bound instance on
 another host through :func:`bound_argv`.
@@ -19,13 +19,14 @@ import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from poprun.backends._process.files import made_here, which
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog, started_in, starting_in
-from poprun.backends.base import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND, LaunchError, TemporaryCache
-from poprun.core.diagnostic import launch_error
+from poprun.core.diagnostic import LaunchError, launch_error
+from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND
+from poprun.core.launching import TemporaryCache
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance
+from poprun.process.files import made_here, which
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog, started_in, starting_in
 
 DEFAULT_GRACE_S = 5.0
 
@@ -94,7 +95,7 @@ def directories_to_remove(cache: TemporaryCache | None) -> tuple[str, ...]:
     """
     Return the temporary cache directory to remove at the end: ``cache``'s when it is to be removed, else none.
 
-    Only a directory this process made (:func:`~poprun.backends._process.files.made_here`)
+    Only a directory this process made (:func:`~poprun.process.files.made_here`)
     qualifies: a cache that names a directory of the user's, whatever its name, is never removed.
     """
     if cache is None or not cache.remove_at_exit or not made_here(cache.path):

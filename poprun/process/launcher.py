@@ -1,18 +1,18 @@
 """
 A launch run by one launcher process (``mpirun``, ``srun``) that starts every instance and relays their output.
 
-Layer: ``poprun.backends``; imports :mod:`poprun.backends.base`, the other ``_process`` modules and ``poprun.planner.plan``.
+Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``), the other ``poprun.process`` modules and ``poprun.planner.plan``.
 
 :class:`LauncherLaunch` is what the mpirun and slurm backends share: one child process in the
-group of a :class:`~poprun.backends._process.watchdog.Watchdog`, whose two pipes carry every instance's
+group of a :class:`~poprun.process.watchdog.Watchdog`, whose two pipes carry every instance's
 output with a label saying whose it is (mpirun's ``[1,N]<stdout>:`` tags, srun's ``N:``
 labels). A thread reads both pipes to their end, hands each instance's pieces to the
-:class:`~poprun.backends._process.output.Router` and the launcher's own lines to :meth:`_own`, runs
+:class:`~poprun.process.output.Router` and the launcher's own lines to :meth:`_own`, runs
 what is due (the kill after the grace period), and at the end makes the
-:class:`~poprun.backends.base.ApplyResult`. A subclass says how to split the output, how to
+:class:`~poprun.core.outcome.ApplyResult`. A subclass says how to split the output, how to
 stop the instances gently and how to kill them, what the launcher's own lines mean, and how
 the launch ended; it awaits the launch's gate (:meth:`LauncherLaunch._await_gate`, see
-:data:`~poprun.backends.base.Gate`) after telling a failure, before any teardown of its own.
+:data:`~poprun.core.launching.Gate`) after telling a failure, before any teardown of its own.
 """
 
 from __future__ import annotations
@@ -26,26 +26,20 @@ import threading
 import time
 from collections.abc import Callable, Mapping
 
-from poprun.backends._process.files import remove_directories
-from poprun.backends._process.instance import helper_failed, start_supervising
-from poprun.backends._process.output import Router
-from poprun.backends._process.watchdog import Watchdog, WatchdogError
-from poprun.backends.base import (
-    ApplyResult,
-    Event,
-    Gate,
-    InstanceEnded,
-    InstanceFailure,
-    InstanceStarted,
-    OutputSink,
-)
+from poprun.core.events import Event, InstanceEnded, InstanceStarted
+from poprun.core.launching import Gate, OutputSink
+from poprun.core.outcome import ApplyResult, InstanceFailure
 from poprun.planner.plan import LaunchPlan
+from poprun.process.files import remove_directories
+from poprun.process.instance import helper_failed, start_supervising
+from poprun.process.output import Router
+from poprun.process.watchdog import Watchdog, WatchdogError
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import Protocol
 
-    from poprun.backends.base import Stream
+    from poprun.core.launching import Stream
 
     Piece = tuple[int | None, Stream, bytes]
 
@@ -69,7 +63,7 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
 
     ``executable``, when given, is the file run, ``argv[0]`` then being only the name the
     launcher sees itself called by. ``stdin``: the descriptor the launcher reads as its
-    standard input (poprun's, from :func:`~poprun.backends._process.instance.forwarded_stdin`,
+    standard input (poprun's, from :func:`~poprun.process.instance.forwarded_stdin`,
     which the launcher passes on to instance 0 alone: mpirun's ``--stdin`` default, srun's
     ``--input=0``); None: ``/dev/null``.
 

@@ -1,7 +1,7 @@
 """
 The file-system chores of a launch: finding a program, making and removing private directories.
 
-Layer: ``poprun.backends``; standard library only.
+Layer: ``poprun.process``; standard library only.
 
 poprun removes only what it made. :func:`private_directory` records every directory it makes
 in this process, and :func:`remove_directories` removes nothing else: a path that a plan

@@ -1,7 +1,7 @@
 """
 No orphan, ever: the watchdog of a local launch, and poprun as the reaper of its descendants.
 
-Layer: ``poprun.backends``; standard library and :mod:`poprun.backends._process.cgroup` only (no plan, no
+Layer: ``poprun.process``; standard library and :mod:`poprun.process.cgroup` only (no plan, no
 spec). Linux.
 
 Every process of a launch lives in one process group, led by a tiny watchdog that poprun starts
@@ -25,7 +25,7 @@ A descendant that leaves the group (``setsid``, a daemon) is out of reach of ``k
 command line makes itself a child subreaper (:func:`become_subreaper`), so such a process is
 re-parented to poprun when its parent dies, and the end of each launch kills and reaps every
 process re-parented to poprun since the launch began (:func:`kill_adopted`). Where cgroup v2
-is writable, each watchdog also makes a cgroup for its launch (:mod:`poprun.backends._process.cgroup`;
+is writable, each watchdog also makes a cgroup for its launch (:mod:`poprun.process.cgroup`;
 the watchdog itself begins outside it, or inside when the cgroup was made ahead): :func:`starting_in`
 has what poprun starts in the group begin in that cgroup too, and ``cgroup.kill`` ends it with
 the group, at the end of the launch and from the clean-up when poprun dies (whose forked child
@@ -53,8 +53,8 @@ import time
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 
-from poprun.backends._process.cgroup import Cgroup
 from poprun.core.process import start_time
+from poprun.process.cgroup import Cgroup
 
 # The watchdog. It ignores the signals sent to stop the group, tells poprun it does (the byte on
 # stdout, which poprun awaits before it sends any), then waits for EOF on stdin (poprun's
