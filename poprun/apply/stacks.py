@@ -31,6 +31,7 @@ import shlex
 import threading
 from collections.abc import Mapping
 
+from popdist import env as names
 from poprun.apply.hostrun import run_script
 
 STACKS_TIMEOUT_S = 20.0  # a default for the caller: py-spy on a few processes, over a slow link
@@ -38,7 +39,7 @@ PY_SPY_S = 10  # one py-spy dump at most (a process it cannot attach to)
 MAX_STACK = 65536  # bytes of one process's stack kept
 FAULTHANDLER = "faulthandler: written to the instance's standard error"
 _RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:+-]{0,127}\Z")
-_NOT_INHERITED = ("POPRUN_RUN_ID", "POPDIST_INSTANCE_INDEX")  # the script itself must not look like an instance
+_NOT_INHERITED = (names.RUN_ID, names.INSTANCE_INDEX)  # the script itself must not look like an instance
 _NOTES = {
     "faulthandler": FAULTHANDLER,
     "core": "no stack: PYTHONFAULTHANDLER is set, but its core size limit could not be set to 0 (prlimit missing), "

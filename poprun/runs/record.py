@@ -49,6 +49,7 @@ import threading
 import time
 from collections.abc import Iterable, Mapping
 
+from popdist import env as names
 from poprun.core.events import Event
 from poprun.core.private import make_directories
 from poprun.core.process import start_time
@@ -60,7 +61,7 @@ from poprun.runs.jsontext import dumps
 RUNS_DIR = "POPRUN_RUNS_DIR"  # where runs are kept
 KEEP = "POPRUN_RUNS_KEEP"  # how many runs are kept (100)
 LOG_LIMIT = "POPRUN_RUN_LOG_LIMIT"  # bytes of output kept per instance (64 MiB)
-RUN_ID = "POPRUN_RUN_ID"  # the run's id, in every instance's environment
+RUN_ID = names.RUN_ID  # the run's id, in every instance's environment (popdist's contract)
 DEFAULT_KEEP = 100
 DEFAULT_LOG_LIMIT = 64 << 20
 MARK = ".poprun-run"
