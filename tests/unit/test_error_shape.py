@@ -81,16 +81,13 @@ def test_the_tree_in_the_docstring_names_every_exception_of_poprun():
 
 
 def test_every_launch_error_of_the_backends_is_coded():
-    """A LaunchError raised by poprun's backends carries a diagnostic; bare ones are only the settings' checks."""
-    # POPRUN_HOST_TIMEOUT, POPRUN_SSH_FANOUT and POPRUN_SSH_RELAY are checked at launch until settings are
-    # decided when planning (design.md section 12): then these go too.
-    settings = {"poprun/backends/ssh/client.py", "poprun/backends/ssh/backend.py", "poprun/backends/ssh/running.py"}
+    """A LaunchError raised by poprun's backends carries a diagnostic (a hand-made plan's bad setting: PR225)."""
     bare = [str(path.relative_to(ROOT)) for path in sorted((POPRUN / "backends").rglob("*.py"))
             for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "LaunchError"
             and not any(k.arg == "diagnostics" for k in node.keywords)]
 
-    assert [] == [p for p in bare if p not in settings]
+    assert [] == bare
 
 
 def test_codes_of_apply_time_failures_are_registered():

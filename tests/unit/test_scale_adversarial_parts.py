@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from poprun.backends.base import LaunchError
-from poprun.backends.conformance import probe_plan
+from poprun.backends.conformance import MemorySink, probe_plan
 from poprun.backends.ssh.backend import SshBackend
 from poprun.backends.ssh.fanout import FANOUT, window
 from poprun.backends.ssh.relay import relays
@@ -84,3 +84,22 @@ def test_every_host_is_reached_once_and_no_relay_is_a_leaf(count: int) -> None:
 
     assert set(via.values()) <= set(hosts) - set(via)
     assert all(hosts.index(relay) < hosts.index(leaf) for leaf, relay in via.items())
+
+
+@pytest.mark.parametrize(("name", "value"), [("POPRUN_SSH_FANOUT", "lots"), ("POPRUN_SSH_RELAY", "sometimes"),
+                                             ("POPRUN_HOST_TIMEOUT", "junk")])
+def test_a_hand_made_plans_junk_setting_is_pr225_at_launch_with_nothing_started(tmp_path: Path, name: str,
+                                                                                   value: str) -> None:
+    """A plan made by hand (the solver refuses junk) with a junk ssh setting: launch raises PR225 naming it, 125."""
+    plan = _with_setting(probe_plan("pass", tmp_path, backend="ssh", instances=2,
+                                    hosts=("poprun-nowhere.invalid",)), name, value)
+    backend = SshBackend()
+    try:
+        with pytest.raises(LaunchError) as raised:
+            backend.launch(plan, env_source={"PATH": "/usr/bin:/bin"}, sink=MemorySink())
+    finally:
+        backend.close()
+
+    diagnostic = raised.value.diagnostics[0]
+    assert (125, "PR225", f"<env {name}>") == (raised.value.status, diagnostic.code, diagnostic.span.file)
+    assert repr(value) in diagnostic.detail or value in diagnostic.detail

@@ -56,7 +56,9 @@ from poprun.backends.ssh.client import CONNECT_TIMEOUT_S, SSH_CONFIG, SshClient,
 from poprun.backends.ssh.fanout import window
 from poprun.backends.ssh.preflight import PREFLIGHT_S, preflight_budget
 from poprun.backends.ssh.running import _relay_mode, _routes, _shared_connections, _slots, start
+from poprun.core.diagnostic import launch_error
 from poprun.core.localhost import is_this_machine
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.process.instance import DEFAULT_GRACE_S
 from poprun.process.supervisor import LocalLaunch
@@ -177,7 +179,8 @@ class SshBackend:
         try:
             fanout = window(source)
         except ValueError as exc:
-            raise LaunchError(str(exc)) from None
+            raise launch_error("PR225", "invalid setting", detail=str(exc), span=SourceSpan.env("POPRUN_SSH_FANOUT"),
+                               hint="set POPRUN_SSH_FANOUT to a number from 1 to 1024, or unset it") from None
         with self._client_lock:
             if self._client is None or self._client.closed or self._client.settings != settings:
                 self._client = self._take_kept(settings) or SshClient(

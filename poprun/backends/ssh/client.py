@@ -21,9 +21,10 @@ import subprocess
 import time
 from collections.abc import Mapping, Sequence
 
-from poprun.backends.base import LaunchError
 from poprun.backends.ssh.fanout import Connected, default_window, open_connections
 from poprun.backends.ssh.relay import Routes
+from poprun.core.diagnostic import launch_error
+from poprun.core.span import SourceSpan
 from poprun.process.files import private_directory, remove_directories
 from poprun.process.watchdog import Watchdog, WatchdogError
 
@@ -303,5 +304,7 @@ def host_timeout(env: Mapping[str, str]) -> float:
     except ValueError:
         value = -1.0
     if not 3 <= value <= 3600:  # noqa: PLR2004 - ssh counts keep-alives in whole seconds, three per timeout
-        raise LaunchError(f"{HOST_TIMEOUT}={text!r} is not a number of seconds from 3 to 3600")
+        raise launch_error("PR225", "invalid setting", detail=f"{HOST_TIMEOUT}={text!r} is not a number of seconds from 3 to 3600",
+                           span=SourceSpan.env(HOST_TIMEOUT),
+                           hint=f"set {HOST_TIMEOUT} to a number of seconds from 3 to 3600, or unset it (15 s)")
     return value

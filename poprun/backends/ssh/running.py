@@ -22,13 +22,15 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 
-from poprun.backends.base import Event, Gate, LaunchError, OutputSink, Restarter, TemporaryCache
+from poprun.backends.base import Event, Gate, OutputSink, Restarter, TemporaryCache
 from poprun.backends.ssh.client import SshClient, _send
 from poprun.backends.ssh.preflight import _connect, _Sessions, preflight_budget
 from poprun.backends.ssh.relay import Routes, relays
 from poprun.backends.ssh.remote import environment_input, remote_command, signal_line, stdin_command
+from poprun.core.diagnostic import launch_error
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
+from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
 from poprun.process.instance import (
     DEFAULT_GRACE_S,
@@ -307,7 +309,8 @@ def _relay_mode(env: Mapping[str, str]) -> str:
     try:
         return mode(env)
     except ValueError as exc:
-        raise LaunchError(str(exc)) from None
+        raise launch_error("PR225", "invalid setting", detail=str(exc), span=SourceSpan.env("POPRUN_SSH_RELAY"),
+                           hint="set POPRUN_SSH_RELAY to auto, on or off, or unset it") from None
 
 
 class _Heartbeat:
