@@ -79,10 +79,8 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     if registry is None:  # a registry of its own: what its backends keep (connections) is closed when the run ends
         with default_registry() as own:
             return apply(plan, sink=sink, registry=own, env_source=env_source, control=control, record=record)
-    control = control or Control()
-    environ = os.environ if env_source is None else env_source
-    relay = Relay(plan, sink, record, environ)
-    clock = Clock(record)
+    control, environ = control or Control(), os.environ if env_source is None else env_source
+    relay, clock = Relay(plan, sink, record, environ), Clock(record)
     try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
@@ -91,9 +89,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
                        clock)
     except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
-        failed = ApplyError(status=CANNOT_LAUNCH, message=str(exc.args[0])) if isinstance(exc, KeyError) else \
-            ApplyError(status=CANNOT_LAUNCH, message=str(exc), diagnostics=tuple(exc.diagnostics))
-        return _finish(ApplyResult(statuses=(), error=failed), relay, record, clock)
+        return _finish(ApplyResult(statuses=(), error=_unmade(exc)), relay, record, clock)
     run = Run(control, tell=relay.stopping, gate=Gate())
     relay.started = run.instance_started
     control.bind(run)
@@ -128,8 +124,14 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         raise
     run.finish()
     return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings,
-                          notes=result.notes + tuple(relay.notes)), relay,
-                   record, clock)
+                          notes=result.notes + tuple(relay.notes)), relay, record, clock)
+
+
+def _unmade(exc: KeyError | DiagnosticError) -> ApplyError:
+    """Return how a run whose backend could not be had ended: 125 (an unknown name, a plugin that cannot be made)."""
+    if isinstance(exc, KeyError):
+        return ApplyError(status=CANNOT_LAUNCH, message=str(exc.args[0]))
+    return ApplyError(status=CANNOT_LAUNCH, message=str(exc), diagnostics=tuple(exc.diagnostics))
 
 
 def _stopped(exc: Stopped) -> ApplyError:
