@@ -116,6 +116,12 @@ def _tuple_hooks(conv: cattrs.Converter) -> None:
 
 
 def _converter() -> cattrs.Converter:
+    """
+    Return the plan's converter: strict scalars, tuples, records, and the hooks of the keys whose JSON form differs.
+
+    Length: each hook is a closure over this converter (cattrs calls them with it), so they are
+    defined here, one after another, in the order of the plan's keys.
+    """
     from poprun.planner.plancheck import strict_scalars
 
     conv = cattrs.Converter(forbid_extra_keys=True)

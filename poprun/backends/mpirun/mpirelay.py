@@ -4,6 +4,9 @@ The mpirun backend's output relay: each instance's stdout and stderr reach popru
 Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`; ``poprun.core``'s
 exit statuses, and its diagnostics, imported when one is made).
 
+Length: both ends of one wire protocol (the wrapper's relay on the host and poprun's receiver:
+frames, acknowledgements, resumption) stay in one file, so that what must match is read side by side.
+
 Why: OpenMPI 4.1's ``--tag-output`` loses output (it tags each 4 KiB read into an 8 KiB
 buffer and drops what does not fit: ``mpirun --tag-output seq 2000`` prints about 1,300
 lines), and untagged, the lines of two instances interleave mid-line. So poprun does not let

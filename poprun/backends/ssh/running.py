@@ -55,7 +55,7 @@ def start(plan: LaunchPlan, envs: list[dict[str, str]], source: dict[str, str], 
     """
     Connect, check every host, then start every instance of ``plan`` through ``client``; return without waiting.
 
-    Over 50 lines: one launch's steps in their order, each undone on a failure; the parts are the
+    Length: one launch's steps in their order, each undone on a failure; the parts are the
     functions below.
 
     Raises:
