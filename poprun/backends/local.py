@@ -26,7 +26,7 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from poprun.backends._process.cgroup import Cgroup
+from poprun.backends._process.cgroup import Cgroup, stop_priming
 from poprun.backends._process.instance import (
     DEFAULT_GRACE_S,
     abandon,
@@ -75,6 +75,8 @@ def cgroup_ahead(plan: LaunchPlan) -> None:
     """
     if plan.backend.name in _STARTS_HERE:
         Cgroup.ahead()
+    else:
+        stop_priming()  # no launch cgroup made ahead: no move to ready the kernel for
 
 
 def _programs(plan: LaunchPlan, envs: list[dict[str, str]]) -> list[str]:
