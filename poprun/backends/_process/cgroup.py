@@ -249,7 +249,7 @@ def prime() -> None:
 
 def stop_priming() -> None:
     """Stop :func:`prime`'s thread and wait for it (a move of it under way ends first); idempotent."""
-    if _primer:
+    if _primer and _primer[0][0].is_alive():  # not in a forked child (the thread is not there), nor once ended
         thread, stop = _primer[0]
         stop.set()
         thread.join()
