@@ -325,6 +325,8 @@ class Attempts:
             clock.lap("start")
             relay.event(LaunchRunning())
             relay.observe()
+            if self.record is not None:  # old runs are pruned while the instances run, not before they start
+                self.record.prune_old()
             result = launch.wait()
         except BaseException:
             launch.terminate(0)

@@ -42,7 +42,7 @@ from poprun.core.localhost import is_this_machine
 from poprun.core.span import SourceSpan
 from poprun.planner.machine import cpulist, parse_cpulist
 from poprun.planner.plan import LaunchPlan
-from poprun.process.cgroup import Cgroup
+from poprun.process.cgroup import Cgroup, stop_priming
 from poprun.process.instance import (
     DEFAULT_GRACE_S,
     abandon,
@@ -77,6 +77,8 @@ def cgroup_ahead(plan: LaunchPlan) -> None:
     """
     if plan.backend.name in _STARTS_HERE:
         Cgroup.ahead()
+    else:
+        stop_priming()  # no launch cgroup made ahead: no move to ready the kernel for
 
 _NOT_HERE_HINT = ("the local backend runs every instance on this machine: use --backend offline to run them here "
                   "whatever their hosts, or --backend ssh to reach the host")

@@ -10,7 +10,6 @@ import contextlib
 import os
 import stat
 import time
-from pathlib import Path
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error, warning
 from poprun.core.rawbytes import check_exact
@@ -24,6 +23,8 @@ def export_config(spec: Spec, target: Sourced[str], *, overwrite: bool) -> tuple
     When the file exists and ``overwrite`` is false, a time stamp is appended to the name
     instead (PopRun's rule), and a PR214 warning is returned.
     """
+    from pathlib import Path  # here, not at the top: only --export-config needs it (start-up stays lean)
+
     from poprun.planner.tomlspec import to_toml
 
     path = Path(target.value)

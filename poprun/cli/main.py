@@ -94,6 +94,10 @@ def _visible_streams() -> None:
 def _dispatch(args: list[str], session: Session) -> int:
     from poprun.cli.commands import handler
 
+    if not args or args[0] not in COMMANDS or args[0] == "apply":  # a launch may follow: ready the kernel's cgroup move
+        from poprun.process.cgroup import prime
+
+        prime()
     if args and args[0] in COMMANDS:
         return handler(args[0])(args[1:], session)
     return handler(None)(args, session)

@@ -306,7 +306,7 @@ def _record(environ: Mapping[str, str], console: Console, started: float | None)
     from poprun.runs.record import RecordError, RunRecord
 
     try:
-        record = RunRecord.create(environ)
+        record = RunRecord.create(environ, prune=False)  # pruned once the instances started (start-up)
     except RecordError as exc:
         console.log(f"poprun: warning: {exc.strerror}: this run is not recorded\n")
         return None

@@ -11,9 +11,7 @@ build their own, so solving stays pure and deterministic.
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from poprun.core.record import field, record
 
@@ -24,7 +22,7 @@ if TYPE_CHECKING:
     from poprun.planner.trait import Traits
 
 VIPU_CONFIG_FILES = ("~/.vipu/vipu-cli.hcl", "/etc/vipu/vipu-cli.hcl")
-_HCL_ITEM = re.compile(r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$', re.MULTILINE)
+_HCL_ITEM = r'^\s*([A-Za-z_-]+)\s*=\s*"?([^"\n]*)"?\s*$'  # an item of a V-IPU configuration file (re.MULTILINE)
 
 
 def _sorted(mapping: Mapping[str, str]) -> dict[str, str]:
@@ -150,15 +148,18 @@ def _cwd() -> str:
 def _read_vipu_config() -> tuple[dict[str, str], str | None]:
     """Return the items of the first V-IPU client configuration file found (``api-host`` ...)."""
     from poprun.core.diagnostic import DiagnosticError
+    from poprun.core.purepath import exists, expanduser
     from poprun.core.textfile import read_text_file
 
     for name in VIPU_CONFIG_FILES:
-        path = Path(name).expanduser()
-        if not path.exists():
+        path = expanduser(name)
+        if not exists(path):
             continue
         try:  # bounded: a FIFO or device there is skipped, never waited on
-            text = read_text_file(str(path), key="vipu configuration")
+            text = read_text_file(path, key="vipu configuration")
         except DiagnosticError:
             continue
-        return {k: v.strip() for k, v in _HCL_ITEM.findall(text)}, str(path)
+        import re  # here, not at the top: only a V-IPU configuration file needs it (start-up stays lean)
+
+        return {k: v.strip() for k, v in re.findall(_HCL_ITEM, text, re.MULTILINE)}, path
     return {}, None

@@ -1,7 +1,7 @@
 """
 Host topologies: sockets, NUMA nodes, cores and the CPUs a process may use.
 
-Layer: ``poprun.planner``; the standard library (JSON only when a file is read) and
+Layer: ``poprun.planner``; the standard library (JSON and pathlib only when a file is read) and
 ``poprun.core``. The planner places instances on a host's NUMA nodes and cores
 (:mod:`poprun.planner.placement`); this module says what a host has.
 
@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from pathlib import Path
 
+from poprun.core.purepath import is_dir
 from poprun.core.record import positional_record, record
 
-TOPOLOGIES = Path(__file__).parents[1] / "topologies"
+TOPOLOGIES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topologies")  # noqa: PTH118, PTH120
 RECORDED = ("dell-r6525-2x-epyc-7742", "xeon-2s-2numa", "workstation-1numa")
 
 
@@ -112,21 +112,21 @@ def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name:
 
     A machine without ``/sys/devices/system/node`` is one NUMA node of every online CPU.
     """
-    cpu_root = Path(sys_root, "devices/system/cpu")
-    online = parse_cpulist(_read(cpu_root / "online") or f"0-{(os.cpu_count() or 1) - 1}")
-    node_root = Path(sys_root, "devices/system/node")
+    cpu_root = os.path.join(sys_root, "devices/system/cpu")  # noqa: PTH118 - pathlib costs start-up
+    online = parse_cpulist(_read(cpu_root, "online") or f"0-{(os.cpu_count() or 1) - 1}")
+    node_root = os.path.join(sys_root, "devices/system/node")  # noqa: PTH118
     members: dict[int, tuple[int, ...]] = {}
-    for entry in sorted(node_root.glob("node[0-9]*")) if node_root.is_dir() else []:
-        members[int(entry.name[4:])] = tuple(c for c in parse_cpulist(_read(entry / "cpulist") or "") if c in online)
+    for entry in _node_names(node_root) if is_dir(node_root) else []:
+        members[int(entry[4:])] = tuple(c for c in parse_cpulist(_read(node_root, entry, "cpulist") or "") if c in online)
     if not members:
         members = {0: online}
     cores = {}
     for cpu in (c for cpus in members.values() for c in cpus):
-        topo = cpu_root / f"cpu{cpu}" / "topology"
-        cores[cpu] = (int(_read(topo / "physical_package_id") or 0), int(_read(topo / "core_id") or cpu))
+        topo = (cpu_root, f"cpu{cpu}", "topology")
+        cores[cpu] = (int(_read(*topo, "physical_package_id") or 0), int(_read(*topo, "core_id") or cpu))
     nodes = _nodes(members, cores)
     cpuset = tuple(sorted(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else None
-    mems = next((parse_cpulist(line.split(":", 1)[1]) for line in (_read(Path(status)) or "").splitlines()
+    mems = next((parse_cpulist(line.split(":", 1)[1]) for line in (_read(status) or "").splitlines()
                  if line.startswith("Mems_allowed_list:")), None)
     return HostTopology(name=name or os.uname().nodename, numa_nodes=tuple(nodes), cpuset=cpuset, mems=mems)
 
@@ -177,11 +177,12 @@ def load(source: str) -> HostTopology:
         ValueError: with a one-line reason when the file cannot be read or is not a topology.
     """
     import json  # here, not at the top: only topology files need it (start-up stays lean)
+    from pathlib import Path  # here, not at the top: only topology files need it (start-up stays lean)
 
     from poprun.core.diagnostic import DiagnosticError
     from poprun.core.textfile import read_text_file
 
-    path = Path(source) if source not in RECORDED else TOPOLOGIES / f"{source}.json"
+    path = Path(source) if source not in RECORDED else Path(TOPOLOGIES) / f"{source}.json"
     try:
         # bounded like every file poprun reads: /dev/zero or a FIFO is refused, not read without end
         data = json.loads(read_text_file(str(path), key="POPRUN_HOST_TOPOLOGY"))
@@ -235,11 +236,21 @@ def _nodes(members: Mapping[int, tuple[int, ...]], cores: Mapping[int, tuple[int
     return tuple(nodes)
 
 
-def _read(path: Path) -> str | None:
+def _read(*parts: str) -> str | None:
     try:
-        return path.read_text(encoding="ascii").strip()
+        with open(os.path.join(*parts), encoding="ascii") as file:  # noqa: PTH118, PTH123 - pathlib costs start-up
+            return file.read().strip()
     except OSError:
         return None
+
+
+def _node_names(node_root: str) -> list[str]:
+    """Return the names ``node_root.glob("node[0-9]*")`` gave, sorted: ``node`` and a digit, then anything."""
+    try:
+        names = [entry.name for entry in os.scandir(node_root)]
+    except PermissionError:  # as glob: a directory it may not read has no entries
+        return []
+    return sorted(name for name in names if name.startswith("node") and name[4:5] in tuple("0123456789"))
 
 
 if __name__ == "__main__":  # `python3 -m poprun.planner.machine`: this machine's topology, for POPRUN_HOST_TOPOLOGY

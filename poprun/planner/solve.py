@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from pathlib import Path
 
 from poprun import __version__
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
@@ -220,11 +219,12 @@ def _has_nul(value: object) -> bool:
 def _read_host_file(s: Solver, given: Sourced[str]) -> tuple[str, ...]:
     """Return the hosts of a host file: one host or host range per line; blank lines and # comments skipped."""
     from poprun.core.hostlist import HostlistError, expand
+    from poprun.core.purepath import pure
     from poprun.core.textfile import read_text_file
 
-    path = Path(s.ctx.cwd) / given.value
+    path = pure(s.ctx.cwd, given.value)
     try:
-        text = read_text_file(str(path), key="--host-file", span=given.origin, name=given.value)
+        text = read_text_file(path, key="--host-file", span=given.origin, name=given.value)
     except DiagnosticError as exc:  # missing, not a regular file, too large, not text
         s.diags.extend(exc.diagnostics)
         return ()

@@ -8,7 +8,6 @@ The option table (:meth:`poprun.planner.option.Option.convert`) picks one per op
 
 from __future__ import annotations
 
-import ipaddress
 import re
 import shlex
 
@@ -84,6 +83,8 @@ def to_server_host(text: str) -> str:
 
 
 def _is_ipv6(text: str) -> bool:
+    import ipaddress  # here, not at the top: only a host name with ':' needs it (start-up stays lean)
+
     try:
         ipaddress.IPv6Address(text)
     except ValueError:
@@ -102,6 +103,8 @@ def to_port(text: str) -> int:
 
 def to_subnet(text: str) -> str:
     """Return a CIDR subnet such as ``10.5.0.0/16``."""
+    import ipaddress  # here, not at the top: see _is_ipv6
+
     try:
         return str(ipaddress.ip_network(text.strip(), strict=False))
     except ValueError:

@@ -26,6 +26,15 @@ leaves and removes one that no launch took. Whatever poprun starts meanwhile beg
 in those milliseconds before its watchdog starts (SIGKILL, or SIGTERM before its handlers are
 set) leaves the empty cgroup's directory (nothing runs in it). ``POPRUN_CGROUP=0`` makes no
 cgroup (and keeps the limit above).
+
+The kernel waits for that grace period only on the first move after a quiet while: a move within
+about one grace period of another is quick. So a command that may launch readies the kernel as
+it begins, before it plans (:func:`prime`): a thread moves poprun into the cgroup it is in
+already (nothing changes) and again every few ms, so that the wait is taken while poprun
+imports and plans, and the move into the launch's cgroup finds the kernel ready. It stops
+before any cgroup is made (:meth:`Cgroup.make` stops it and waits for it: a write of it never
+follows the move in), when the command has no launch cgroup to make, or after
+:data:`_PRIME_S`, and does nothing where poprun has no writable cgroup v2.
 """
 
 from __future__ import annotations
@@ -36,12 +45,15 @@ import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    from threading import Thread
+    from threading import Event, Thread
 
 SWITCH = "POPRUN_CGROUP"  # "0": make no cgroup (moving poprun in costs one RCU grace period, some ms)
 _KILL_WAIT_S = 1.0  # the longest kill() waits for the cgroup to empty
 _own: list[str | None] = []  # this process's own cgroup directory, once looked up
 _ahead: list[Cgroup] = []  # the cgroup Cgroup.ahead() made, until Cgroup.make() takes it or release_ahead()
+_PRIME_S = 0.25  # the longest prime() keeps the kernel ready (a launch plans in some ms)
+_PRIME_EVERY_S = 0.004  # well within a grace period: each move then finds the kernel ready
+_primer: list[tuple[Thread, Event]] = []  # prime()'s thread and what stops it, until stop_priming()
 
 
 def _own_directory() -> str | None:
@@ -90,7 +102,9 @@ class Cgroup:
         Make a new cgroup under this process's own; return it, or None where that cannot be done (or ``POPRUN_CGROUP=0``).
 
         The cgroup :meth:`ahead` made, when there is one, is returned instead (once).
+        :func:`prime`'s thread is stopped first.
         """
+        stop_priming()
         if _ahead:
             return _ahead.pop()
         parent = None if os.environ.get(SWITCH) == "0" else _own_directory()
@@ -202,5 +216,52 @@ class Cgroup:
 
 def release_ahead() -> None:
     """Leave and remove the cgroup :meth:`Cgroup.ahead` made when no launch took it (nothing of a launch is in it)."""
+    stop_priming()
     if _ahead:
         _ahead.pop().remove()
+
+
+def prime() -> None:
+    """
+    Begin readying the kernel for a launch's move into its cgroup, in a thread (see the module docstring).
+
+    Nothing where ``POPRUN_CGROUP=0`` or poprun has no cgroup v2, nor a second time. The
+    thread starts with the stop signals blocked, as :meth:`Cgroup.begin_entering`'s.
+    """
+    if _primer or os.environ.get(SWITCH) == "0":
+        return
+    own = _own_directory()
+    if own is None:
+        return
+    import signal
+    from threading import Event, Thread
+
+    stop = Event()
+    thread = Thread(target=_keep_ready, args=(os.path.join(own, "cgroup.procs"), stop),  # noqa: PTH118
+                    name="poprun-cgroup-primer", daemon=True)
+    _primer.append((thread, stop))
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+
+
+def stop_priming() -> None:
+    """Stop :func:`prime`'s thread and wait for it (a move of it under way ends first); idempotent."""
+    if _primer and _primer[0][0].is_alive():  # not in a forked child (the thread is not there), nor once ended
+        thread, stop = _primer[0]
+        stop.set()
+        thread.join()
+
+
+def _keep_ready(procs: str, stop: Event) -> None:
+    """Move this process into the cgroup it is in (``procs``) now and every few ms, until ``stop`` or :data:`_PRIME_S`."""
+    pid = str(os.getpid())
+    deadline = time.monotonic() + _PRIME_S
+    while not stop.is_set() and time.monotonic() < deadline:
+        try:
+            _write(procs, pid)
+        except OSError:  # not ours to write (a cgroup v2 that is not delegated): nothing to ready
+            return
+        stop.wait(_PRIME_EVERY_S)

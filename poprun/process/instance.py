@@ -1,7 +1,8 @@
 """
 Starting one instance as a child process: its program, its stdin, its CPU binding, the cache to remove.
 
-Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``), the other ``poprun.process`` modules
+Layer: ``poprun.process``; imports :mod:`poprun.core.launching` (and the rest of ``poprun.core``: its
+:mod:`~poprun.core.purepath`), the other ``poprun.process`` modules
 and ``poprun.planner.plan``. The local, offline and ssh backends start instances of this
 machine with :func:`start_instance`; the ssh and mpirun backends run a bound instance on
 another host through :func:`bound_argv`.
@@ -17,11 +18,11 @@ import stat
 import subprocess
 import threading
 from collections.abc import Callable, Mapping
-from pathlib import Path
 
 from poprun.core.diagnostic import LaunchError, launch_error
 from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND
 from poprun.core.launching import TemporaryCache
+from poprun.core.purepath import absolute, exists, is_dir, pure
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import Instance
 from poprun.process.files import made_here, which
@@ -70,7 +71,7 @@ def executable(instance: Instance, env: Mapping[str, str]) -> str:
         LaunchError: status 127 when the program is not found, 126 when it is not executable,
             125 when there is no program or no working directory.
     """
-    if not instance.argv or not Path(instance.cwd).is_dir():
+    if not instance.argv or not is_dir(instance.cwd):
         what = "no program to run" if not instance.argv else f"no working directory ({instance.cwd} is missing)"
         raise launch_error("PR433", "instance cannot start as planned", detail=f"instance {instance.index} has {what}",
                            span=SourceSpan.environment(instance.cwd if instance.argv else f"instance {instance.index}"),
@@ -78,17 +79,17 @@ def executable(instance: Instance, env: Mapping[str, str]) -> str:
                                 "host), or create the directory")
     name = instance.argv[0]
     found = which(name, env.get("PATH", os.defpath)) if "/" not in name else None
-    candidate = Path(found or Path(instance.cwd) / name).absolute()
-    if not candidate.exists():
-        where = "on PATH or in " + instance.cwd if "/" not in name else str(candidate)
+    candidate = absolute(found or pure(instance.cwd, name))
+    if not exists(candidate):
+        where = "on PATH or in " + instance.cwd if "/" not in name else candidate
         raise launch_error("PR426", "program not found", detail=f"program '{name}' not found ({where})",
-                           span=SourceSpan.environment("PATH" if "/" not in name else str(candidate)),
+                           span=SourceSpan.environment("PATH" if "/" not in name else candidate),
                            hint=_NOT_FOUND_HINT, status=NOT_FOUND)
-    if candidate.is_dir() or not os.access(candidate, os.X_OK):
+    if is_dir(candidate) or not os.access(candidate, os.X_OK):
         raise launch_error("PR427", "program not executable", detail=f"program '{name}' is not executable ({candidate})",
-                           span=SourceSpan.environment(str(candidate)), hint=_NOT_EXECUTABLE_HINT,
+                           span=SourceSpan.environment(candidate), hint=_NOT_EXECUTABLE_HINT,
                            status=NOT_EXECUTABLE)
-    return str(candidate) if found else name if "/" in name else "./" + name
+    return candidate if found else name if "/" in name else "./" + name
 
 
 def directories_to_remove(cache: TemporaryCache | None) -> tuple[str, ...]:
@@ -117,7 +118,7 @@ def forwarded_stdin() -> int | None:
         if os.isatty(0):
             return None
         found = os.fstat(0)
-        if stat.S_ISCHR(found.st_mode) and found.st_rdev == Path(os.devnull).stat().st_rdev:
+        if stat.S_ISCHR(found.st_mode) and found.st_rdev == os.stat(os.devnull).st_rdev:  # noqa: PTH116 - pathlib costs start-up
             return None  # /dev/null: nothing to read, and nothing to copy to another host
     except OSError:  # closed
         return None

@@ -20,7 +20,6 @@ import os
 import re
 import time
 from collections.abc import Iterable, Iterator
-from pathlib import Path
 
 # A mapped MPI library: Open MPI's libmpi.so.40, MPICH's and Intel MPI's libmpi.so.12 or libmpich.so.12
 _LIBRARY = re.compile(rb"[ \t](/[^\n]*/lib(?:mpi|mpich)\.so[.0-9]*)$", re.MULTILINE)
@@ -52,14 +51,14 @@ def _children(pid: int) -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
         for task in os.scandir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError):
-                found += [int(child) for child in Path(task.path, "children").read_text().split()]
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(task.path, "children")) as file:  # noqa: PTH118, PTH123
+                found += [int(child) for child in file.read().split()]
     return found
 
 
 def _mapped(pid: int) -> str | None:
     try:
-        with Path(f"/proc/{pid}/maps").open("rb") as maps:
+        with open(f"/proc/{pid}/maps", "rb") as maps:  # noqa: PTH123 - pathlib costs start-up
             data = maps.read(_MAPS_MAX)
     except OSError:  # gone, or not ours
         return None

@@ -51,7 +51,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Collection, Mapping, Sequence
-from pathlib import Path
 
 from poprun.core.process import start_time
 from poprun.process.cgroup import Cgroup
@@ -244,7 +243,7 @@ def _children() -> list[int]:
     """Return the pids of this process's children (``/proc/self/task/*/children``, else a scan of ``/proc``)."""
     try:
         return [int(pid) for task in os.scandir("/proc/self/task")
-                for pid in Path(task.path, "children").read_text().split()]
+                for pid in _read_text(os.path.join(task.path, "children")).split()]  # noqa: PTH118
     except OSError:  # a kernel without CONFIG_PROC_CHILDREN
         me = str(os.getpid()).encode()
         return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _stat(int(e.name))[1:2] == [me]]
@@ -253,7 +252,7 @@ def _children() -> list[int]:
 def _stat(pid: int) -> list[bytes]:
     """Return the fields of ``/proc/PID/stat`` after the command name (state first), or []."""
     try:
-        return Path(f"/proc/{pid}/stat").read_bytes().rsplit(b")", 1)[1].split()
+        return _read_bytes(f"/proc/{pid}/stat").rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return []
 
@@ -322,6 +321,18 @@ def _kill_children(chosen: Callable[[int], bool], group: int, within_s: float) -
 def _carries(pid: int, needle: bytes) -> bool:
     """Return whether process ``pid``'s environment holds the entry ``needle``."""
     try:
-        return needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return needle in _read_bytes(f"/proc/{pid}/environ").split(b"\0")
     except OSError:
         return False
+
+
+def _read_text(path: str) -> str:
+    """Return the text of ``path`` (``Path.read_text``'s: the locale's encoding), without pathlib's import."""
+    with open(path) as file:  # noqa: PTH123 - pathlib costs start-up
+        return file.read()
+
+
+def _read_bytes(path: str) -> bytes:
+    """Return the bytes of ``path`` (``Path.read_bytes``), without pathlib's import."""
+    with open(path, "rb") as file:  # noqa: PTH123 - pathlib costs start-up
+        return file.read()

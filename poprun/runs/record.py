@@ -145,11 +145,16 @@ class RunRecord:
         self.launch_phases: dict[str, float] = {}  # the backend's phases -> seconds (connect, preflight, start, first-output)
         self.slow_hosts: dict[str, tuple[float, int]] = {}  # host -> (seconds to connect, attempts), when slow
         self.observed: dict[int, dict[str, object]] = {}  # instance -> what it ran as (poprun.runs.verify)
+        self._pruning: tuple[str, int] | None = None  # (the runs' directory, runs kept): old runs not pruned yet
 
     @classmethod
-    def create(cls, environ: Mapping[str, str], *, now: float | None = None) -> RunRecord:
+    def create(cls, environ: Mapping[str, str], *, now: float | None = None, prune: bool = True) -> RunRecord:
         """
         Make a new run directory under :func:`runs_directory`; prune old runs.
+
+        With ``prune=False`` old runs are pruned later, off a launch's start-up: by
+        :meth:`prune_old`, which the apply step calls once the instances started, else as the
+        record closes.
 
         Raises:
             RecordError: when it cannot be made (the caller warns and launches without a record).
@@ -176,9 +181,17 @@ class RunRecord:
         except OSError as exc:
             _remove_tree(path)  # made by this process a moment ago: nothing of it is left
             raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
-        prune(root, keep=max(1, _count(environ, KEEP, DEFAULT_KEEP, notes)), but=run_id)
+        record._pruning = (root, max(1, _count(environ, KEEP, DEFAULT_KEEP, notes)))
+        if prune:
+            record.prune_old()
         record.notes = notes
         return record
+
+    def prune_old(self) -> None:
+        """Remove the oldest runs beyond those kept (:func:`prune`; this one never), once: later calls do nothing."""
+        pruning, self._pruning = self._pruning, None
+        if pruning is not None:
+            prune(pruning[0], keep=pruning[1], but=self.id)
 
     @property
     def warning(self) -> str | None:
@@ -337,13 +350,14 @@ class RunRecord:
         return False
 
     def close(self) -> None:
-        """Close every file of the record (idempotent)."""
+        """Close every file of the record (idempotent); prune old runs if that is still to do (:meth:`prune_old`)."""
         self._closed = self._stopped = True
         self._close_logs()
         if self._events >= 0:
             with contextlib.suppress(OSError):
                 os.close(self._events)
         self._events = -1
+        self.prune_old()
 
     def _guard(self, write: object) -> None:
         """Run ``write``; on failure (a full disk) stop writing the record and keep why, once."""

@@ -239,3 +239,27 @@ def test_a_run_of_another_host_is_pruned_once_its_report_is_written(env: dict[st
     # THEN
     assert (0, "") == (done.returncode, done.stderr)
     assert (False, True) == (ended.exists(), running.exists())
+
+
+def test_a_launch_that_starts_nothing_still_prunes(env: dict[str, str]) -> None:
+    """A run whose instances never started prunes as its record closes."""
+    old = old_record(env)
+    failed = poprun(env | {"POPRUN_RUNS_KEEP": "1"}, "--offline-mode=1", "no-such-program-poprun")
+    assert failed.returncode != 0
+    assert not old.exists()
+
+
+@pytest.mark.parametrize("how", ["at once", "prune_old", "close"])
+def test_record_create_prunes_at_once_unless_asked_later(env: dict[str, str], how: str) -> None:
+    """RunRecord.create prunes as it makes the record; with prune=False, at prune_old() (once) or close()."""
+    from poprun.runs.record import RunRecord
+
+    old = old_record(env)
+    record = RunRecord.create(env | {"POPRUN_RUNS_KEEP": "1"}, prune=how == "at once")
+    assert old.exists() == (how != "at once")
+    if how == "prune_old":
+        record.prune_old()
+        assert not old.exists()
+        record.prune_old()  # once: nothing more to do
+    record.close()
+    assert not old.exists()

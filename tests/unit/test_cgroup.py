@@ -1,5 +1,6 @@
 """The launch's cgroup never kills poprun, even when a stop signal interrupts poprun's move into it."""
 
+import os
 import subprocess
 import sys
 
@@ -85,3 +86,68 @@ def test_a_cgroup_made_ahead_is_the_next_launchs_and_one_never_taken_is_released
     # THEN
     assert (0, ["True True True True", "True False True", "True False []"]) == (
         child.returncode, child.stdout.splitlines()), child.stderr
+
+
+# prime() readies the kernel in a thread that moves this process into the cgroup it is in; make()
+# stops that thread (and waits for it) before it makes a cgroup, so that no write of it can follow
+# a move in. Prints: the thread ran and wrote, it is stopped after make(), the process is inside the
+# new cgroup after enter(), and a second prime() starts nothing.
+_PRIME = """
+import os
+from poprun.process import cgroup
+
+writes = []
+real = cgroup._write
+def counted(path, text):
+    writes.append(path)
+    real(path, text)
+cgroup._write = counted
+cgroup.prime()
+thread, stop = cgroup._primer[0]
+while not writes:
+    pass
+made = cgroup.Cgroup.make()
+print(len(writes) > 0, thread.is_alive(), stop.is_set())
+made.enter()
+own = open("/proc/self/cgroup").read()
+primed = len(writes)
+print(os.path.basename(made.path) in own, all(p == writes[0] for p in writes[:primed - 1]))
+cgroup.prime()
+print(len(cgroup._primer))
+made.kill()
+made.remove()
+"""
+
+
+def test_priming_stops_before_a_cgroup_is_made() -> None:
+    """prime()'s thread is stopped and joined by Cgroup.make(): the launch's move is never undone by it."""
+    made = Cgroup.make()
+    if made is None:
+        pytest.skip("no writable cgroup v2 with cgroup.kill here")
+    made.remove()
+
+    # WHEN
+    child = subprocess.run([sys.executable, "-c", _PRIME], capture_output=True, text=True, timeout=30, check=False)
+
+    # THEN
+    assert (0, ["True False True", "True True", "1"]) == (child.returncode, child.stdout.splitlines()), child.stderr
+
+
+def test_priming_does_nothing_when_cgroups_are_off() -> None:
+    """POPRUN_CGROUP=0: prime() starts no thread, and stop_priming() is then nothing to do."""
+    code = ("from poprun.process import cgroup; cgroup.prime(); cgroup.stop_priming(); "
+            "print(len(cgroup._primer))")
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=30, check=False,
+                           env={**os.environ, "POPRUN_CGROUP": "0"})
+    assert (0, "0\n") == (child.returncode, child.stdout), child.stderr
+
+
+def test_priming_ends_quietly_where_the_cgroup_is_not_writable() -> None:
+    """A cgroup.procs that cannot be written ends the primer's thread at once: nothing to ready."""
+    import threading
+
+    from poprun.process import cgroup
+
+    stop = threading.Event()
+    cgroup._keep_ready("/nonexistent-poprun/cgroup.procs", stop)  # returns: the write fails
+    assert not stop.is_set()
