@@ -151,6 +151,34 @@ def log_order(text: str) -> str:
     return "".join(f"{index} {stream} {size} (in all)\n" for (index, stream), size in sorted(totals.items()))
 
 
+def failure_order(text: str) -> str:
+    """
+    Sort the items of each indented JSON ``"failures": [...]`` list (a run report's) by their text.
+
+    The failures of instances stopped together (Ctrl-C, a failure's teardown) are listed in the order
+    they ended, which is not fixed. Only the items' order changes, never their text.
+    """
+    lines = text.splitlines(keepends=True)
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        line = lines[i]
+        out.append(line)
+        i += 1
+        if not line.rstrip().endswith('"failures": ['):
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        items: list[list[str]] = []
+        while i < len(lines) and not lines[i].startswith(f"{indent}]"):
+            if lines[i].startswith(f"{indent}  {{") or not items:
+                items.append([])
+            items[-1].append(lines[i])
+            i += 1
+        bodies = sorted("".join(item).rstrip().removesuffix(",") for item in items)
+        out.extend(f"{body},\n" if n < len(bodies) - 1 else f"{body}\n" for n, body in enumerate(bodies))
+    return "".join(out)
+
+
 def unordered(text: str) -> str:
     """Sort the lines of each output of the steps marked ``(lines sorted)``: their writers run concurrently."""
     out: list[str] = []
@@ -180,8 +208,9 @@ class Step:
 
     ``{RUN}`` in argv is the newest run record's id. ``save`` writes the standard output (exit 0 only)
     to this file of the working folder. ``wait_for`` waits (before the command, or with ``interrupt``
-    while it runs) until these files of the working folder exist; ``interrupt`` then sends this signal
-    to poprun. A step without argv only waits. ``unordered``: its output is compared as sorted lines.
+    while it runs) until a file of the case's folder matches each glob (``work/ready``), holding the
+    text after ``~`` if one is given (``runs/*/events.jsonl~"launch-running"``); ``interrupt`` then
+    sends this signal to poprun. A step without argv only waits. ``unordered``: its output is compared as sorted lines.
     """
 
     argv: tuple[str, ...] = ()
@@ -368,7 +397,7 @@ def saved_cases() -> list[Case]:
         Case("saved", "apply-toml-with-options", [step("apply", "a.toml", "--offline-mode", "1", "sh", "-c", "echo x")],
              files={"a.toml": "[topology]\nnum_replicas = 2\nnum_instances = 2\n"}),
         Case("saved", "apply-then-apply-again", [save_a, launch("apply", "a.json"), launch("apply", "a.json"),
-                                                 step("ps", "--all")]),
+                                                 step("ps", "--all", unordered=True)]),  # two runs of one second
         Case("saved", "apply-missing", [step("apply", "nothing.json")]),
     ]
 
@@ -380,9 +409,28 @@ def views(*, several: bool = False) -> list[Step]:
             step("logs", "{RUN}", "--tag", unordered=several), step("logs", "{RUN}", "--instance", "0")]
 
 
+RUNNING = 'runs/*/events.jsonl~"launch-running"'  # poprun knows its instances started (not only they themselves)
+
+
 def launch(*argv: str, **kw: object) -> Step:
     """A launch: its output is compared as sorted lines (instances and poprun's threads write concurrently)."""
     return Step(argv=tuple(argv), unordered=True, **kw)  # type: ignore[arg-type]
+
+
+# A program that waits for USR1 without a child process (a shell's sleep would be signalled too, and the shell
+# reports it or not depending on when the signal comes).
+TRAP = """\
+import pathlib, signal, sys
+
+def caught(signum, frame):
+    print("got USR1", flush=True)
+    sys.exit(7)
+
+signal.signal(signal.SIGUSR1, caught)
+pathlib.Path("ready").touch()
+while True:
+    signal.pause()
+"""
 
 
 def launch_cases() -> list[Case]:
@@ -412,22 +460,26 @@ def launch_cases() -> list[Case]:
                                                  *views()]),
         Case("launch", "restart-scope-instance", [launch(*two, "--max-restarts", "1", "--restart-backoff", "0",
                                                          "--restart-scope", "instance", "sh", "-c",
+                                                         # instance 1 fails once; instance 0 ends after its restart
                                                          '[ "$POPDIST_INSTANCE_INDEX$POPRUN_RESTART_COUNT" = 10 ] '
-                                                         "&& exit 4; exit 0"), *views(several=True)]),
+                                                         '&& exit 4; [ "$POPDIST_INSTANCE_INDEX" = 1 ] && '
+                                                         "touch restarted && exit 0; "
+                                                         "while [ ! -e restarted ]; do sleep 0.05; done"),
+                                                  *views(several=True)]),
         Case("launch", "never-retry", [step(*off, "--max-restarts", "2", "sh", "-c", "exit 2"), *views()]),
         Case("launch", "timeout", [step(*off, "--timeout", "1", "sleep", "100"), *views()]),
-        Case("launch", "signal-before-timeout", [step(*off, "--timeout", "4", "--signal", "USR1@3", "sh", "-c",
-                                                      'trap "echo got USR1; exit 7" USR1; touch ready; '
-                                                      "while :; do sleep 0.05; done"), *views()]),
+        Case("launch", "signal-before-timeout", [step(*off, "--timeout", "4", "--signal", "USR1@3", "python3",
+                                                      "trap.py"), *views()], files={"trap.py": TRAP}),
         Case("launch", "ctrl-c", [launch(*two, "sh", "-c", "touch ready$POPDIST_INSTANCE_INDEX; exec sleep 100",
-                                         wait_for=("ready0", "ready1"), interrupt=signal.SIGINT),
+                                         wait_for=("work/ready0", "work/ready1", RUNNING), interrupt=signal.SIGINT),
                                   *views(several=True)]),
         Case("launch", "ctrl-c-v", [launch("-v", *off, "sh", "-c", "touch ready; exec sleep 100",
-                                           wait_for=("ready",), interrupt=signal.SIGINT), *views()]),
-        Case("launch", "sigterm", [launch(*off, "sh", "-c", "touch ready; exec sleep 100", wait_for=("ready",),
+                                           wait_for=("work/ready", RUNNING), interrupt=signal.SIGINT), *views()]),
+        Case("launch", "sigterm", [launch(*off, "sh", "-c", "touch ready; exec sleep 100",
+                                          wait_for=("work/ready", RUNNING),
                                           interrupt=signal.SIGTERM), *views()]),
         Case("launch", "detach", [step(*off, "--detach", "sh", "-c", "echo started; touch ready; exec sleep 100"),
-                                  Step(wait_for=("ready",)), step("ps"), step("ps", "--json"),
+                                  Step(wait_for=("work/ready",)), step("ps"), step("ps", "--json"),
                                   step("stop", "{RUN}"), *views(), step("stop", "{RUN}"), step("attach", "{RUN}")]),
         Case("launch", "views-of-nothing", [step("ps"), step("ps", "--all"), step("ps", "--json"),
                                             step("report", "20200101-000000-abcdef"), step("logs", "nope"),
@@ -497,14 +549,43 @@ def _environment(side: Side, case: Case, folder: Path) -> dict[str, str]:
     return env
 
 
-def _newest_run(folder: Path) -> str:
+def _run_dirs(folder: Path) -> list[Path]:
+    """
+    The case's run records in the order they were made.
+
+    Two ids of one second sort by their random part, so the time their marker file was written decides.
+    """
     runs = folder / "runs"
-    names = sorted(p.name for p in runs.iterdir() if RUN_ID.fullmatch(p.name)) if runs.is_dir() else []
-    return names[-1] if names else "no-run"
+    if not runs.is_dir():
+        return []
+
+    def made(path: Path) -> tuple[str, int, str]:
+        marker = path / ".poprun-run"
+        return path.name[:15], (marker if marker.exists() else path).stat().st_mtime_ns, path.name
+
+    return sorted((p for p in runs.iterdir() if p.is_dir() and RUN_ID.fullmatch(p.name)), key=made)
 
 
-def _wait_for(work: Path, names: tuple[str, ...], deadline: float, proc: subprocess.Popen[bytes] | None) -> bool:
-    while not all((work / n).exists() for n in names):
+def _newest_run(folder: Path) -> str:
+    made = _run_dirs(folder)
+    return made[-1].name if made else "no-run"
+
+
+def _there(folder: Path, condition: str) -> bool:
+    """Whether a file of the case's folder matching the glob exists (and, after ``~``, holds this text)."""
+    pattern, _, text = condition.partition("~")
+    for path in folder.glob(pattern):
+        if not text:
+            return True
+        with contextlib.suppress(OSError):
+            if text.encode() in path.read_bytes():
+                return True
+    return False
+
+
+def _wait_for(folder: Path, conditions: tuple[str, ...], deadline: float,
+              proc: subprocess.Popen[bytes] | None) -> bool:
+    while not all(_there(folder, c) for c in conditions):
         if time.monotonic() > deadline or (proc is not None and proc.poll() is not None):
             return False
         time.sleep(0.02)
@@ -523,7 +604,7 @@ def _decode(data: bytes) -> str:
 def _run_step(side: Side, folder: Path, env: dict[str, str], item: Step, deadline: float) -> str:
     work = folder / "work"
     if not item.argv and item.wait_for:
-        ok = _wait_for(work, item.wait_for, min(deadline, time.monotonic() + item.timeout), None)
+        ok = _wait_for(folder, item.wait_for, min(deadline, time.monotonic() + item.timeout), None)
         return f"$ (wait for {' '.join(item.wait_for)}: {'there' if ok else TIMED_OUT})\n"
     argv = [a.replace("{RUN}", _newest_run(folder)) for a in item.argv]
     shown = ("$ poprun " + shlex.join(argv) + (f"  < {item.stdin!r}" if item.stdin else "")
@@ -533,7 +614,7 @@ def _run_step(side: Side, folder: Path, env: dict[str, str], item: Step, deadlin
     proc = subprocess.Popen([str(side.venv / "bin" / "poprun"), *argv], cwd=work, env=step_env,
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             start_new_session=True)
-    out, err, note, ended = _communicate(proc, item, work, time.monotonic() + timeout)
+    out, err, note, ended = _communicate(proc, item, folder, time.monotonic() + timeout)
     if not ended:
         return f"{shown}{note}--- stdout\n{_decode(out)}--- stderr\n{_decode(err)}--- {TIMED_OUT} after {timeout:.0f} s\n"
     if item.save and proc.returncode == 0:
@@ -541,11 +622,11 @@ def _run_step(side: Side, folder: Path, env: dict[str, str], item: Step, deadlin
     return f"{shown}{note}--- stdout\n{_decode(out)}--- stderr\n{_decode(err)}--- exit {proc.returncode}\n"
 
 
-def _communicate(proc: subprocess.Popen[bytes], item: Step, work: Path, end: float) -> tuple[bytes, bytes, str, bool]:
+def _communicate(proc: subprocess.Popen[bytes], item: Step, folder: Path, end: float) -> tuple[bytes, bytes, str, bool]:
     """
     Feed poprun its input and read its output until it ends (its pipes are read all along, so it never blocks).
 
-    With ``interrupt``, send it that signal once the files of ``wait_for`` exist. Return its output, a note
+    With ``interrupt``, send it that signal once the conditions of ``wait_for`` hold. Return its output, a note
     and whether it ended before ``end``; if it did not, its process group is killed.
     """
     result: dict[str, tuple[bytes, bytes]] = {}
@@ -554,7 +635,7 @@ def _communicate(proc: subprocess.Popen[bytes], item: Step, work: Path, end: flo
     reader.start()
     note = ""
     if item.interrupt:
-        if _wait_for(work, item.wait_for, end, proc):
+        if _wait_for(folder, item.wait_for, end, proc):
             os.kill(proc.pid, item.interrupt)
         else:
             note = "(the files waited for never appeared)\n"
@@ -572,37 +653,45 @@ def _communicate(proc: subprocess.Popen[bytes], item: Step, work: Path, end: flo
 SKIPPED_FILES = {"supervisor", "actual.json"}
 
 
+def _entries(folder: Path) -> list[tuple[str, Path]]:
+    """The working folder's entries, the run records' (in the order they were made, then anything else there), home's."""
+    def under(top: str, paths: list[Path]) -> list[tuple[str, Path]]:
+        return [(f"{top}/{p.relative_to(folder / top)}", p) for p in paths]
+
+    every = under("work", sorted((folder / "work").rglob("*")))
+    made = _run_dirs(folder)
+    for run in made:
+        every += under("runs", [run, *sorted(run.rglob("*"))])
+    others = [p for p in sorted((folder / "runs").rglob("*")) if not any(p == r or r in p.parents for r in made)]
+    return every + under("runs", others) + under("home", sorted((folder / "home").rglob("*")))
+
+
 def _files(folder: Path, before: dict[str, bytes]) -> str:
     """The working folder's new or changed files and every run record's files, each normalised by the caller."""
     parts = []
-    for top in ("work", "runs", "home"):
-        base = folder / top
-        if not base.is_dir():
+    for rel, path in _entries(folder):
+        if path.is_dir() and not path.is_symlink():
+            if not any(path.iterdir()):
+                parts.append(f"=== folder {rel} (empty)\n")
             continue
-        for path in sorted(base.rglob("*")):
-            rel = f"{top}/{path.relative_to(base)}"
-            if path.is_dir() and not path.is_symlink():
-                if not any(path.iterdir()):
-                    parts.append(f"=== folder {rel} (empty)\n")
-                continue
-            if path.is_symlink():
-                parts.append(f"=== link {rel} -> {path.readlink()}\n")
-                continue
-            if path.name in SKIPPED_FILES:
-                parts.append(f"=== file {rel} (not compared)\n")
-                continue
-            try:
-                data = path.read_bytes()
-            except OSError as exc:
-                parts.append(f"=== file {rel} (unreadable: {exc.strerror})\n")
-                continue
-            if before.get(rel) == data:
-                continue
-            mode = oct(path.stat().st_mode & 0o7777)
-            text = _decode(data)
-            if rel.endswith("/logs/order") and top == "runs":
-                text = log_order(text)
-            parts.append(f"=== file {rel} {mode}\n{text}{'' if text.endswith(chr(10)) or not text else chr(10)}")
+        if path.is_symlink():
+            parts.append(f"=== link {rel} -> {path.readlink()}\n")
+            continue
+        if path.name in SKIPPED_FILES:
+            parts.append(f"=== file {rel} (not compared)\n")
+            continue
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            parts.append(f"=== file {rel} (unreadable: {exc.strerror})\n")
+            continue
+        if before.get(rel) == data:
+            continue
+        mode = oct(path.stat().st_mode & 0o7777)
+        text = _decode(data)
+        if rel.startswith("runs/") and rel.endswith("/logs/order"):
+            text = log_order(text)
+        parts.append(f"=== file {rel} {mode}\n{text}{'' if text.endswith(chr(10)) or not text else chr(10)}")
     return "".join(parts)
 
 
@@ -654,7 +743,7 @@ def run_side(side: Side, case: Case, slug: str) -> str:
         _stop_leftovers(folder)
     text = "".join(transcript)
     versions = (side.version, side.version_token) if side.version_token else None
-    text = verified_line(canonical_events(normalise(text, side.paths(), versions)))
+    text = failure_order(verified_line(canonical_events(normalise(text, side.paths(), versions))))
     return unordered(text)
 
 

@@ -10,6 +10,7 @@ from tests.differential.differential import (
     SORTED,
     canonical_events,
     corpus_argv,
+    failure_order,
     log_order,
     normalise,
     unordered,
@@ -112,3 +113,13 @@ def test_the_padding_after_a_duration_in_a_table_is_made_even():
     text = "RUN  DURATION  INSTANCES\nx    0.1 s     1\ny    10.25 s   2\n"
 
     assert "RUN  DURATION  INSTANCES\nx    <d> s  1\ny    <d> s  2\n" == normalise(text)
+
+
+def test_the_failures_of_a_report_are_sorted_and_nothing_else():
+    text = ('{\n  "error": null,\n  "failures": [\n    {\n      "index": 1,\n      "tail": [\n        "b"\n      ]\n'
+            '    },\n    {\n      "index": 0,\n      "tail": []\n    }\n  ],\n  "statuses": [\n    143,\n    0\n  ]\n}\n')
+
+    assert ('{\n  "error": null,\n  "failures": [\n    {\n      "index": 0,\n      "tail": []\n    },\n    {\n'
+            '      "index": 1,\n      "tail": [\n        "b"\n      ]\n    }\n  ],\n  "statuses": [\n    143,\n    0\n  ]\n}\n'
+            ) == failure_order(text)
+    assert '{"failures": []}\n  "failures": [],\n' == failure_order('{"failures": []}\n  "failures": [],\n')
