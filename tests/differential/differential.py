@@ -399,6 +399,9 @@ def saved_cases() -> list[Case]:
         Case("saved", "apply-then-apply-again", [save_a, launch("apply", "a.json"), launch("apply", "a.json"),
                                                  step("ps", "--all", unordered=True)]),  # two runs of one second
         Case("saved", "apply-missing", [step("apply", "nothing.json")]),
+        Case("saved", "submit-dry-run", [step("submit", "--dry-run", "--nodes", "1", "true")]),
+        Case("saved", "submit-dry-run-two", [step("submit", "--dry-run", "--nodes", "2", "--num-instances", "2",
+                                                  "--num-replicas", "2", "sh", "-c", "echo $SLURM_PROCID")]),
     ]
 
 
@@ -406,7 +409,9 @@ def views(*, several: bool = False) -> list[Step]:
     """The views of a case's run record; the interleaved logs of several instances are compared as sorted lines."""
     return [step("ps", "--all"), step("ps", "--all", "--json"), step("report", "{RUN}"),
             step("report", "{RUN}", "--json"), step("logs", "{RUN}", unordered=several),
-            step("logs", "{RUN}", "--tag", unordered=several), step("logs", "{RUN}", "--instance", "0")]
+            step("logs", "{RUN}", "--tag", unordered=several), step("logs", "{RUN}", "--instance", "0"),
+            step("logs", "{RUN}", "--tail", "1", unordered=several), step("logs", "{RUN}", "-f", unordered=several),
+            step("attach", "{RUN}")]
 
 
 RUNNING = 'runs/*/events.jsonl~"launch-running"'  # poprun knows its instances started (not only they themselves)
@@ -480,7 +485,7 @@ def launch_cases() -> list[Case]:
                                           interrupt=signal.SIGTERM), *views()]),
         Case("launch", "detach", [step(*off, "--detach", "sh", "-c", "echo started; touch ready; exec sleep 100"),
                                   Step(wait_for=("work/ready",)), step("ps"), step("ps", "--json"),
-                                  step("stop", "{RUN}"), *views(), step("stop", "{RUN}"), step("attach", "{RUN}")]),
+                                  step("stop", "{RUN}"), *views(), step("stop", "{RUN}")]),
         Case("launch", "views-of-nothing", [step("ps"), step("ps", "--all"), step("ps", "--json"),
                                             step("report", "20200101-000000-abcdef"), step("logs", "nope"),
                                             step("stop", "nope"), step("attach", "nope")]),
