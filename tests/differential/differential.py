@@ -53,9 +53,11 @@ LOG_PID = re.compile(r"(<clock>) \d+ ")  # a log line's prefix: time, poprun's p
 EPOCH = re.compile(r"\b1[6-9]\d{8}\.\d+\b|\b1[6-9]\d{8}\b(?=[,}\]\s])")  # seconds since 1970: 2020 to 2033
 DURATION = re.compile(r"\b\d+\.\d+( ?(?:s|ms|seconds?))\b")
 PADDED_DURATION = re.compile(r"(<d> s) {2,}(?=\S)")  # a table's column after a duration: padded to its width
+# Durations in JSON: a phase's or an attempt's seconds (floats, however near to a whole number), the
+# milliseconds of a phase-ended event and of a limit reached. Never a plan's settings (timeout_ms, backoff_ms...).
 DURATION_KEYS = re.compile(
-    r'("(?:ms|[a-z_]+_ms|duration|uptime|elapsed|seconds|ran|plan|partition|start|run|teardown|first-output|first_output|'
-    r'connect|probe|preflight|wait|total)":\s*)-?\d+(?:\.\d+)?(?:e-?\d+)?')
+    r'("(?:duration|uptime|elapsed|seconds|plan|partition|start|run|teardown|first-output|first_output|connect|'
+    r'probe|preflight|wait|total)":\s*)-?\d+\.\d+(?:e-?\d+)?|("(?:ms|after_ms)":\s*)\d+')
 PID = re.compile(r'(\bPIDs? |\bpid |"pid":\s*|"supervisor":\s*|\bprocess )\d+')
 PORT = re.compile(r'(MASTER_PORT[= ]|"MASTER_PORT":\s*"|"master_port":\s*|\["MASTER_PORT",\s*")\d+')
 ENV_HASH = re.compile(r'("env_blake2b":\s*")[0-9a-f]+')  # a hash of an instance's environment (its run id, its port)
@@ -90,7 +92,7 @@ def normalise(text: str, paths: dict[str, str] | None = None, versions: tuple[st
     text = CLOCK.sub("<clock>", text)
     text = LOG_PID.sub(r"\1 <pid> ", text)
     text = EPOCH.sub("<epoch>", text)
-    text = DURATION_KEYS.sub(r"\1<d>", text)
+    text = DURATION_KEYS.sub(lambda m: f"{m.group(1) or m.group(2)}<d>", text)
     text = DURATION.sub(r"<d>\1", text)
     text = PADDED_DURATION.sub(r"\1  ", text)
     text = PID.sub(r"\1<pid>", text)

@@ -55,6 +55,7 @@ def test_paths_are_replaced_longest_first_and_versions_only_when_asked():
 def test_what_is_the_same_every_run_is_left_alone():
     text = ('error[PR300]: replicas do not divide\n  --> command line: --num-instances\n'
             '"num_replicas": 2, "timeout": 1.5, exit 124 after 2 s, restart 1 of 1 in 0 s\n'
+            '"timeout_ms": 5000, "backoff_ms": 1000, "delay_ms": 0, "ms": "x"\n'
             'Instance 0 terminated with exit code 3\n')
 
     assert text == normalise(text)
