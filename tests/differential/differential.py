@@ -53,11 +53,11 @@ LOG_PID = re.compile(r"(<clock>) \d+ ")  # a log line's prefix: time, poprun's p
 EPOCH = re.compile(r"\b1[6-9]\d{8}\.\d+\b|\b1[6-9]\d{8}\b(?=[,}\]\s])")  # seconds since 1970: 2020 to 2033
 DURATION = re.compile(r"\b\d+\.\d+( ?(?:s|ms|seconds?))\b")
 PADDED_DURATION = re.compile(r"(<d> s) {2,}(?=\S)")  # a table's column after a duration: padded to its width
-# Durations in JSON: a phase's or an attempt's seconds (floats, however near to a whole number), the
+# Durations in JSON: a phase's or an attempt's seconds (floats, 7e-05 too, however near to a whole number), the
 # milliseconds of a phase-ended event and of a limit reached. Never a plan's settings (timeout_ms, backoff_ms...).
 DURATION_KEYS = re.compile(
     r'("(?:duration|uptime|elapsed|seconds|plan|partition|start|run|teardown|first-output|first_output|connect|'
-    r'probe|preflight|wait|total)":\s*)-?\d+\.\d+(?:e-?\d+)?|("(?:ms|after_ms)":\s*)\d+')
+    r'probe|preflight|wait|total)":\s*)-?\d+(?:\.\d+(?:e-?\d+)?|e-?\d+)|("(?:ms|after_ms)":\s*)\d+')
 PID = re.compile(r'(\bPIDs? |\bpid |"pid":\s*|"supervisor":\s*|\bprocess )\d+')
 PORT = re.compile(r'(MASTER_PORT[= ]|"MASTER_PORT":\s*"|"master_port":\s*|\["MASTER_PORT",\s*")\d+')
 ENV_HASH = re.compile(r'("env_blake2b":\s*")[0-9a-f]+')  # a hash of an instance's environment (its run id, its port)

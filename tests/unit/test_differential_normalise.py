@@ -34,12 +34,12 @@ def test_times_dates_and_seconds_since_1970_are_replaced():
 
 def test_durations_pids_ports_and_hashes_are_replaced():
     text = ('Instance 0 (PID 16739) terminated\n{"pid":16740,"ms":12,"after_ms":1001}\n'
-            '"phases": {"plan": 0.068167, "run": 0.002269}\nMASTER_PORT=28015 MASTER_PORT 30553\n'
+            '"phases": {"plan": 0.068167, "run": 0.002269, "teardown": 7e-05}\nMASTER_PORT=28015 MASTER_PORT 30553\n'
             '["MASTER_PORT","28015"] "MASTER_PORT": "62379" "master_port":28015\n'
             '/tmp/poprun-cache-3720e0785533 "env_blake2b": "bf65ab"\n')
 
     assert ('Instance 0 (PID <pid>) terminated\n{"pid":<pid>,"ms":<d>,"after_ms":<d>}\n'
-            '"phases": {"plan": <d>, "run": <d>}\nMASTER_PORT=<port> MASTER_PORT <port>\n'
+            '"phases": {"plan": <d>, "run": <d>, "teardown": <d>}\nMASTER_PORT=<port> MASTER_PORT <port>\n'
             '["MASTER_PORT","<port>"] "MASTER_PORT": "<port>" "master_port":<port>\n'
             '/tmp/poprun-cache-<hash> "env_blake2b": "<hash>"\n') == normalise(text)
 
