@@ -96,7 +96,7 @@ def locate(given: str, environ: Mapping[str, str] | None = None) -> Run:
     return Run(id=run_id, path=os.path.join(root, run_id))  # noqa: PTH118
 
 
-def runs(*, every: bool = False, environ: Mapping[str, str] | None = None) -> list[RunInfo]:
+def list_runs(*, every: bool = False, environ: Mapping[str, str] | None = None) -> list[RunInfo]:
     """Return the running runs and the last :data:`RECENT` ended ones (every run with ``every``), newest first."""
     found = list(store.list_runs(store.runs_root(os.environ if environ is None else environ)))
     if every:
@@ -110,7 +110,7 @@ def info(run: Run) -> RunInfo:
     return store.run_info(os.path.dirname(run.path), run.id)  # noqa: PTH120
 
 
-def read_report(run: Run) -> Any:
+def report_json(run: Run) -> Any:
     """Return the data of the run's ``report.json`` as written (None while it runs or once it was lost); PR602."""
     return store.read_json(os.path.join(run.path, "report.json"))  # noqa: PTH118
 
@@ -194,7 +194,7 @@ def attach(run: Run, *, tick: Callable[[], None] | None = None) -> Iterator[Piec
 
 def ended_with(run: Run) -> int | None:
     """Return the status the run ended with (its report; 1 when the report holds none that is one), None when it was lost."""
-    report = read_report(run)
+    report = report_json(run)
     if report is None:
         return None
     status = report.get("status")
@@ -207,7 +207,7 @@ def require_running(run: Run, command: str) -> store.Supervisor | None:
     if state == "running":
         return store.read_supervisor(run.path)
     if state == "ended":
-        report = read_report(run)
+        report = report_json(run)
         detail = f"run {run.id} has ended with status {report.get('status')}"
     else:
         detail = f"run {run.id} was lost: its supervisor ended without writing a report"
@@ -216,7 +216,7 @@ def require_running(run: Run, command: str) -> store.Supervisor | None:
                                "output" if command != "report" else "")])
 
 
-def report(run: Run, *, raw: bool = False) -> RunReport:
+def read_report(run: Run, *, raw: bool = False) -> RunReport:
     """
     Return the run's report: checked, with what the text view shows (``raw``: the data as written, once checked).
 
@@ -320,6 +320,6 @@ def _signal(supervisor: store.Supervisor, sig: int) -> bool:
 def _stopped(run: Run) -> StopResult:
     data = None
     with contextlib.suppress(DiagnosticError):
-        data = read_report(run)
+        data = report_json(run)
     return StopResult(run=run, reported=data is not None, status=data.get("status") if data is not None else None)
 

@@ -116,7 +116,7 @@ def ps(args: list[str], _session: Session) -> int:
         return _help("ps")
     from poprun.render.runs import render_ps, render_ps_json
 
-    runs = api.runs(every=given.has("all"))
+    runs = api.list_runs(every=given.has("all"))
     now = time.time()
     sys.stdout.write(render_ps_json(runs, now) if given.has("json") else render_ps(runs, now))
     return exitcode.OK
@@ -141,7 +141,7 @@ def logs(args: list[str], _session: Session) -> int:
         _copy(api.follow(run, instance=instance, attempt=attempt, tail=tail, until_over=given.has("follow")),
               tag=given.has("tag"))
         if not given.has("follow"):
-            sys.stderr.write(render_truncation(api.read_report(run), instance))
+            sys.stderr.write(render_truncation(api.report_json(run), instance))
         why = api.info(run).incomplete
         if why:
             sys.stderr.write(f"poprun: {render_incomplete(why)}\n")
@@ -202,7 +202,7 @@ def report(args: list[str], session: Session) -> int:
 def _report(run: api.Run, *, as_json: bool) -> int:
     from poprun.render.runs import render_report, render_report_header, render_verified
 
-    found = api.report(run, raw=as_json)
+    found = api.read_report(run, raw=as_json)
     if as_json:
         import json
 
