@@ -418,13 +418,13 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
     Return ``prog ARGV`` (``poprun logs ...``) read against the command's option ``rows``.
 
     Options and up to ``words`` other words may come in any order; ``--opt=v`` and ``--opt v``
-    as in a launch (a value may start with ``-``). With ``leading``, only the options at the
+    and unambiguous long prefixes as in a launch (a value may start with ``-``). With ``leading``, only the options at the
     front are read (``poprun submit --wait ...``) and everything from the first other word on is
     ``rest``. ``--help`` (``-h``) is every command's; with it, the words are not counted.
 
     Diagnostics (collected, raised once, with the caret under the word):
-        PR101 (unknown option, or a word too many), PR104 (an option without its value),
-        PR112 (a value given to an option that takes none).
+        PR101 (unknown option, or a word too many), PR102 (an ambiguous prefix), PR104 (an
+        option without its value), PR112 (a value given to an option that takes none).
     """
     table = {flag: row for row in (*rows, _HELP) for flag in row.flags}
     text = _Text(argv, prog)
@@ -440,6 +440,15 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
         word = argv[i]
         name, eq, attached = word.partition("=") if word.startswith("--") else (word, "", "")
         row = table.get(name) if word.startswith("-") and word != "-" else None
+        if row is None and name.startswith("--") and len(name) > _MIN_PREFIX:  # an unambiguous prefix, as in a launch
+            rows_of = {table[f].name: table[f] for f in table if f.startswith(name)}
+            if len(rows_of) > 1 and not leading:
+                options = sorted(r.flags[0] for r in rows_of.values())
+                fail("PR102", f"ambiguous option '{name}'", detail=f"'{name}' could be {join_or(options)}",
+                     span=text.span(name, i, length=len(name)), hint=f"write one of {join_or(options)} in full")
+                i += 1  # the words are not counted once an option is wrong: it may have taken the next for its value
+                continue
+            row = next(iter(rows_of.values())) if len(rows_of) == 1 else None
         if leading and row is None:
             break
         if not word.startswith("-") or word == "-":

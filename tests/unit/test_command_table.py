@@ -79,13 +79,13 @@ def _problem(argv: list[str], **kwargs: object) -> tuple[str, str, int | None, i
 
 
 def test_an_unknown_option_is_pr101_with_its_caret_and_the_nearest_name() -> None:
-    """The caret spans exactly the unknown option in ``poprun ps --al``; the hint names ``--all``."""
+    """The caret spans exactly the unknown option in ``poprun ps --alk``; the hint names ``--all``."""
     with pytest.raises(DiagnosticError) as caught:
-        parse_arguments(["--al"], ROWS, prog="poprun ps", usage="poprun ps [--all]")
+        parse_arguments(["--alk"], ROWS, prog="poprun ps", usage="poprun ps [--all]")
     problem = caught.value.diagnostics[0]
 
-    assert ("PR101", "did you mean '--all'?", "poprun ps --al") == (problem.code, problem.hint, problem.source_line)
-    assert (11, 15) == (problem.span.column, problem.span.end_column)
+    assert ("PR101", "did you mean '--all'?", "poprun ps --alk") == (problem.code, problem.hint, problem.source_line)
+    assert (11, 16) == (problem.span.column, problem.span.end_column)
 
 
 def test_an_option_without_its_value_is_pr104() -> None:
@@ -142,3 +142,19 @@ def test_the_module_entry_point_prints_one_line_per_problem_and_exits_2(capsys: 
     expected = ("poprun vipu-server: error[PR101]: unknown option '--bogus': 'poprun vipu-server' has no option "
                 "'--bogus' (did you mean '--ipus'?)\n")
     assert (2, expected) == (status, capsys.readouterr().err)
+
+
+def test_an_unambiguous_prefix_stands_for_its_option_as_in_a_launch() -> None:
+    """``--ta`` is ``--tail`` when no other option starts so; ``--request-t`` is vipu-server's ``--request-timeout``."""
+    assert "5" == parse_arguments(["--ta", "5"], ROWS, prog="p", usage="p").value("tail")
+    assert ServerOptions(request_timeout=5.0) == parse_server_options(["--req", "5"])
+
+
+def test_an_ambiguous_prefix_is_pr102_naming_both() -> None:
+    """``poprun logs RUN --ta``: --tag or --tail."""
+    rows = BY_NAME["logs"].options or ()
+    with pytest.raises(DiagnosticError) as caught:
+        parse_arguments(["RUN", "--ta", "3"], rows, prog="poprun logs", usage="u", words=1)
+    problem = caught.value.diagnostics[0]
+
+    assert ("PR102", "'--ta' could be --tag or --tail") == (problem.code, problem.detail)
