@@ -8,25 +8,20 @@ the options of a launch the option table's (``poprun.planner.option``), grouped 
 from __future__ import annotations
 
 from poprun.cli.commands import CLASSIC, COMMANDS, CommandRow
-from poprun.planner.flags import describe_options
+from poprun.planner.flags import describe_options, describe_usage, spelling
 from poprun.planner.option import OPTIONS
-
-_INDENT = "       poprun "  # under "usage: poprun "
 
 
 def render_usage() -> str:
     """Return the usage lines of poprun: the classic form, then every command's."""
-    lines = [*CLASSIC.usage, *(line for row in COMMANDS for line in row.usage)]
-    return "usage: poprun " + "".join(f"{line}\n" if n == 0 else f"{_INDENT}{line}\n" for n, line in enumerate(lines))
+    return describe_usage([*CLASSIC.usage, *(line for row in COMMANDS for line in row.usage)])
 
 
 def render_help() -> str:
     """Return the help text."""
     groups: dict[str, list[str]] = {}
     for option in OPTIONS:
-        short = [f for f in option.flags if not f.startswith("--")]
-        longs = [f for f in option.flags if f.startswith("--")]
-        name = (f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(option.flags))
+        name = spelling(option.flags)
         if option.takes_value:
             name += " arg"
         default = f" (default: {option.default})" if option.default else ""

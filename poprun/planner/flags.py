@@ -484,19 +484,23 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
 
 
 
+def describe_usage(usage: Sequence[str]) -> str:
+    """Return ``usage:`` and the ``usage`` lines, each after ``poprun`` and under the first."""
+    return "usage: " + "".join(f"poprun {line}\n" if n == 0 else f"       poprun {line}\n" for n, line in enumerate(usage))
+
+
+def spelling(flags: Sequence[str]) -> str:
+    """Return an option's spellings as ``poprun --help`` lists them: ``-n [ --tail ]``, ``--json``."""
+    short = [f for f in flags if not f.startswith("--")]
+    longs = [f for f in flags if f.startswith("--")]
+    return f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(flags)
+
+
 def describe_options(usage: Sequence[str], rows: Sequence[CommandOption]) -> str:
     """
     Return a command's ``--help`` from its table entry: its ``usage`` lines (each after ``poprun``), then its option rows.
 
     In PopRun's layout, as ``poprun --help`` lists a launch's options (``-i [ --instance ] N``).
     """
-    text = "usage: " + "".join(f"poprun {line}\n" if n == 0 else f"       poprun {line}\n"
-                               for n, line in enumerate(usage))
-    lines = []
-    for option in rows:
-        short = [f for f in option.flags if not f.startswith("--")]
-        longs = [f for f in option.flags if f.startswith("--")]
-        name = (f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(option.flags))
-        name += f" {option.value}" if option.value else ""
-        lines.append(f"  {name:<36} {option.help}\n")
-    return text + (f"\noptions:\n{''.join(lines)}" if lines else "")
+    lines = [f"  {spelling(o.flags) + (f' {o.value}' if o.value else ''):<36} {o.help}\n" for o in rows]
+    return describe_usage(usage) + (f"\noptions:\n{''.join(lines)}" if lines else "")

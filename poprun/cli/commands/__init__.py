@@ -25,6 +25,7 @@ from poprun.cli.session import Session
 from poprun.core.record import positional_record
 from poprun.partitions.serveroption import OPTIONS as SERVER_OPTIONS
 from poprun.partitions.serveroption import USAGE as SERVER_USAGE
+from poprun.planner.flags import Arguments, parse_arguments
 from poprun.planner.flags import CommandOption as Opt
 
 Command = Callable[[list[str], Session], int]
@@ -84,6 +85,18 @@ COMMANDS: tuple[CommandRow, ...] = (
 )
 CLASSIC = CommandRow("", "launch", "classic", ("[options] program [program args]",))
 BY_NAME: dict[str, CommandRow] = {row.name: row for row in COMMANDS}
+
+
+def read_arguments(name: str, args: list[str], *, words: int = 0, leading: bool = False) -> Arguments:
+    """
+    Return the words and options of ``poprun NAME ARGS`` read against the command's rows (see :func:`parse_arguments`).
+
+    Diagnostics:
+        PR101, PR102, PR104, PR112, with the command's first usage line in the hints.
+    """
+    row = BY_NAME[name]
+    return parse_arguments(args, row.options or (), prog=f"poprun {name}", usage=row.synopsis, words=words,
+                           leading=leading)
 
 
 def handler(name: str | None) -> Command:

@@ -43,15 +43,13 @@ def _arguments(command: str, args: list[str], *, run: bool) -> tuple[str | None,
         PR101 (unknown option or extra word), PR104 (option without its value), PR112 (a value
         for an option without one), PR600 (no RUN).
     """
-    from poprun.cli.commands import BY_NAME
-    from poprun.planner.flags import parse_arguments
+    from poprun.cli.commands import BY_NAME, read_arguments
 
-    row = BY_NAME[command]
-    given = parse_arguments(args, row.options or (), prog=f"poprun {command}", usage=row.synopsis, words=int(run))
+    given = read_arguments(command, args, words=int(run))
     if given.help:
         return None, given
     if run and not given.words:
-        raise DiagnosticError([error("PR600", "no run named", detail=f"usage: {row.synopsis}",
+        raise DiagnosticError([error("PR600", "no run named", detail=f"usage: {BY_NAME[command].synopsis}",
                                      span=SourceSpan(file="<command line>", key_path="RUN"),
                                      hint="name a run: its id, a unique prefix of it, or 'last' ('poprun ps' lists them)")])
     return (given.words[0] if given.words else ""), given

@@ -53,11 +53,9 @@ def _submit_options(args: list[str]) -> tuple[bool, bool, Sourced[int] | None, l
         PR104 (``--nodes`` without its value), PR112 (a value for ``--dry-run`` or ``--wait``),
         PR200 (``--nodes`` not a positive number).
     """
-    from poprun.cli.commands import BY_NAME
-    from poprun.planner.flags import parse_arguments
+    from poprun.cli.commands import read_arguments
 
-    row = BY_NAME["submit"]
-    given = parse_arguments(args, row.options or (), prog="poprun submit", usage=row.synopsis, leading=True)
+    given = read_arguments("submit", args, leading=True)
     nodes: Sourced[int] | None = None
     for name, value in given.options:
         if name != "nodes":
