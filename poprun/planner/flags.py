@@ -439,23 +439,16 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
     while i < len(argv):
         word = argv[i]
         name, eq, attached = word.partition("=") if word.startswith("--") else (word, "", "")
-        row = table.get(name) if word.startswith("-") and word != "-" else None
-        if row is None and name.startswith("--") and len(name) > _MIN_PREFIX:  # an unambiguous prefix, as in a launch
-            rows_of = {table[f].name: table[f] for f in table if f.startswith(name)}
-            if len(rows_of) > 1 and not leading:
-                options = sorted(r.flags[0] for r in rows_of.values())
-                fail("PR102", f"ambiguous option '{name}'", detail=f"'{name}' could be {join_or(options)}",
-                     span=text.span(name, i, length=len(name)), hint=f"write one of {join_or(options)} in full")
-                i += 1  # the words are not counted once an option is wrong: it may have taken the next for its value
-                continue
-            row = next(iter(rows_of.values())) if len(rows_of) == 1 else None
+        row, could_be = _lookup(table, word, name, exact=leading)  # submit's leading options: exactly as written
         if leading and row is None:
             break
         if not word.startswith("-") or word == "-":
             found.append((i, word))
+        elif could_be:
+            fail("PR102", f"ambiguous option '{name}'", detail=f"'{name}' could be {join_or(could_be)}",
+                 span=text.span(name, i, length=len(name)), hint=f"write one of {join_or(could_be)} in full")
         elif row is None:
-            longs = [f for f in table if f.startswith("--")]
-            guess = did_you_mean(name, longs)
+            guess = did_you_mean(name, [f for f in table if f.startswith("--")])
             fail("PR101", f"unknown option '{name}'", detail=f"'{prog}' has no option '{name}'",
                  span=text.span(name, i, length=len(name)), hint=f"did you mean '{guess}'?" if guess else f"usage: {usage}")
         elif not row.value:
@@ -463,17 +456,15 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
                 fail("PR112", f"option '{row.flags[0]}' takes no value", detail=f"found '{word}'",
                      span=text.span(row.flags[0], i), hint=f"write {row.flags[0]} alone")
             given.append((row.name, ""))
-        elif eq:
-            given.append((row.name, attached))
-        elif i + 1 >= len(argv):
+        elif eq or i + 1 < len(argv):
+            i += not eq
+            given.append((row.name, attached if eq else argv[i]))
+        else:
             fail("PR104", f"option '{row.flags[0]}' needs a value", detail=f"'{word}' is the last word",
                  span=text.span(row.flags[0], i), hint=f"write {row.flags[0]}=VALUE")
-        else:
-            i += 1
-            given.append((row.name, argv[i]))
         i += 1
     asked = any(n == "help" for n, _ in given)
-    if not asked and not diags.has_errors and len(found) > words:  # a bad option may have taken its value for a word
+    if not asked and not diags.has_errors and len(found) > words:  # once an option is wrong, its value may be a word
         at, extra = found[words]
         fail("PR101", f"unexpected word '{extra}'", detail=f"usage: {usage}", span=text.span(extra, at),
              hint=f"usage: {usage}")
@@ -482,6 +473,18 @@ def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog:
     return Arguments(words=tuple(w for _, w in found), options=tuple(g for g in given if g[0] != "help"), help=asked,
                      rest=tuple(argv[i:]) if leading else (), text=text.line)
 
+
+def _lookup(table: Mapping[str, CommandOption], word: str, name: str, *,
+            exact: bool) -> tuple[CommandOption | None, list[str]]:
+    """Return the row an option word names (exactly, or by an unambiguous long prefix), or the options a prefix could be."""
+    if not word.startswith("-") or word == "-":
+        return None, []
+    if name in table or exact or not name.startswith("--") or len(name) <= _MIN_PREFIX:
+        return table.get(name), []
+    rows = {table[f].name: table[f] for f in table if f.startswith(name)}
+    if len(rows) > 1:
+        return None, sorted(r.flags[0] for r in rows.values())
+    return next(iter(rows.values()), None), []
 
 
 def describe_usage(usage: Sequence[str]) -> str:
