@@ -158,3 +158,11 @@ def test_an_ambiguous_prefix_is_pr102_naming_both() -> None:
     problem = caught.value.diagnostics[0]
 
     assert ("PR102", "'--ta' could be --tag or --tail") == (problem.code, problem.detail)
+
+
+def test_submits_leading_options_are_taken_only_as_written() -> None:
+    """``submit --wa prog``: a prefix is not submit's ``--wait``; it is left for the launch's own parser."""
+    given = parse_arguments(["--wa", "prog"], BY_NAME["submit"].options or (), prog="poprun submit", usage="u",
+                            leading=True)
+
+    assert (False, ("--wa", "prog")) == (given.has("wait"), given.rest)
