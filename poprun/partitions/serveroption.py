@@ -74,5 +74,6 @@ def _number(kind: type[int | float], text: str, flag: str, what: str) -> int | f
     try:
         return kind(text)
     except ValueError:
-        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{text[:40]}' is not {what}",
+        shown = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[:40])  # no escape reaches the terminal
+        raise DiagnosticError([error("PR105", f"invalid value for {flag}", detail=f"'{shown}' is not {what}",
                                      span=SourceSpan.flag(flag), hint=f"write e.g. {flag}=10")]) from None

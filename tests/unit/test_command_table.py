@@ -166,3 +166,11 @@ def test_submits_leading_options_are_taken_only_as_written() -> None:
                             leading=True)
 
     assert (False, ("--wa", "prog")) == (given.has("wait"), given.rest)
+
+
+def test_a_vipu_server_number_with_an_escape_is_shown_escaped() -> None:
+    """``--port $'\\x1b[2J'``: the diagnostic shows ``\\x1b``, never the escape itself."""
+    with pytest.raises(DiagnosticError) as caught:
+        parse_server_options(["--port", "\x1b[2J"])
+
+    assert "'\\x1b[2J' is not a whole number" == caught.value.diagnostics[0].detail
