@@ -15,8 +15,9 @@ costs nothing more:
   :class:`ApplyResult` and :func:`exit_status`; :mod:`events` (``poprun.core.events``);
 - errors: :class:`Diagnostic`, :class:`DiagnosticError` and :class:`LaunchError`
   (``poprun.core.diagnostic`` draws the whole tree);
-- run records: :func:`runs_root`, :func:`list_runs`, :func:`find_run`, :func:`run_info` and
-  :class:`RunInfo` (``poprun.runs.store``).
+- run records: :func:`list_runs`, :func:`locate` (a :class:`Run`), :func:`info` (a
+  :class:`RunInfo`), :func:`follow`, :func:`attach`, :func:`stop` (a :class:`StopResult`) and
+  :func:`read_report` (``poprun.runs``: values, nothing printed).
 
 ``apply`` is the ``poprun.apply`` package itself, which calls :func:`poprun.apply.apply` when
 called, so that the name means one thing whichever was imported first.
@@ -33,15 +34,15 @@ if TYPE_CHECKING:
     from poprun.core import events
     from poprun.core.diagnostic import Diagnostic, DiagnosticError, LaunchError
     from poprun.core.outcome import ApplyResult, exit_status
+    from poprun.core.runinfo import RunInfo
     from poprun.planner.context import Context
     from poprun.planner.flags import parse_flags
     from poprun.planner.load import load_spec, read_text
     from poprun.planner.serde import from_json, to_json
     from poprun.planner.solve import Solution, solve
-    from poprun.runs.store import RunInfo, find_run, list_runs, run_info, runs_root
+    from poprun.runs.api import Run, StopResult, attach, follow, info, list_runs, locate, read_report, stop
 
-# Each name's module. The runs library's stop, follow and attach join the run records' row when
-# poprun.runs offers them.
+# Each name's module.
 _WHERE = {
     **dict.fromkeys(("parse_flags",), "poprun.planner.flags"),
     **dict.fromkeys(("load_spec", "read_text"), "poprun.planner.load"),
@@ -51,7 +52,9 @@ _WHERE = {
     **dict.fromkeys(("Control", "Stopped"), "poprun.apply"),
     **dict.fromkeys(("ApplyResult", "exit_status"), "poprun.core.outcome"),
     **dict.fromkeys(("Diagnostic", "DiagnosticError", "LaunchError"), "poprun.core.diagnostic"),
-    **dict.fromkeys(("RunInfo", "find_run", "list_runs", "run_info", "runs_root"), "poprun.runs.store"),
+    **dict.fromkeys(("RunInfo",), "poprun.core.runinfo"),
+    **dict.fromkeys(("Run", "StopResult", "attach", "follow", "info", "list_runs", "locate", "read_report", "stop"),
+                    "poprun.runs.api"),
 }
 _MODULES = {"apply": "poprun.apply", "events": "poprun.core.events"}  # names that are modules
 
@@ -62,22 +65,27 @@ __all__ = [
     "Diagnostic",
     "DiagnosticError",
     "LaunchError",
+    "Run",
     "RunInfo",
     "Solution",
+    "StopResult",
     "Stopped",
     "__version__",
     "apply",
+    "attach",
     "events",
     "exit_status",
-    "find_run",
+    "follow",
     "from_json",
+    "info",
     "list_runs",
     "load_spec",
+    "locate",
     "parse_flags",
+    "read_report",
     "read_text",
-    "run_info",
-    "runs_root",
     "solve",
+    "stop",
     "to_json",
 ]
 

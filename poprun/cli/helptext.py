@@ -1,46 +1,40 @@
 """
-``poprun --help``: the options table, grouped, in PopRun's layout.
+``poprun --help`` and each command's ``--help``: made from the command table and the option table.
 
-Layer: ``poprun.cli``.
+Layer: ``poprun.cli``. The usage lines are the command table's (:data:`poprun.cli.commands.COMMANDS`),
+the options of a launch the option table's (``poprun.planner.option``), grouped in PopRun's layout.
 """
 
 from __future__ import annotations
 
+from poprun.cli.commands import CLASSIC, COMMANDS, CommandRow
+from poprun.planner.flags import describe_options, describe_usage, spelling
 from poprun.planner.option import OPTIONS
 
-USAGE = """usage: poprun [options] program [program args]
-       poprun plan [SPEC] [options] [--explain] [--format text|json|toml|dot|sbatch] [-o FILE] [program [args]]
-       poprun plan PLAN.json [--explain] [--format text|json|dot] [-o FILE]
-       poprun plan --diff OLD.json [SPEC] [options] [--format text|json] [program [args]]
-       poprun plan --diff OLD.json NEW.json [--format text|json]
-       poprun apply SPEC|PLAN.json [options] [program [args]]
-       poprun render [SPEC] [options] [-o FILE.svg|png|dot] [--expand]
-       poprun submit [--dry-run] [--wait] [--nodes N] [SPEC] [options] program [args]
-       poprun validate SPEC
-       poprun vipu-server [--host H] [--port P] [--db FILE] [--ipus N] [--ild-size N]
-       poprun ps [--all] [--json]
-       poprun logs RUN [--instance N] [-f] [--tail N] [--tag]
-       poprun report RUN [--json]
-       poprun stop RUN [--timeout SECONDS]
-       poprun attach RUN
-"""
+
+def render_usage() -> str:
+    """Return the usage lines of poprun: the classic form, then every command's."""
+    return describe_usage([*CLASSIC.usage, *(line for row in COMMANDS for line in row.usage)])
 
 
 def render_help() -> str:
     """Return the help text."""
     groups: dict[str, list[str]] = {}
     for option in OPTIONS:
-        short = [f for f in option.flags if not f.startswith("--")]
-        longs = [f for f in option.flags if f.startswith("--")]
-        name = (f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(option.flags))
+        name = spelling(option.flags)
         if option.takes_value:
             name += " arg"
         default = f" (default: {option.default})" if option.default else ""
         groups.setdefault(option.group, []).append(f"  {name:<36} {option.help}{default}")
-    parts = [USAGE]
+    parts = [render_usage()]
     for group, lines in groups.items():
         parts.append(f"{group} options:\n" + "\n".join(lines) + "\n")
     from poprun.planner.setting import help_lines
 
     parts.append("\n".join(help_lines()) + "\n")
     return "\n".join(parts)
+
+
+def render_command_help(row: CommandRow) -> str:
+    """Return the ``--help`` of a command with option rows: its usage lines, then its options."""
+    return describe_options(row.usage, row.options or ())

@@ -2,7 +2,8 @@
 ``poprun``: the classic command line, the ``plan``, ``validate``, ``apply``, ``render`` and ``submit`` commands, and those over run records.
 
 Layer: ``poprun.cli``. Imports are lazy so that ``poprun --version`` starts fast.
-A subcommand is recognised only as the first argument; anything else is the classic form.
+A subcommand is recognised only as the first argument (a row of the command table,
+:data:`poprun.cli.commands.COMMANDS`); anything else is the classic form.
 """
 
 from __future__ import annotations
@@ -18,8 +19,6 @@ from poprun.cli import exitcode
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.cli.session import Session
-
-COMMANDS = ("plan", "validate", "apply", "render", "submit", "vipu-server", "ps", "logs", "report", "stop", "attach")  # poprun.cli.commands.COMMANDS
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -92,13 +91,13 @@ def _visible_streams() -> None:
 
 
 def _dispatch(args: list[str], session: Session) -> int:
-    from poprun.cli.commands import handler
+    from poprun.cli.commands import BY_NAME, handler
 
-    if not args or args[0] not in COMMANDS or args[0] == "apply":  # a launch may follow: ready the kernel's cgroup move
+    if not args or args[0] not in BY_NAME or args[0] == "apply":  # a launch may follow: ready the kernel's cgroup move
         from poprun.process.cgroup import prime
 
         prime()
-    if args and args[0] in COMMANDS:
+    if args and args[0] in BY_NAME:
         return handler(args[0])(args[1:], session)
     return handler(None)(args, session)
 

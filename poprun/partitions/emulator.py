@@ -2,7 +2,8 @@
 ``poprun vipu-server``: the emulated V-IPU partition service, an HTTP/JSON server.
 
 Layer: ``poprun.partitions``; the standard library, :mod:`poprun.partitions.store` and
-:mod:`poprun.partitions.wire` (its routes are listed there).
+:mod:`poprun.partitions.wire` (its routes are listed there); its options are rows of
+:mod:`poprun.partitions.serveroption`, read by the flags parser (``poprun.planner.flags``).
 
 A stand-in for Graphcore's V-IPU server, which cannot run here (design.md section 10): it
 serves a fixed IPU inventory (``--ipus 64 --ild-size 16``: a Pod64), keeps its partitions and
@@ -22,7 +23,6 @@ line, ``listening on HOST:PORT ...``, once it accepts connections, and stops on 
 
 from __future__ import annotations
 
-import argparse
 import json
 import signal
 import socket
@@ -39,9 +39,9 @@ from urllib.parse import unquote
 from poprun.partitions import wire
 from poprun.partitions.deadline import DeadlineSocket
 from poprun.partitions.provider import PartitionInfo, ProviderError
+from poprun.partitions.serveroption import REQUEST_TIMEOUT_S, ServerOptions
 from poprun.partitions.store import DEFAULT_TTL_S, Inventory, Store
 
-REQUEST_TIMEOUT_S = 10.0  # to read one request in total (also an idle connection's life), and to write its answer
 MAX_REQUEST = 64 * 1024  # bytes of a request's body
 MAX_IPUS = 65536  # IPUs of an inventory: a thousand Pod64s, and a bound on every placement loop
 # Each route's path shape -> the methods it answers; anything else is 404 or 405.
@@ -282,24 +282,33 @@ def serve(host: str, port: int, db_path: str, inventory: Inventory | None = None
         server.store.close()
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="poprun vipu-server", description="An emulated V-IPU partition service "
-                                     "(HTTP/JSON, state in SQLite) for offline use and tests.")
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8090, help="port to listen on; 0 picks a free one (default 8090)")
-    parser.add_argument("--db", default="vipu-server.sqlite", help="SQLite file of the partitions (made if missing)")
-    parser.add_argument("--ipus", type=int, default=64, help="IPUs of the inventory (default 64, a Pod64)")
-    parser.add_argument("--ild-size", type=int, default=16, help="IPUs per IPU-Link domain (default 16)")
-    parser.add_argument("--inventory", help="a JSON inventory file (ipus, ild_size, partitions, faults)")
-    parser.add_argument("--request-timeout", type=float, default=REQUEST_TIMEOUT_S, metavar="SECONDS",
-                        help="time a client has to send a whole request (and then to read its answer); an "
-                             f"idle connection is closed after it too (default {REQUEST_TIMEOUT_S:g})")
-    return parser
-
-
 def main(argv: Sequence[str] | None = None) -> int:
-    """Run the server; return its exit status (0 after SIGINT/SIGTERM, 2 for bad arguments)."""
-    args = _parser().parse_args(argv)
+    """
+    Run the server as ``python -m poprun.partitions.emulator ARGV``; return its exit status.
+
+    0 after SIGINT/SIGTERM (and for ``--help``), 1 when it cannot listen or use its database, 2
+    for bad arguments: a diagnostic of the options (one line each here; ``poprun vipu-server``
+    shows them with their carets) or a value out of range.
+    """
+    from poprun.core.diagnostic import DiagnosticError
+    from poprun.partitions.serveroption import OPTIONS, USAGE, parse_server_options
+    from poprun.planner.flags import describe_options
+
+    try:
+        args = parse_server_options(sys.argv[1:] if argv is None else argv)
+    except DiagnosticError as exc:
+        for problem in exc.diagnostics:
+            sys.stderr.write(f"poprun vipu-server: error[{problem.code}]: {problem.summary}: {problem.detail} "
+                             f"({problem.hint})\n")
+        return 2
+    if args is None:
+        sys.stdout.write(describe_options((USAGE,), OPTIONS))
+        return 0
+    return run(args)
+
+
+def run(args: ServerOptions) -> int:
+    """Run the server with ``args`` until SIGINT or SIGTERM; return its exit status (0; 1 cannot listen; 2 out of range)."""
     if not 0 <= args.port <= 65535:  # noqa: PLR2004 - the TCP port range
         sys.stderr.write(f"poprun vipu-server: --port {args.port} must be from 0 to 65535\n")
         return 2

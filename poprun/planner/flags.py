@@ -9,6 +9,10 @@ the next token even when it starts with ``-``; unambiguous long prefixes; ``-v``
 ``--vv``; repeated ``--mpi-*-args`` merge; ``-x`` variables inside ``--mpi-*-args`` become
 the spec's environment. Everything after PROGRAM belongs to the program, untouched.
 Options not given fall back on ``POPRUN_<FLAG>`` environment variables.
+
+The other commands' options (``poprun logs RUN --tail N``, ``submit``'s leading ones,
+``vipu-server``'s) are rows of their command (:class:`CommandOption`, in the command table of
+``poprun.cli.commands``), read by :func:`parse_arguments` with the same diagnostics and carets.
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ from collections.abc import Mapping, Sequence
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, Diagnostics, error, warning
 from poprun.core.hint import did_you_mean, join_or
-from poprun.core.record import record
+from poprun.core.record import positional_record, record
 from poprun.core.span import COMMAND_LINE, SourceSpan
 from poprun.planner import value as conv
 from poprun.planner.option import BY_FLAG, LONG_FLAGS, PLAN_ONLY, Option
@@ -362,3 +366,144 @@ def parse_flags(argv: Sequence[str], *, environ: Mapping[str, str] | None = None
         text=parser.text.line,
         warnings=parser.diags.warnings,
     )
+
+
+@positional_record
+class CommandOption:
+    """
+    One option of a command other than a launch (a row of the command table): ``poprun logs --tail N``.
+
+    ``name`` is what :class:`Arguments` keys its value by; ``flags`` its spellings, the long one
+    first (it names the option in diagnostics); ``value`` names its value in the help (``N``), and
+    is empty for an option without one.
+    """
+
+    name: str
+    flags: tuple[str, ...]
+    value: str
+    help: str
+
+
+@record
+class Arguments:
+    """
+    A command's words and options, as :func:`parse_arguments` read them.
+
+    ``options``: (name, value) in the order given, ``""`` for an option without a value; ``rest``:
+    what follows the leading options (``leading=True``), untouched; ``text``: the command line as
+    one string, for carets.
+    """
+
+    words: tuple[str, ...] = ()
+    options: tuple[tuple[str, str], ...] = ()
+    help: bool = False
+    rest: tuple[str, ...] = ()
+    text: str = ""
+
+    def has(self, name: str) -> bool:
+        """Return whether option ``name`` was given."""
+        return any(n == name for n, _ in self.options)
+
+    def value(self, name: str) -> str | None:
+        """Return the value option ``name`` was given last (None when it was not given)."""
+        return next((v for n, v in reversed(self.options) if n == name), None)
+
+
+_HELP = CommandOption("help", ("--help", "-h"), "", "show this help")
+
+
+def parse_arguments(argv: Sequence[str], rows: Sequence[CommandOption], *, prog: str, usage: str,
+                    words: int = 0, leading: bool = False) -> Arguments:
+    """
+    Return ``prog ARGV`` (``poprun logs ...``) read against the command's option ``rows``.
+
+    Options and up to ``words`` other words may come in any order; ``--opt=v`` and ``--opt v``
+    and unambiguous long prefixes as in a launch (a value may start with ``-``). With ``leading``, only the options at the
+    front are read (``poprun submit --wait ...``) and everything from the first other word on is
+    ``rest``. ``--help`` (``-h``) is every command's; with it, the words are not counted.
+
+    Diagnostics (collected, raised once, with the caret under the word):
+        PR101 (unknown option, or a word too many), PR102 (an ambiguous prefix), PR104 (an
+        option without its value), PR112 (a value given to an option that takes none).
+    """
+    table = {flag: row for row in (*rows, _HELP) for flag in row.flags}
+    text = _Text(argv, prog)
+    diags = Diagnostics()
+
+    def fail(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str) -> None:
+        diags.add(error(code, summary, detail=detail, span=span, hint=hint, source_line=text.line))
+
+    found: list[tuple[int, str]] = []  # (index in argv, word)
+    given: list[tuple[str, str]] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        name, eq, attached = word.partition("=") if word.startswith("--") else (word, "", "")
+        row, could_be = _lookup(table, word, name, exact=leading)  # submit's leading options: exactly as written
+        if leading and row is None:
+            break
+        if not word.startswith("-") or word == "-":
+            found.append((i, word))
+        elif could_be:
+            fail("PR102", f"ambiguous option '{name}'", detail=f"'{name}' could be {join_or(could_be)}",
+                 span=text.span(name, i, length=len(name)), hint=f"write one of {join_or(could_be)} in full")
+        elif row is None:
+            guess = did_you_mean(name, [f for f in table if f.startswith("--")])
+            fail("PR101", f"unknown option '{name}'", detail=f"'{prog}' has no option '{name}'",
+                 span=text.span(name, i, length=len(name)), hint=f"did you mean '{guess}'?" if guess else f"usage: {usage}")
+        elif not row.value:
+            if eq:
+                fail("PR112", f"option '{row.flags[0]}' takes no value", detail=f"found '{word}'",
+                     span=text.span(row.flags[0], i), hint=f"write {row.flags[0]} alone")
+            given.append((row.name, ""))
+        elif eq or i + 1 < len(argv):
+            i += not eq
+            given.append((row.name, attached if eq else argv[i]))
+        else:
+            fail("PR104", f"option '{row.flags[0]}' needs a value", detail=f"'{word}' is the last word",
+                 span=text.span(row.flags[0], i), hint=f"write {row.flags[0]}=VALUE")
+        i += 1
+    asked = any(n == "help" for n, _ in given)
+    if not asked and not diags.has_errors and len(found) > words:  # once an option is wrong, its value may be a word
+        at, extra = found[words]
+        fail("PR101", f"unexpected word '{extra}'", detail=f"usage: {usage}", span=text.span(extra, at),
+             hint=f"usage: {usage}")
+    if diags.has_errors:
+        raise DiagnosticError(diags)
+    return Arguments(words=tuple(w for _, w in found), options=tuple(g for g in given if g[0] != "help"), help=asked,
+                     rest=tuple(argv[i:]) if leading else (), text=text.line)
+
+
+def _lookup(table: Mapping[str, CommandOption], word: str, name: str, *,
+            exact: bool) -> tuple[CommandOption | None, list[str]]:
+    """Return the row an option word names (exactly, or by an unambiguous long prefix), or the options a prefix could be."""
+    if not word.startswith("-") or word == "-":
+        return None, []
+    if name in table or exact or not name.startswith("--") or len(name) <= _MIN_PREFIX:
+        return table.get(name), []
+    rows = {table[f].name: table[f] for f in table if f.startswith(name)}
+    if len(rows) > 1:
+        return None, sorted(r.flags[0] for r in rows.values())
+    return next(iter(rows.values()), None), []
+
+
+def describe_usage(usage: Sequence[str]) -> str:
+    """Return ``usage:`` and the ``usage`` lines, each after ``poprun`` and under the first."""
+    return "usage: " + "".join(f"poprun {line}\n" if n == 0 else f"       poprun {line}\n" for n, line in enumerate(usage))
+
+
+def spelling(flags: Sequence[str]) -> str:
+    """Return an option's spellings as ``poprun --help`` lists them: ``-n [ --tail ]``, ``--json``."""
+    short = [f for f in flags if not f.startswith("--")]
+    longs = [f for f in flags if f.startswith("--")]
+    return f"{short[0]} [ {' '.join(longs)} ]" if short and longs else " ".join(flags)
+
+
+def describe_options(usage: Sequence[str], rows: Sequence[CommandOption]) -> str:
+    """
+    Return a command's ``--help`` from its table entry: its ``usage`` lines (each after ``poprun``), then its option rows.
+
+    In PopRun's layout, as ``poprun --help`` lists a launch's options (``-i [ --instance ] N``).
+    """
+    lines = [f"  {spelling(o.flags) + (f' {o.value}' if o.value else ''):<36} {o.help}\n" for o in rows]
+    return describe_usage(usage) + (f"\noptions:\n{''.join(lines)}" if lines else "")

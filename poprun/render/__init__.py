@@ -1,5 +1,5 @@
 """
-Views of plans and diagnostics: explain text, the topology table, diagnostics.
+Views of plans, diagnostics and run records: explain text, the topology table, diagnostics, ``ps`` and ``report``.
 
 Layer: ``poprun.render``; imports ``poprun.planner`` and ``poprun.core``; never runs anything.
 """

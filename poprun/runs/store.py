@@ -1,7 +1,8 @@
 """
 Finding and reading run records: what ``poprun ps``, ``logs``, ``report``, ``stop`` and ``attach`` read.
 
-Layer: ``poprun.runs``; imports ``poprun.core`` and :mod:`poprun.runs.record`. Not on the launch
+Layer: ``poprun.runs``; imports ``poprun.core`` (its :class:`~poprun.core.runinfo.RunInfo`, what the views draw) and
+:mod:`poprun.runs.record`. Not on the launch
 path: ``json`` is used freely here.
 
 A record is untrusted input (another process wrote it, or someone planted it): every file is
@@ -26,6 +27,7 @@ from collections.abc import Iterator, Mapping
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.process import start_time
 from poprun.core.record import record
+from poprun.core.runinfo import RunInfo
 from poprun.core.span import SourceSpan
 from poprun.runs.record import run_order, runs_directory
 
@@ -55,35 +57,6 @@ class Supervisor:
         A supervisor that has ended but is not reaped yet (a zombie: killed, its parent busy) runs no more.
         """
         return self.host == os.uname().nodename and start_time(self.pid, zombie=False) == self.started
-
-
-@record
-class RunInfo:
-    """
-    What ``poprun ps`` says of one run.
-
-    ``state``: ``running``, ``ended`` (``status`` is poprun's exit status), ``lost`` (the supervisor is gone
-    and wrote no report) or ``damaged`` (``problem`` says which file of the record cannot be read).
-    """
-
-    id: str
-    path: str
-    state: str
-    status: int | None = None
-    started: float | None = None  # UNIX seconds
-    ended: float | None = None
-    instances: int | None = None
-    hosts: tuple[str, ...] = ()
-    argv: tuple[str, ...] = ()
-    backend: str = ""
-    problem: str = ""
-    incomplete: str = ""  # why the record of an ended run stops short (a full disk); its report still says how it ended
-
-    def duration(self, now: float) -> float | None:
-        """Return how long it ran (until now while it runs), or None when its start is not known."""
-        if self.started is None:
-            return None
-        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
 
 
 def damaged(path: str, why: str, *, hint: str = "") -> DiagnosticError:

@@ -6,9 +6,7 @@ from pathlib import Path
 
 import poprun
 
-FACADE = ["ApplyResult", "Context", "Control", "Diagnostic", "DiagnosticError", "LaunchError", "RunInfo", "Solution",
-          "Stopped", "__version__", "apply", "events", "exit_status", "find_run", "from_json", "list_runs",
-          "load_spec", "parse_flags", "read_text", "run_info", "runs_root", "solve", "to_json"]
+FACADE = ["ApplyResult", "Context", "Control", "Diagnostic", "DiagnosticError", "LaunchError", "Run", "RunInfo", "Solution", "StopResult", "Stopped", "__version__", "apply", "attach", "events", "exit_status", "follow", "from_json", "info", "list_runs", "load_spec", "locate", "parse_flags", "read_report", "read_text", "solve", "stop", "to_json"]
 
 
 def test_the_facade_exports_exactly_its_entry_points():
@@ -22,7 +20,7 @@ def test_every_name_is_the_entry_point_of_its_layer():
     from poprun.core import events
     from poprun.core.diagnostic import LaunchError
     from poprun.planner.solve import solve
-    from poprun.runs.store import list_runs
+    from poprun.runs.api import list_runs
 
     assert (Control, Stopped, events, LaunchError, solve, list_runs) == (
         poprun.Control, poprun.Stopped, poprun.events, poprun.LaunchError, poprun.solve, poprun.list_runs)

@@ -50,21 +50,27 @@ def submit(args: list[str], session: Session) -> int:
 
 
 def _submit_options(args: list[str]) -> tuple[bool, bool, Sourced[int] | None, list[str]]:
-    """Return ``--dry-run``, ``--wait`` and ``--nodes N`` from the front of ``args``, and the rest (PR200)."""
-    dry_run = wait = False
+    """
+    Return ``--dry-run``, ``--wait`` and ``--nodes N`` from the front of ``args`` (the command table's rows), and the rest.
+
+    Diagnostics:
+        PR104 (``--nodes`` without its value), PR112 (a value for ``--dry-run`` or ``--wait``),
+        PR200 (``--nodes`` not a positive number).
+    """
+    from poprun.cli.commands import read_arguments
+
+    given = read_arguments("submit", args, leading=True)
     nodes: Sourced[int] | None = None
-    while args and (args[0] in ("--dry-run", "--wait") or args[0].split("=")[0] == "--nodes"):
-        word = args.pop(0)
-        if word in ("--dry-run", "--wait"):
-            dry_run, wait = dry_run or word == "--dry-run", wait or word == "--wait"
+    for name, value in given.options:
+        if name != "nodes":
             continue
-        value = word.partition("=")[2] if "=" in word else (args.pop(0) if args else "")
         if not value.isdigit() or int(value) < 1:
             raise DiagnosticError([error("PR200", "value must be a positive integer",
                                          detail=f"--nodes takes a number of nodes, not '{value}'",
                                          span=SourceSpan.flag("--nodes"), hint="write e.g. --nodes 4")])
         nodes = Sourced(int(value), SourceSpan.flag("--nodes"))
-    return dry_run, wait, nodes, args
+    help_ = ["--help"] if given.help else []  # the launch's help, as when it stood after submit's options
+    return given.has("dry_run"), given.has("wait"), nodes, [*help_, *given.rest]
 
 
 def _sbatch(script: str, *, wait: bool) -> int:

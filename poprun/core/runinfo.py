@@ -1,0 +1,39 @@
+"""
+What the views of run records draw: one run as ``poprun ps`` lists it.
+
+Layer: ``poprun.core``; imports only :mod:`poprun.core.record`. :mod:`poprun.runs.store` makes
+these from a run's directory, :mod:`poprun.render.runs` draws them: the two stay independent.
+"""
+
+from __future__ import annotations
+
+from poprun.core.record import record
+
+
+@record
+class RunInfo:
+    """
+    What ``poprun ps`` says of one run.
+
+    ``state``: ``running``, ``ended`` (``status`` is poprun's exit status), ``lost`` (the supervisor is gone
+    and wrote no report) or ``damaged`` (``problem`` says which file of the record cannot be read).
+    """
+
+    id: str
+    path: str
+    state: str
+    status: int | None = None
+    started: float | None = None  # UNIX seconds
+    ended: float | None = None
+    instances: int | None = None
+    hosts: tuple[str, ...] = ()
+    argv: tuple[str, ...] = ()
+    backend: str = ""
+    problem: str = ""
+    incomplete: str = ""  # why the record of an ended run stops short (a full disk); its report still says how it ended
+
+    def duration(self, now: float) -> float | None:
+        """Return how long it ran (until now while it runs), or None when its start is not known."""
+        if self.started is None:
+            return None
+        return max(0.0, (self.ended if self.ended is not None else now) - self.started)
