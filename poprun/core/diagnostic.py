@@ -15,6 +15,7 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
     Exception
      ├── DiagnosticError                        coded; exit 2 when planning, 125/126/127 at apply
      │    ├── UnknownBackendError (+KeyError)   PR400, PR402 (poprun.backends.registry)
+     │    ├── RunStateError                     PR603, PR604, PR607, PR608, PR618: exit 1 (poprun.runs.api)
      │    └── LaunchError ── PreflightError     nothing ran; carries the status (125, 126, 127) and
      │                                          its PR4xx diagnostics (PR405-PR409 per host: preflight)
      ├── ProviderError ── UnreachableError, MalformedAnswerError, NotFoundError, ExistsError,

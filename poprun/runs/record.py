@@ -2,7 +2,9 @@
 Writing a run's record as it happens: its directory, plan, events, per-instance logs and report.
 
 Layer: ``poprun.runs``; imports ``poprun.planner.plan`` and ``poprun.core``; no ``json`` (start-up:
-:mod:`poprun.runs.jsontext`). The layout is in ``docs/runs.md``:
+:mod:`poprun.runs.jsontext`). Length: one writer of one directory; every file of it is made, kept
+within its limits and ended here, so that what a full disk or a stop leaves behind is decided in
+one place. The layout is in ``docs/runs.md``:
 
 ``RUNS/ID/``, mode 0700, made by this process (``mkdir``, never an existing directory):
 
