@@ -33,7 +33,7 @@ from torch import nn
 import popdist
 import popdist.torch as pdt
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # noqa: PTH100, PTH120 - train_digits beside this file
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # train_digits beside this file
 from train_digits import build_model, evaluate, load_split, training_options
 
 
@@ -54,16 +54,16 @@ def restart_count() -> int:
 def write_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer, step: int) -> None:
     """Write the checkpoint of ``step`` atomically: a temporary file, flushed, renamed over the last one."""
     temporary = f"{path}.{os.getpid()}.tmp"
-    with open(temporary, "wb") as file:  # noqa: PTH123
+    with open(temporary, "wb") as file:
         torch.save({"step": step, "model": model.state_dict(), "optimizer": optimizer.state_dict()}, file)
         file.flush()
         os.fsync(file.fileno())
-    os.replace(temporary, path)  # noqa: PTH105
+    os.replace(temporary, path)
 
 
 def read_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Load the checkpoint at ``path`` into ``model`` and ``optimizer``; return its step (0 when there is none)."""
-    if not os.path.exists(path):  # noqa: PTH110
+    if not os.path.exists(path):
         return 0
     state = torch.load(path, map_location="cpu", weights_only=True)
     model.load_state_dict(state["model"])

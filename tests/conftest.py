@@ -70,7 +70,7 @@ def _fingerprint(path: Path) -> dict[str, tuple[int, int, int]]:
     """Return {relative path: (mode, size, mtime_ns)} of everything under the folder ``path`` ({} when there is none)."""
     found = {}
     for root, _, files in os.walk(path):
-        for name in [root, *(os.path.join(root, file) for file in files)]:  # noqa: PTH118
+        for name in [root, *(os.path.join(root, file) for file in files)]:
             with contextlib.suppress(OSError):
                 info = os.lstat(name)
                 found[os.path.relpath(name, path)] = (info.st_mode, info.st_size, info.st_mtime_ns)

@@ -47,7 +47,7 @@ class ErrorFiles:
         folder = self._folder(attempt) if wanted else None
         if folder is None:
             return {}
-        paths = {index: os.path.join(folder, f"{index}.json") for index in wanted}  # noqa: PTH118
+        paths = {index: os.path.join(folder, f"{index}.json") for index in wanted}
         self.latest.update(paths)
         return {index: {TORCHELASTIC_ERROR_FILE: path} for index, path in paths.items()}
 
@@ -64,7 +64,7 @@ class ErrorFiles:
 
             for folder in self._folders:  # the common case, no error written: empty folders, no rmtree to import
                 with contextlib.suppress(OSError):
-                    os.rmdir(folder)  # noqa: PTH106
+                    os.rmdir(folder)
             remove_directories([self._root])
 
     def _folder(self, attempt: int) -> str | None:
@@ -72,9 +72,9 @@ class ErrorFiles:
         try:
             if self._root is None:
                 self._root = self._make_root()
-            folder = os.path.join(self._root, str(attempt))  # noqa: PTH118
+            folder = os.path.join(self._root, str(attempt))
             with contextlib.suppress(FileExistsError):  # an instance restarted alone: its attempt's folder
-                os.mkdir(folder, 0o700)  # noqa: PTH102
+                os.mkdir(folder, 0o700)
                 self._folders.append(folder)
         except OSError:
             return None  # no error file: the instances' output still tells
@@ -82,8 +82,8 @@ class ErrorFiles:
 
     def _make_root(self) -> str:
         if self._record_path is not None:
-            root = os.path.join(self._record_path, "errors")  # noqa: PTH118
-            os.mkdir(root, 0o700)  # noqa: PTH102
+            root = os.path.join(self._record_path, "errors")
+            os.mkdir(root, 0o700)
             return root
         from poprun.process.files import private_directory
 

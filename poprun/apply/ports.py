@@ -135,7 +135,7 @@ def _read_here() -> str:
                           ("@range", "/proc/sys/net/ipv4/ip_local_port_range")):
         parts.append(section)
         try:
-            with open(path, encoding="ascii", errors="replace") as file:  # noqa: PTH123 - pathlib costs start-up
+            with open(path, encoding="ascii", errors="replace") as file:  # pathlib costs start-up
                 parts.append(file.read().rstrip("\n"))
         except FileNotFoundError:  # no IPv6
             continue
@@ -226,7 +226,7 @@ def _draw_here(avoid: Collection[int]) -> int | None:
     ephemeral range cannot be read (not Linux): then the sockets are listed.
     """
     try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as file:  # noqa: PTH123 - start-up
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as file:  # start-up
             words = file.read().split()
         low, high = int(words[0]), int(words[1])
     except (OSError, ValueError, IndexError):

@@ -357,7 +357,7 @@ def _may_declare_plugins(paths: Iterable[str]) -> bool:
             continue
         for entry in entries:
             try:
-                with open(os.path.join(entry.path, "entry_points.txt"), "rb") as handle:  # noqa: PTH118, PTH123
+                with open(os.path.join(entry.path, "entry_points.txt"), "rb") as handle:
                     if marker in handle.read():
                         return True
             except OSError:

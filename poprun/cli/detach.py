@@ -54,7 +54,7 @@ class _Word:
                 data = data[os.write(self._fd, data):]
         os.close(self._fd)
         self._fd = -1
-        sys.stderr = open(os.devnull, "w")  # noqa: PTH123, SIM115 - for the rest of the supervisor's life
+        sys.stderr = open(os.devnull, "w")  # noqa: SIM115 - for the rest of the supervisor's life
 
 
 class _DetachedConsole(Console):
@@ -119,7 +119,7 @@ def _supervise(record: RunRecord, word: _Word, run: Callable[[Console, RunRecord
             os.dup2(null, fd)
         os.close(null)
         _close_inherited()
-        sys.stdout = open(os.devnull, "w")  # noqa: PTH123, SIM115
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115
         sys.stderr = word.said
         if _recorded_as_supervisor(record):
             status = run(_DetachedConsole(word), record)
@@ -159,7 +159,7 @@ def _close_inherited() -> None:
     Those are the inheritable ones: poprun opens its own close-on-exec (``--events fd:N`` made
     it so), and a caller's pipe held by the run would keep the caller waiting for its end.
     """
-    for name in os.listdir("/proc/self/fd"):  # noqa: PTH208 - names only
+    for name in os.listdir("/proc/self/fd"):  # names only
         fd = int(name)
         with contextlib.suppress(OSError):  # the directory's own descriptor, closed by now
             if fd > 2 and os.get_inheritable(fd):  # noqa: PLR2004 - 0-2 are /dev/null by now

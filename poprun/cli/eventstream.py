@@ -231,7 +231,7 @@ def _why_not(target: str, exc: OSError) -> str:
     if exc.errno != errno.ENXIO:
         return exc.strerror or str(exc)
     try:
-        is_socket = stat.S_ISSOCK(os.stat(target).st_mode)  # noqa: PTH116 - pathlib costs start-up
+        is_socket = stat.S_ISSOCK(os.stat(target).st_mode)  # pathlib costs start-up
     except OSError:
         is_socket = False
     return "a socket: events go to a file, a FIFO or a descriptor (fd:N)" if is_socket else "a FIFO with no reader"

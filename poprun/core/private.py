@@ -28,9 +28,9 @@ def make_directories(path: str, *, exist_ok: bool = False) -> None:
         with contextlib.suppress(FileExistsError):  # made in between by someone else
             make_directories(head, exist_ok=True)
     try:
-        os.mkdir(path, 0o700)  # noqa: PTH102 - pathlib costs start-up
+        os.mkdir(path, 0o700)  # pathlib costs start-up
     except OSError:
-        if not exist_ok or not os.path.isdir(path):  # noqa: PTH112
+        if not exist_ok or not os.path.isdir(path):
             raise
         return
-    os.chmod(path, 0o700)  # noqa: PTH101 - a umask can take bits away from the owner too (0o277)
+    os.chmod(path, 0o700)  # a umask can take bits away from the owner too (0o277)

@@ -16,7 +16,7 @@ def start_time(pid: int, *, zombie: bool = True) -> int | None:
     With ``zombie`` False, a process that has ended but is not reaped yet counts as gone.
     """
     try:
-        with open(f"/proc/{pid}/stat", "rb") as file:  # noqa: PTH123 - pathlib costs start-up
+        with open(f"/proc/{pid}/stat", "rb") as file:  # pathlib costs start-up
             fields = file.read().rsplit(b")", 1)[1].split()
     except (OSError, IndexError):
         return None

@@ -12,7 +12,6 @@ trailing slashes dropped, ``..`` kept, a leading ``//`` kept), and :func:`exists
 "no such file" (``EACCES`` say) where ``os.path``'s return False.
 """
 
-# ruff: noqa: PTH109, PTH111, PTH116 - os.path, not pathlib: this module is what spares the launch pathlib
 
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def _srun_mpi(environ: Mapping[str, str]) -> tuple[str, ...] | None:
 def _cwd() -> str:
     """Return the current directory; when it was removed, the path the shell knew it by ($PWD, else /)."""
     try:
-        return os.getcwd()  # noqa: PTH109 - os.getcwd is what Path.cwd calls
+        return os.getcwd()  # os.getcwd is what Path.cwd calls
     except FileNotFoundError:  # the backend then says the working directory is missing, or a host has it
         return os.environ.get("PWD") or "/"
 

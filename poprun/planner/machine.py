@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from poprun.core.purepath import is_dir
 from poprun.core.record import positional_record, record
 
-TOPOLOGIES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topologies")  # noqa: PTH118, PTH120
+TOPOLOGIES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topologies")
 RECORDED = ("dell-r6525-2x-epyc-7742", "xeon-2s-2numa", "workstation-1numa")
 
 
@@ -112,9 +112,9 @@ def discover(*, sys_root: str = "/sys", status: str = "/proc/self/status", name:
 
     A machine without ``/sys/devices/system/node`` is one NUMA node of every online CPU.
     """
-    cpu_root = os.path.join(sys_root, "devices/system/cpu")  # noqa: PTH118 - pathlib costs start-up
+    cpu_root = os.path.join(sys_root, "devices/system/cpu")  # pathlib costs start-up
     online = parse_cpulist(_read(cpu_root, "online") or f"0-{(os.cpu_count() or 1) - 1}")
-    node_root = os.path.join(sys_root, "devices/system/node")  # noqa: PTH118
+    node_root = os.path.join(sys_root, "devices/system/node")
     members: dict[int, tuple[int, ...]] = {}
     for entry in _node_names(node_root) if is_dir(node_root) else []:
         members[int(entry[4:])] = tuple(c for c in parse_cpulist(_read(node_root, entry, "cpulist") or "") if c in online)
@@ -238,7 +238,7 @@ def _nodes(members: Mapping[int, tuple[int, ...]], cores: Mapping[int, tuple[int
 
 def _read(*parts: str) -> str | None:
     try:
-        with open(os.path.join(*parts), encoding="ascii") as file:  # noqa: PTH118, PTH123 - pathlib costs start-up
+        with open(os.path.join(*parts), encoding="ascii") as file:  # pathlib costs start-up
             return file.read().strip()
     except OSError:
         return None

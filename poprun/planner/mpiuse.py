@@ -55,7 +55,7 @@ def probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | 
     program = _find(argv[0], cwd, environ.get("PATH", os.defpath))
     if program is None:
         return None
-    if _PYTHON.match(os.path.basename(argv[0])):  # noqa: PTH119
+    if _PYTHON.match(os.path.basename(argv[0])):
         return _python(argv[1:], cwd)
     head = _read(program)
     if head.startswith(b"\x7fELF") and b"libmpi.so" in head:
@@ -115,7 +115,7 @@ def _python(args: tuple[str, ...], cwd: str) -> str | None:
             continue
         if word.startswith("-"):
             continue
-        found = _IMPORT.search(_read(os.path.join(cwd, word)))  # noqa: PTH118
+        found = _IMPORT.search(_read(os.path.join(cwd, word)))
         return f"{word} imports {found.group(1).decode()}" if found else None
     return None
 
@@ -123,12 +123,12 @@ def _python(args: tuple[str, ...], cwd: str) -> str | None:
 def _find(name: str, cwd: str, path: str, *, search_cwd: bool = True) -> str | None:
     """Return the file ``name`` runs as (PATH lookup for a bare name, else relative to ``cwd``), or None."""
     if "/" in name:
-        return os.path.join(cwd, name)  # noqa: PTH118
+        return os.path.join(cwd, name)
     for directory in path.split(os.pathsep):
-        candidate = os.path.join(directory or cwd, name)  # noqa: PTH118
-        if "\0" not in candidate and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112
+        candidate = os.path.join(directory or cwd, name)
+        if "\0" not in candidate and os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
             return candidate
-    return os.path.join(cwd, name) if search_cwd else None  # noqa: PTH118 - PopRun runs ./name from the cwd
+    return os.path.join(cwd, name) if search_cwd else None  # PopRun runs ./name from the cwd
 
 
 def _read(path: str) -> bytes:

@@ -65,9 +65,9 @@ def _own_directory() -> str | None:
 
 def _find_own_directory() -> str | None:
     try:
-        with open("/proc/self/cgroup", encoding="utf-8") as file:  # noqa: PTH123 - pathlib costs start-up
+        with open("/proc/self/cgroup", encoding="utf-8") as file:  # pathlib costs start-up
             own = next((line[3:].rstrip("\n") for line in file if line.startswith("0::")), None)
-        with open("/proc/self/mountinfo", encoding="utf-8") as file:  # noqa: PTH123
+        with open("/proc/self/mountinfo", encoding="utf-8") as file:
             mounts = [line.split() for line in file if " - cgroup2 " in line]
     except OSError:
         return None
@@ -110,13 +110,13 @@ class Cgroup:
         parent = None if os.environ.get(SWITCH) == "0" else _own_directory()
         if parent is None:
             return None
-        path = os.path.join(parent, "poprun-" + os.urandom(6).hex())  # noqa: PTH118 - pathlib is slower
+        path = os.path.join(parent, "poprun-" + os.urandom(6).hex())  # pathlib is slower
         try:
-            os.mkdir(path, 0o755)  # noqa: PTH102
+            os.mkdir(path, 0o755)
         except OSError:  # read-only, another user's, no such hierarchy
             return None
         made = cls(path, parent)
-        if not os.path.exists(os.path.join(path, "cgroup.kill")):  # noqa: PTH110, PTH118 - Linux < 5.14
+        if not os.path.exists(os.path.join(path, "cgroup.kill")):  # Linux < 5.14
             made.remove()
             return None
         return made
@@ -159,7 +159,7 @@ class Cgroup:
 
     def _move_in(self) -> None:
         try:
-            _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+            _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
         except OSError:
             self._inside = False
 
@@ -177,7 +177,7 @@ class Cgroup:
             # and kill() must then not take poprun for outside
             self._inside = True
             try:
-                _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+                _write(os.path.join(self.path, "cgroup.procs"), str(os.getpid()))
             except OSError:
                 self._inside = False
                 return False
@@ -187,7 +187,7 @@ class Cgroup:
         """Move this process back to its own cgroup (what it started stays inside)."""
         self._moved()
         if self._inside:
-            _write(os.path.join(self.parent, "cgroup.procs"), str(os.getpid()))  # noqa: PTH118
+            _write(os.path.join(self.parent, "cgroup.procs"), str(os.getpid()))
             self._inside = False
 
     def kill(self) -> None:
@@ -197,10 +197,10 @@ class Cgroup:
         if self._inside:  # could not leave: killing the cgroup would kill poprun
             return
         with contextlib.suppress(OSError):
-            _write(os.path.join(self.path, "cgroup.kill"), "1")  # noqa: PTH118
+            _write(os.path.join(self.path, "cgroup.kill"), "1")
             deadline = time.monotonic() + _KILL_WAIT_S
             while time.monotonic() < deadline:
-                with open(os.path.join(self.path, "cgroup.events"), encoding="ascii") as file:  # noqa: PTH118, PTH123
+                with open(os.path.join(self.path, "cgroup.events"), encoding="ascii") as file:
                     if "populated 0" in file.read():
                         return
                 time.sleep(0.001)
@@ -211,7 +211,7 @@ class Cgroup:
             self.leave()
         for folder, _, _ in os.walk(self.path, topdown=False):
             with contextlib.suppress(OSError):
-                os.rmdir(folder)  # noqa: PTH106 - cgroupfs: rmdir removes an empty cgroup, files and all
+                os.rmdir(folder)  # cgroupfs: rmdir removes an empty cgroup, files and all
 
 
 def release_ahead() -> None:
@@ -237,7 +237,7 @@ def prime() -> None:
     from threading import Event, Thread
 
     stop = Event()
-    thread = Thread(target=_keep_ready, args=(os.path.join(own, "cgroup.procs"), stop),  # noqa: PTH118
+    thread = Thread(target=_keep_ready, args=(os.path.join(own, "cgroup.procs"), stop),
                     name="poprun-cgroup-primer", daemon=True)
     _primer.append((thread, stop))
     held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))

@@ -24,8 +24,8 @@ _MADE: set[str] = set()  # the directories this process made and has not removed
 def which(name: str, path: str) -> str | None:
     """Return the first executable file ``name`` in the directories of ``path`` (PATH syntax), or None."""
     for directory in path.split(os.pathsep):
-        candidate = os.path.join(directory or ".", name)  # noqa: PTH118 - pathlib is slower here
-        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):  # noqa: PTH112
+        candidate = os.path.join(directory or ".", name)  # pathlib is slower here
+        if os.access(candidate, os.X_OK) and not os.path.isdir(candidate):
             return candidate
     return None
 
@@ -41,17 +41,17 @@ def private_directory(prefix: str, *, max_length: int | None = None) -> str:
     ``._/-`` (ssh reads the path in its own syntax, where spaces, quotes and ``%`` mean something).
     """
     parent = os.environ.get("TMPDIR") or "/tmp"  # noqa: S108 - the name is random and the mode private
-    if not os.path.isdir(parent) or (  # noqa: PTH112 - a TMPDIR that is gone: /tmp, as tempfile does
-            max_length is not None and (len(os.path.abspath(parent)) + len(prefix) + 13 > max_length  # noqa: PTH100
-                                        or not _PLAIN.issuperset(os.path.abspath(parent)))):  # noqa: PTH100
+    if not os.path.isdir(parent) or (  # a TMPDIR that is gone: /tmp, as tempfile does
+            max_length is not None and (len(os.path.abspath(parent)) + len(prefix) + 13 > max_length
+                                        or not _PLAIN.issuperset(os.path.abspath(parent)))):
         parent = "/tmp"  # noqa: S108
     for _ in range(100):
-        path = os.path.join(parent, prefix + os.urandom(6).hex())  # noqa: PTH118
+        path = os.path.join(parent, prefix + os.urandom(6).hex())
         try:
-            os.mkdir(path, 0o700)  # noqa: PTH102
+            os.mkdir(path, 0o700)
         except FileExistsError:
             continue
-        path = os.path.abspath(path)  # noqa: PTH100
+        path = os.path.abspath(path)
         _MADE.add(path)
         return path
     raise FileExistsError(f"no free name for a temporary directory in {parent}")
@@ -59,7 +59,7 @@ def private_directory(prefix: str, *, max_length: int | None = None) -> str:
 
 def made_here(path: str) -> bool:
     """Return whether :func:`private_directory` made ``path`` in this process (and it was not removed yet)."""
-    return os.path.abspath(path) in _MADE  # noqa: PTH100
+    return os.path.abspath(path) in _MADE
 
 
 def remove_directories(paths: list[str] | tuple[str, ...]) -> None:
@@ -70,11 +70,11 @@ def remove_directories(paths: list[str] | tuple[str, ...]) -> None:
     alone, whatever its name: poprun deletes only what it created, known by record.
     """
     for given in paths:
-        path = os.path.abspath(given)  # noqa: PTH100
+        path = os.path.abspath(given)
         if path not in _MADE:
             continue
         try:
-            os.rmdir(path)  # noqa: PTH106 - the common case: the cache stayed empty
+            os.rmdir(path)  # the common case: the cache stayed empty
         except FileNotFoundError:
             pass
         except OSError:

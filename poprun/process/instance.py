@@ -118,7 +118,7 @@ def forwarded_stdin() -> int | None:
         if os.isatty(0):
             return None
         found = os.fstat(0)
-        if stat.S_ISCHR(found.st_mode) and found.st_rdev == os.stat(os.devnull).st_rdev:  # noqa: PTH116 - pathlib costs start-up
+        if stat.S_ISCHR(found.st_mode) and found.st_rdev == os.stat(os.devnull).st_rdev:  # pathlib costs start-up
             return None  # /dev/null: nothing to read, and nothing to copy to another host
     except OSError:  # closed
         return None

@@ -86,7 +86,7 @@ def start_launcher(argv: tuple[str, ...], *, env: Mapping[str, str], group_env: 
         watchdog.close()
         router.close()
         remove_directories(list(cleanup))
-        name = os.path.basename(argv[0])  # noqa: PTH119
+        name = os.path.basename(argv[0])
         raise helper_failed(exc, name, f"cannot start {name}: {exc.strerror}") from exc
     return proc, watchdog
 

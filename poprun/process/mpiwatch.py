@@ -51,14 +51,14 @@ def _children(pid: int) -> list[int]:
     found: list[int] = []
     with contextlib.suppress(OSError):
         for task in os.scandir(f"/proc/{pid}/task"):
-            with contextlib.suppress(OSError, ValueError), open(os.path.join(task.path, "children")) as file:  # noqa: PTH118, PTH123
+            with contextlib.suppress(OSError, ValueError), open(os.path.join(task.path, "children")) as file:
                 found += [int(child) for child in file.read().split()]
     return found
 
 
 def _mapped(pid: int) -> str | None:
     try:
-        with open(f"/proc/{pid}/maps", "rb") as maps:  # noqa: PTH123 - pathlib costs start-up
+        with open(f"/proc/{pid}/maps", "rb") as maps:  # pathlib costs start-up
             data = maps.read(_MAPS_MAX)
     except OSError:  # gone, or not ours
         return None

@@ -243,7 +243,7 @@ def _children() -> list[int]:
     """Return the pids of this process's children (``/proc/self/task/*/children``, else a scan of ``/proc``)."""
     try:
         return [int(pid) for task in os.scandir("/proc/self/task")
-                for pid in _read_text(os.path.join(task.path, "children")).split()]  # noqa: PTH118
+                for pid in _read_text(os.path.join(task.path, "children")).split()]
     except OSError:  # a kernel without CONFIG_PROC_CHILDREN
         me = str(os.getpid()).encode()
         return [int(e.name) for e in os.scandir("/proc") if e.name.isdigit() and _stat(int(e.name))[1:2] == [me]]
@@ -328,11 +328,11 @@ def _carries(pid: int, needle: bytes) -> bool:
 
 def _read_text(path: str) -> str:
     """Return the text of ``path`` (``Path.read_text``'s: the locale's encoding), without pathlib's import."""
-    with open(path) as file:  # noqa: PTH123 - pathlib costs start-up
+    with open(path) as file:  # pathlib costs start-up
         return file.read()
 
 
 def _read_bytes(path: str) -> bytes:
     """Return the bytes of ``path`` (``Path.read_bytes``), without pathlib's import."""
-    with open(path, "rb") as file:  # noqa: PTH123 - pathlib costs start-up
+    with open(path, "rb") as file:  # pathlib costs start-up
         return file.read()

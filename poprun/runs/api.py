@@ -93,7 +93,7 @@ def locate(given: str, environ: Mapping[str, str] | None = None) -> Run:
     """
     root = store.runs_root(os.environ if environ is None else environ)
     run_id = store.find_run(root, given)
-    return Run(id=run_id, path=os.path.join(root, run_id))  # noqa: PTH118
+    return Run(id=run_id, path=os.path.join(root, run_id))
 
 
 def list_runs(*, every: bool = False, environ: Mapping[str, str] | None = None) -> list[RunInfo]:
@@ -107,12 +107,12 @@ def list_runs(*, every: bool = False, environ: Mapping[str, str] | None = None) 
 
 def info(run: Run) -> RunInfo:
     """Return what ``poprun ps`` shows of ``run`` (a record that cannot be read is ``damaged``, not an error)."""
-    return store.run_info(os.path.dirname(run.path), run.id)  # noqa: PTH120
+    return store.run_info(os.path.dirname(run.path), run.id)
 
 
 def report_json(run: Run) -> Any:
     """Return the data of the run's ``report.json`` as written (None while it runs or once it was lost); PR602."""
-    return store.read_json(os.path.join(run.path, "report.json"))  # noqa: PTH118
+    return store.read_json(os.path.join(run.path, "report.json"))
 
 
 def check_instance(run: Run, instance: int | None) -> None:
@@ -130,10 +130,10 @@ def check_instance(run: Run, instance: int | None) -> None:
 
 def check_attempt(run: Run, attempt: int | None) -> None:
     """PR609 when the run has no attempt ``attempt`` (it could not restart, or did not that often)."""
-    if attempt is None or os.path.isdir(os.path.join(run.path, "attempts", str(attempt))):  # noqa: PTH112, PTH118
+    if attempt is None or os.path.isdir(os.path.join(run.path, "attempts", str(attempt))):
         return
     try:
-        kept = sorted(int(n) for n in os.listdir(os.path.join(run.path, "attempts")) if n.isdigit())  # noqa: PTH118, PTH208
+        kept = sorted(int(n) for n in os.listdir(os.path.join(run.path, "attempts")) if n.isdigit())
     except OSError:
         kept = []
     have = f"attempts 0 to {kept[-1]}" if kept else "no attempts kept apart (it could not restart)"
@@ -176,7 +176,7 @@ def follow(run: Run, *, instance: int | None = None, attempt: int | None = None,
 def _attempt_link(path: str) -> str:
     """Return where the run's ``logs`` link points (the current attempt's logs), or "" when it is no link."""
     try:
-        return os.readlink(os.path.join(path, "logs"))  # noqa: PTH115, PTH118
+        return os.readlink(os.path.join(path, "logs"))
     except OSError:
         return ""
 
@@ -223,7 +223,7 @@ def read_report(run: Run, *, raw: bool = False) -> RunReport:
     Diagnostics:
         PR602 (a record file unreadable); PR608 (:class:`RunStateError`) with ``raw`` when there is no report yet.
     """
-    name = os.path.join(run.path, "report.json")  # noqa: PTH118
+    name = os.path.join(run.path, "report.json")
     data = store.read_json(name)
     if data is None:
         if raw:
@@ -240,7 +240,7 @@ def read_report(run: Run, *, raw: bool = False) -> RunReport:
 
     about = info(run)
     result = result_of(checked)
-    actual = store.read_json(os.path.join(run.path, "actual.json"))  # noqa: PTH118
+    actual = store.read_json(os.path.join(run.path, "actual.json"))
     return RunReport(run=run, data=checked, info=about, result=result, actual=actual)
 
 
@@ -285,7 +285,7 @@ def stop(run: Run, timeout: float = STOP_WAIT_S) -> StopResult:
 def _ignores(pid: int, sig: int) -> bool:
     """Return whether process ``pid`` ignores ``sig`` (``SigIgn`` of ``/proc/PID/status``); False when unknown."""
     try:
-        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as file:  # noqa: PTH123
+        with open(f"/proc/{pid}/status", encoding="ascii", errors="replace") as file:
             mask = next((line.split(":", 1)[1] for line in file if line.startswith("SigIgn:")), "0")
         return bool(int(mask.strip(), 16) >> (sig - 1) & 1)
     except (OSError, ValueError):

@@ -41,7 +41,6 @@ never a FIFO, at most a few KiB; it removes a run by descriptor, never following
 leaving its file system, at a bounded depth.
 """
 
-# ruff: noqa: PTH105, PTH108, PTH112, PTH114, PTH208, PTH211 - os.path, not pathlib: pathlib costs the launch path start-up
 from __future__ import annotations
 
 import contextlib
@@ -83,9 +82,9 @@ def runs_directory(environ: Mapping[str, str]) -> str:
     """Return where runs are kept: ``$POPRUN_RUNS_DIR``, else ``$XDG_STATE_HOME/poprun/runs``, else ``~/.local/state/...``."""
     if environ.get(RUNS_DIR):
         return environ[RUNS_DIR]
-    state = environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"),  # noqa: PTH111, PTH118
+    state = environ.get("XDG_STATE_HOME") or os.path.join(environ.get("HOME") or os.path.expanduser("~"),
                                                            ".local", "state")
-    return os.path.join(state, "poprun", "runs")  # noqa: PTH118 - pathlib costs start-up
+    return os.path.join(state, "poprun", "runs")  # pathlib costs start-up
 
 
 def _count(environ: Mapping[str, str], name: str, default: int, notes: list[str]) -> int:
@@ -134,8 +133,8 @@ class RunRecord:
         self._logged: dict[int, int] = {}  # instance -> bytes kept
         self._truncated: dict[int, int] = {}  # instance -> bytes dropped
         self._logs: dict[tuple[int, str], int] = {}  # (instance, stream) -> fd
-        self._logs_dir = os.path.join(path, "logs")  # noqa: PTH118
-        self._events = os.open(os.path.join(path, "events.jsonl"),  # noqa: PTH118
+        self._logs_dir = os.path.join(path, "logs")
+        self._events = os.open(os.path.join(path, "events.jsonl"),
                                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._order = -1
         self._sizes: dict[int, int] = {}  # fd -> bytes written whole (a write cut short is cut back to it)
@@ -165,19 +164,19 @@ class RunRecord:
         root = runs_directory(environ)
         _user_directory(root)
         run_id = new_id(now)
-        path = os.path.join(root, run_id)  # noqa: PTH118
+        path = os.path.join(root, run_id)
         try:
-            os.mkdir(path, 0o700)  # noqa: PTH102 - never an existing directory
+            os.mkdir(path, 0o700)  # never an existing directory
         except OSError as exc:
             raise RecordError(exc.errno, f"cannot write the run record in {path}: {exc.strerror}") from exc
         try:  # the supervisor before the mark: a run that is marked names a supervisor, so it is never pruned as gone
             write_supervisor(path)
-            _write_new(os.path.join(path, RESERVE), " " * RESERVE_BYTES)  # noqa: PTH118
-            mark = os.path.join(path, MARK)  # noqa: PTH118
+            _write_new(os.path.join(path, RESERVE), " " * RESERVE_BYTES)
+            mark = os.path.join(path, MARK)
             _write_new(mark, "")
             made = time.time_ns()  # the order of runs of one second (file times are as coarse as the kernel's tick)
             os.utime(mark, ns=(made, made))
-            os.mkdir(os.path.join(path, "logs"), 0o700)  # noqa: PTH102, PTH118
+            os.mkdir(os.path.join(path, "logs"), 0o700)
             notes: list[str] = []
             record = cls(run_id, path, log_limit=_count(environ, LOG_LIMIT, DEFAULT_LOG_LIMIT, notes), started=now)
         except OSError as exc:
@@ -206,7 +205,7 @@ class RunRecord:
 
     def write_plan(self, plan: LaunchPlan) -> None:
         """Write ``plan.json``: the plan as applied."""
-        self._guard(lambda: _write_whole(os.path.join(self.path, "plan.json"),  # noqa: PTH118
+        self._guard(lambda: _write_whole(os.path.join(self.path, "plan.json"),
                                          dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"))
 
     def event(self, event: Event, data: Mapping[str, object] | None = None) -> None:
@@ -231,19 +230,19 @@ class RunRecord:
 
         def begin() -> None:
             self._close_logs()
-            attempts = os.path.join(self.path, "attempts")  # noqa: PTH118
+            attempts = os.path.join(self.path, "attempts")
             if number == 0:
-                os.mkdir(attempts, 0o700)  # noqa: PTH102
-                os.rmdir(os.path.join(self.path, "logs"))  # noqa: PTH106, PTH118 - made empty by create(): replaced by a link
-            os.mkdir(os.path.join(attempts, str(number)), 0o700)  # noqa: PTH102, PTH118
-            os.mkdir(os.path.join(attempts, str(number), "logs"), 0o700)  # noqa: PTH102, PTH118
-            self._logs_dir = os.path.join(attempts, str(number), "logs")  # noqa: PTH118
+                os.mkdir(attempts, 0o700)
+                os.rmdir(os.path.join(self.path, "logs"))  # made empty by create(): replaced by a link
+            os.mkdir(os.path.join(attempts, str(number)), 0o700)
+            os.mkdir(os.path.join(attempts, str(number), "logs"), 0o700)
+            self._logs_dir = os.path.join(attempts, str(number), "logs")
             self._logged.clear()
             self._truncated.clear()
             for name, target in (("logs", f"attempts/{number}/logs"), ("latest", f"attempts/{number}")):
-                link = os.path.join(self.path, f".{name}.{os.getpid()}")  # noqa: PTH118
+                link = os.path.join(self.path, f".{name}.{os.getpid()}")
                 os.symlink(target, link)
-                os.replace(link, os.path.join(self.path, name))  # noqa: PTH118
+                os.replace(link, os.path.join(self.path, name))
 
         self._guard(begin)
 
@@ -278,11 +277,11 @@ class RunRecord:
     def _append(self, index: int, stream: str, data: bytes) -> None:
         fd = self._logs.get((index, stream))
         if fd is None:
-            fd = self._logs[(index, stream)] = os.open(os.path.join(self._logs_dir, f"{index}.{stream}"),  # noqa: PTH118
+            fd = self._logs[(index, stream)] = os.open(os.path.join(self._logs_dir, f"{index}.{stream}"),
                                                        os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
                                                        | os.O_CLOEXEC, 0o600)
         if self._order < 0:
-            self._order = os.open(os.path.join(self._logs_dir, "order"),  # noqa: PTH118
+            self._order = os.open(os.path.join(self._logs_dir, "order"),
                                   os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND | os.O_CLOEXEC, 0o600)
         self._write_all(fd, data)
         self._write_all(self._order, b"%d %s %d\n" % (index, stream.encode(), len(data)))
@@ -319,7 +318,7 @@ class RunRecord:
         if not self._stopped and self.observed:
             from poprun.runs.verify import actual_data
 
-            self._guard(lambda: _write_whole(os.path.join(self.path, "actual.json"),  # noqa: PTH118
+            self._guard(lambda: _write_whole(os.path.join(self.path, "actual.json"),
                                              dumps(actual_data(self.observed), indent=2, sort_keys=True) + "\n"))
         with self._lock:
             self._stopped = True
@@ -328,7 +327,7 @@ class RunRecord:
 
     def _report(self, data: dict[str, object]) -> bool:
         """Write ``report.json`` whole, else its short form in the reserved room; return whether either was written."""
-        name, reserve = os.path.join(self.path, "report.json"), os.path.join(self.path, RESERVE)  # noqa: PTH118
+        name, reserve = os.path.join(self.path, "report.json"), os.path.join(self.path, RESERVE)
         if self.incomplete is not None:
             data["incomplete"] = self.incomplete
         try:  # whole, when the disk has room (again)
@@ -418,7 +417,7 @@ def _write_new(path: str, text: str) -> None:
 def _write_whole(path: str, text: str) -> None:
     """Write the new file ``path`` whole, or not at all: under another name first, renamed once written."""
     folder, name = os.path.split(path)
-    tmp = os.path.join(folder, f".{name}.{os.getpid()}")  # noqa: PTH118
+    tmp = os.path.join(folder, f".{name}.{os.getpid()}")
     try:
         _write_new(tmp, text)
         os.replace(tmp, path)
@@ -477,10 +476,10 @@ def run_order(root: str, names: Iterable[str]) -> list[str]:
     for name in names:
         if not (name.isascii() and name.isprintable()):  # never an id poprun made: not shown, not removed
             continue
-        path = os.path.join(root, name)  # noqa: PTH118
+        path = os.path.join(root, name)
         try:
             info = os.lstat(path)
-            mark = os.lstat(os.path.join(path, MARK))  # noqa: PTH118
+            mark = os.lstat(os.path.join(path, MARK))
         except (OSError, ValueError):  # ValueError: a name with a NUL cannot be one
             continue
         if stat.S_ISDIR(info.st_mode) and info.st_uid == uid and stat.S_ISREG(mark.st_mode):
@@ -509,7 +508,7 @@ def prune(root: str, *, keep: int, but: str) -> None:
 
 def _prune(root: str, name: str) -> None:
     """Remove the run ``name`` under ``root`` if it is still poprun's, this user's and its supervisor is gone."""
-    path = os.path.join(root, name)  # noqa: PTH118
+    path = os.path.join(root, name)
     try:
         fd = os.open(path, _DIRECTORY)  # never through a link
     except OSError:
@@ -525,7 +524,7 @@ def _prune(root: str, name: str) -> None:
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
-        os.rmdir(path)  # noqa: PTH106 - a link put there since is no directory: left as it is
+        os.rmdir(path)  # a link put there since is no directory: left as it is
 
 
 def _gone(run: int) -> bool:
@@ -587,7 +586,7 @@ def _remove_tree(path: str) -> None:
     finally:
         os.close(fd)
     with contextlib.suppress(OSError):
-        os.rmdir(path)  # noqa: PTH106
+        os.rmdir(path)
 
 
 def _empty(top: int, device: int) -> None:
@@ -649,4 +648,4 @@ def _unlink_files(fd: int, kept: set[str]) -> str | None:
 
 def write_supervisor(path: str) -> None:
     """Record this process as the run's supervisor (after ``--detach`` forked it off): whole, replacing the last."""
-    _write_whole(os.path.join(path, "supervisor"), f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")  # noqa: PTH118
+    _write_whole(os.path.join(path, "supervisor"), f"{os.getpid()} {start_time(os.getpid())} {os.uname().nodename}\n")

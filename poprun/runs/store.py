@@ -13,7 +13,6 @@ a traceback. A run directory is one that poprun made (its mark, ``.poprun-run``)
 not a link.
 """
 
-# ruff: noqa: PTH114, PTH118, PTH208 - os.path and os.open: descriptors opened with O_NOFOLLOW, checked with fstat
 from __future__ import annotations
 
 import calendar

@@ -33,9 +33,9 @@ def observe(instance: Instance, pid: int, env_source: Mapping[str, str]) -> dict
         return seen
     try:
         for _ in range(_TRIES):  # a process in the middle of its exec reads empty for a moment
-            with open(f"/proc/{pid}/cmdline", "rb") as file:  # noqa: PTH123 - pathlib costs start-up
+            with open(f"/proc/{pid}/cmdline", "rb") as file:  # pathlib costs start-up
                 raw = file.read()
-            with open(f"/proc/{pid}/environ", "rb") as file:  # noqa: PTH123
+            with open(f"/proc/{pid}/environ", "rb") as file:
                 env_raw = file.read()
             if raw and env_raw:
                 break

@@ -25,7 +25,7 @@ def _alive(pids):
     alive = []
     for pid in pids:
         try:
-            with open(f"/proc/{pid}/stat") as stat:  # noqa: PTH123
+            with open(f"/proc/{pid}/stat") as stat:
                 if stat.read().rsplit(")", 1)[1].split()[0] != "Z":
                     alive.append(pid)
         except OSError:

@@ -399,4 +399,4 @@ def test_a_report_too_large_for_the_room_left_is_kept_short(tmp_path: Path, smal
     assert f"run {record.id}: ended with status 3\n" in shown.stdout
     assert "Root cause: instance 4321 on localhost exited with status 3\n" in shown.stdout
     assert "record incomplete (No space left on device)" in shown.stdout
-    assert os.path.getsize(Path(record.path) / "report.json") <= 16 << 10  # noqa: PTH202
+    assert os.path.getsize(Path(record.path) / "report.json") <= 16 << 10

@@ -32,7 +32,7 @@ def test_which_reads_an_empty_path_entry_as_the_current_directory(tmp_path: Path
     (tmp_path / "prog").chmod(0o700)
     monkeypatch.chdir(tmp_path)
 
-    assert os.path.join(".", "prog") == which("prog", ":/usr/bin")  # noqa: PTH118
+    assert os.path.join(".", "prog") == which("prog", ":/usr/bin")
 
 
 def test_private_directory_is_new_owner_only_and_in_tmpdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

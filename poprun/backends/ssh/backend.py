@@ -163,7 +163,7 @@ class SshBackend:
     @staticmethod
     def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
         """Return the client settings (config, ssh, host timeout, connect timeout) a launch with ``source`` uses."""
-        config = os.path.abspath(source[SSH_CONFIG]) if source.get(SSH_CONFIG) else None  # noqa: PTH100 - relays run elsewhere
+        config = os.path.abspath(source[SSH_CONFIG]) if source.get(SSH_CONFIG) else None  # relays run elsewhere
         timeout_s = host_timeout(source)
         budget = preflight_budget(source, timeout_s)  # ssh's own connect timeout a little shorter: its word is clearer
         return (config, "ssh", timeout_s, CONNECT_TIMEOUT_S if budget == PREFLIGHT_S else budget - 1.5)

@@ -151,7 +151,7 @@ class SshClient:
                         probe.connect(entry.path)
                     except ConnectionRefusedError:  # nobody listens: a dead master's
                         with contextlib.suppress(OSError):
-                            os.unlink(entry.path)  # noqa: PTH108 - a DirEntry's path
+                            os.unlink(entry.path)  # a DirEntry's path
                     except OSError:
                         continue
 
@@ -265,13 +265,13 @@ def _naming(directory: str) -> dict[int, list[bytes]] | None:
     """Return ``{pid: argv}`` of the living processes whose command line names ``directory``; None where /proc cannot be read."""
     needle, me, found = os.fsencode(directory) + b"/", os.getpid(), {}
     try:
-        entries = os.listdir("/proc")  # noqa: PTH208 - pathlib is slower here
+        entries = os.listdir("/proc")  # pathlib is slower here
     except OSError:  # not Linux: connections end with their keep-alives, or ControlPersist
         return None
     for entry in entries:
         if entry.isdigit() and int(entry) != me:
             try:
-                with open(f"/proc/{entry}/cmdline", "rb") as file:  # noqa: PTH123
+                with open(f"/proc/{entry}/cmdline", "rb") as file:
                     line = file.read()
             except OSError:
                 continue

@@ -234,7 +234,7 @@ def _check_script(instance: Instance) -> str:
         words.append(f"command -v -- {program} >/dev/null 2>&1 || [ -x ./{program} ] || "
                      f"echo '{_MARK} program '{program}")
         script = argv[1] if len(argv) > 1 else ""
-        if os.path.basename(argv[0]).rstrip("0123456789.") in _INTERPRETERS and script and not script.startswith("-"):  # noqa: PTH119
+        if os.path.basename(argv[0]).rstrip("0123456789.") in _INTERPRETERS and script and not script.startswith("-"):
             words.append(f"[ -e {shlex.quote(script)} ] || echo '{_MARK} script '{shlex.quote(script)}")
     # which machine answered: its boot and its network (one of a pair of names for one machine: PR413)
     words.append(f'echo "{_MARK} id $(cat /proc/sys/kernel/random/boot_id 2>/dev/null) '

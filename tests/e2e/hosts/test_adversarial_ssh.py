@@ -80,8 +80,8 @@ def test_piped_stdin_never_reaches_a_fifo_that_another_user_planted(test_hosts: 
                     try:
                         os.setgid(NOBODY)
                         os.setuid(NOBODY)
-                        os.mkdir(directory, 0o777)  # noqa: PTH102 - an attacker, in a forked child
-                        os.chmod(directory, 0o777)  # noqa: PTH101, S103 - the attacker opens it to all
+                        os.mkdir(directory, 0o777)  # an attacker, in a forked child
+                        os.chmod(directory, 0o777)  # noqa: S103 - the attacker opens it to all
                         os.mkfifo(f"{directory}/in", 0o666)
                         fd = os.open(f"{directory}/in", os.O_RDONLY)
                         data = b""
