@@ -5,11 +5,18 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import ClassVar
 
-from poprun.backends import CHECKS_BEFORE_START, PROCESSES, Launch, OutputSink, TemporaryCache, default_registry
+from poprun.backends import (
+    CHECKS_BEFORE_START,
+    PROCESSES,
+    Launch,
+    OutputSink,
+    Setting,
+    TemporaryCache,
+    Traits,
+    default_registry,
+)
 from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
-from poprun.planner.setting import Setting
-from poprun.planner.trait import Traits
 
 LEVEL = "POPRUN_NICE_LEVEL"
 

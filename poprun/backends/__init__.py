@@ -36,6 +36,7 @@ if TYPE_CHECKING:
         EventSink,
         FormatRequest,
         Formatting,
+        Gate,
         HostCommands,
         InstanceEnded,
         InstanceFailure,
@@ -47,9 +48,11 @@ if TYPE_CHECKING:
         PlanFormat,
         Prepares,
         Restarter,
+        Setting,
         Stream,
         TemporaryCache,
         TopologyProbing,
+        Traits,
         capabilities,
         environment,
         signal_name,
@@ -68,7 +71,7 @@ _BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", 
          "HostCommands", "Prepares", "Restarter", "ApplyResult", "Backend", "Closes",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
          "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
-         "TopologyProbing", "capabilities", "environment", "signal_name")
+         "TopologyProbing", "capabilities", "environment", "signal_name", "Gate", "Setting", "Traits")
 _REGISTRY = ("BackendRegistry", "UnknownBackendError", "default_registry", "describe", "find_format", "topology_prober")
 _TESTING = ("Outcome", "RecordingBackend")
 _WHERE = dict.fromkeys(_BASE, "base") | dict.fromkeys(_REGISTRY, "registry") | dict.fromkeys(_TESTING, "testing")
@@ -89,6 +92,7 @@ __all__ = [
     "EventSink",
     "FormatRequest",
     "Formatting",
+    "Gate",
     "HostCommands",
     "InstanceEnded",
     "InstanceFailure",
@@ -102,9 +106,11 @@ __all__ = [
     "Prepares",
     "RecordingBackend",
     "Restarter",
+    "Setting",
     "Stream",
     "TemporaryCache",
     "TopologyProbing",
+    "Traits",
     "UnknownBackendError",
     "capabilities",
     "conformance",

@@ -33,6 +33,8 @@ from poprun.core.launching import EventSink, Gate, InstanceSink, OutputSink, Res
 from poprun.core.outcome import ApplyResult, InstanceFailure, signal_name
 from poprun.core.record import record
 from poprun.planner.plan import Instance, LaunchPlan
+from poprun.planner.setting import Setting
+from poprun.planner.trait import Traits
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -53,7 +55,7 @@ RESTARTS_INSTANCES = "restarts-instances"
 __all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
            "ApplyResult", "Backend", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate",
            "HostCommands", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
-           "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Stream", "TemporaryCache", "TopologyProbing",
+           "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Setting", "Stream", "TemporaryCache", "TopologyProbing", "Traits",
            "accepts_keyword", "capabilities", "environment", "signal_name"]
 
 

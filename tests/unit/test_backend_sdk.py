@@ -15,9 +15,9 @@ from poprun.backends.registry import default_registry, describe
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
 SDK = ["RESTARTS_INSTANCES", "HostCommands", "Prepares", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
-       "BackendRegistry", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded",
+       "BackendRegistry", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate", "InstanceEnded",
        "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "Outcome", "OutputSink", "PlanFormat",
-       "RecordingBackend", "Stream", "TemporaryCache", "TopologyProbing", "UnknownBackendError", "capabilities",
+       "RecordingBackend", "Setting", "Stream", "TemporaryCache", "TopologyProbing", "Traits", "UnknownBackendError", "capabilities",
        "conformance", "default_registry", "describe", "environment", "find_format", "signal_name", "topology_prober"]
 
 
