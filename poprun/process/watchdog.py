@@ -55,11 +55,16 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from poprun.core.process import start_time
 from poprun.process.cgroup import Cgroup
 
-# The watchdog. It ignores the signals sent to stop the group, tells poprun it does (the byte on
-# stdout, which poprun awaits before it sends any), then waits for EOF on stdin (poprun's
-# death) and hands over to the clean-up. $1 is Python, $2 the clean-up code, $3 the launch's
-# cgroup ("" for none), the rest paths.
-_SCRIPT = ('trap "" HUP INT QUIT TERM TSTP TTIN TTOU; printf x; exec >/dev/null; read -r _; '
+# Every signal the watchdog ignores: all that would end or stop it, but KILL and STOP (which
+# cannot be caught), as numbers (dash knows no name for some, such as STKFLT and the real-time
+# ones). Those sent to stop the group (TERM, INT, HUP, TSTP), and also any that --signal forwards
+# to it (USR1, ALRM ...), must not take the watchdog with the instances.
+_IGNORED = " ".join(str(int(s)) for s in sorted(signal.valid_signals()) if s not in {
+    signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD, signal.SIGCONT, signal.SIGWINCH, signal.SIGURG})
+# The watchdog. It ignores those signals, tells poprun it does (the byte on stdout, which poprun
+# awaits before it sends any), then waits for EOF on stdin (poprun's death) and hands over to the
+# clean-up. $1 is Python, $2 the clean-up code, $3 the launch's cgroup ("" for none), the rest paths.
+_SCRIPT = (f'trap "" {_IGNORED}; printf x; exec >/dev/null; read -r _; '
            'p=$1; c=$2; shift 2; exec "$p" -I -S -c "$c" "$@"')
 # The clean-up, run only when poprun died. A forked child leaves the group, so that it survives
 # killing it (the watchdog, now this Python, goes with the instances), kills the group, leaves

@@ -164,3 +164,25 @@ def test_only_the_launchs_own_cgroup_is_removed(tmp_path: Path, marked: Marked) 
         assert not Path(probe.parent, Path(own.pop()).name).exists()
     finally:
         planted.rmdir()
+
+
+@pytest.mark.parametrize("sig", ["USR1", "USR2", "ALRM"])
+def test_a_forwarded_signal_leaves_the_watchdog_that_outlives_a_sigkilled_poprun(tmp_path: Path, marked: Marked,
+                                                                                 sig: str) -> None:
+    """``--signal``'s signal reaches the instances, not the watchdog: a SIGKILLed poprun still leaves nothing."""
+    # GIVEN instances that say when the forwarded signal came, then keep running
+    script = f"trap 'echo got $POPDIST_INSTANCE_INDEX' {sig}; {READY}; while :; do sleep 0.1; done"
+    proc = subprocess.Popen([sys.executable, "-m", "poprun.cli.main", "--num-instances", "2", "--num-replicas", "2",
+                             "--timeout", "120", "--signal", f"{sig}@119", "sh", "-c", script],
+                            cwd=tmp_path, env=marked.env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    await_ready(proc, 2)
+    assert proc.stdout is not None
+    got = {proc.stdout.readline().strip() for _ in range(2)}
+    assert {"got 0", "got 1"} == got
+
+    # WHEN poprun is killed after the signal was forwarded
+    proc.kill()
+    finish(proc)
+
+    # THEN its watchdog was still there to end the instances
+    assert {} == marked.survivors(within_s=5.0)
