@@ -158,7 +158,7 @@ def attach(args: list[str], session: Session) -> int:
 
 
 def _attach(run: api.Run) -> int:
-    api.require_running(run, "attach")
+    pieces = api.attach(run, tick=lambda: console.status(text, since=since))  # PR603 now, before any output
     from poprun.cli.progress import Console
 
     info = api.info(run)
@@ -169,8 +169,7 @@ def _attach(run: api.Run) -> int:
     text = f"attached to {run.id}: running {count}"
     console.status(text, since=since)
     try:
-        _copy(api.follow(run, until_over=True, tick=lambda: console.status(text, since=since)), tag=False,
-              write=console.write)
+        _copy(pieces, tag=False, write=console.write)
     except KeyboardInterrupt:
         console.close()
         sys.stderr.write(f"poprun: detached from {run.id}: it goes on running ('poprun attach {run.id}' "
