@@ -195,6 +195,7 @@ def main() -> int:
         import tempfile
 
         os.environ["POPRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="poprun-bench-runs-")
+    ENV["POPRUN_RUNS_DIR"] = os.environ["POPRUN_RUNS_DIR"]  # what every measured command runs with (ENV was made first)
     compile_bytecode()  # as an installation does (PYTHONDONTWRITEBYTECODE may be set)
     print(f"poprun: {' '.join(POPRUN)}\nmpirun: {MPIRUN or 'not installed: comparisons skipped'}\n"
           f"python: {PY}; {os.cpu_count()} CPUs; median of {runs} runs\n")
