@@ -29,6 +29,8 @@ from pathlib import Path
 PY = sys.executable
 POPRUN = [str(Path(PY).with_name("poprun"))] if Path(PY).with_name("poprun").exists() else [PY, "-m",
                                                                                           "poprun.cli.main"]
+if "POPRUN_RUNS_DIR" not in os.environ:  # the launches' run records go to a folder of the bench's, not the user's state
+    os.environ["POPRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="poprun-bench-runs-")
 ENV = os.environ | {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
 PROGRAM = """\
 import sys

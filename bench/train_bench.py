@@ -22,10 +22,14 @@ import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parents[1]))
 from tests.ports import free_port_pair
+
+if "POPRUN_RUNS_DIR" not in os.environ:  # the launches' run records go to a folder of the bench's, not the user's state
+    os.environ["POPRUN_RUNS_DIR"] = tempfile.mkdtemp(prefix="poprun-bench-runs-")
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAIN = ROOT / "examples" / "train_digits.py"
