@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from poprun.core.diagnostic import Diagnostic
+from poprun.core.secret import printable
 from poprun.core.span import COMMAND_LINE, ENVIRONMENT, SourceSpan
 
 
@@ -28,18 +29,22 @@ def render_diagnostic(diag: Diagnostic, sources: Mapping[str, str] | None = None
     ``sources`` maps a span's file (``<command line>`` included) to its text, for the caret
     line; files not in it are read from disk.
     """
-    lines = [f"{diag.severity.value}[{diag.code}]: {diag.summary}", f"  --> {_where(diag.span)}"]
+    lines = [f"{diag.severity.value}[{diag.code}]: {printable(diag.summary)}", f"  --> {printable(_where(diag.span))}"]
     source = diag.source_line if diag.source_line is not None else _source_line(diag.span, sources or {})
+    detail = printable(diag.detail)
     if source is not None and diag.span.column is not None:
         number = str(diag.span.line or 1) if diag.span.file != COMMAND_LINE else ""
         gutter = " " * len(number)
         start = diag.span.column - 1
         end = diag.span.end_column - 1 if diag.span.end_column and diag.span.end_line in (None, diag.span.line) else start + 1
+        # control characters are shown escaped (a terminal never runs what a file or argv holds), the carets under them
+        start, end = len(printable(source[:start])), len(printable(source[:max(end, start + 1)]))
         carets = "^" * max(end - start, 1)
-        lines += [f"{gutter} |", f"{number} | {source}", f"{gutter} | {' ' * start}{carets} {diag.detail}", f"{gutter} |"]
+        lines += [f"{gutter} |", f"{number} | {printable(source)}", f"{gutter} | {' ' * start}{carets} {detail}",
+                  f"{gutter} |"]
     else:
-        lines.append(f"   = {diag.detail}")
-    lines.append(f"   = hint: {diag.hint}")
+        lines.append(f"   = {detail}")
+    lines.append(f"   = hint: {printable(diag.hint)}")
     return "\n".join(lines) + "\n"
 
 
