@@ -46,9 +46,10 @@ def check_teardown_awaits_the_gate(backend: Backend, workdir: Path, *, hosts: tu
     # GIVEN
     sink = EventSink()
     gate = Gate(workdir, sink)
-    plan = probe_plan(STOP_NOTED, workdir, backend=backend.name, hosts=hosts)
+    environ = dict(os.environ) | (env or {})
+    plan = probe_plan(STOP_NOTED, workdir, backend=backend.name, hosts=hosts, environ=environ)  # its settings (ssh_config)
     # WHEN
-    launch = backend.launch(plan, env_source=dict(os.environ) | (env or {}), sink=sink, gate=gate)
+    launch = backend.launch(plan, env_source=environ, sink=sink, gate=gate)
     result = launch.wait()
     # THEN
     ends = [(i, e.index) for i, e in enumerate(sink.events) if isinstance(e, InstanceEnded)]

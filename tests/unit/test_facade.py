@@ -47,7 +47,7 @@ def test_apply_is_the_package_and_calls_apply():
 def test_importing_poprun_loads_none_of_its_entry_points():
     """``import poprun`` (every command's first import) loads no other poprun module, nor typing or json."""
     code = ("import sys; before = set(sys.modules); import poprun; "
-            "print(sorted(m for m in set(sys.modules) - before if m != 'poprun'))")
+            "print(sorted(m for m in set(sys.modules) - before if m.startswith(('poprun.', 'typing', 'json'))))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
 
     assert "[]\n" == done.stdout
