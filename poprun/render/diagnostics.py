@@ -18,7 +18,6 @@ import json
 from collections.abc import Iterable, Mapping
 
 from poprun.core.diagnostic import Diagnostic
-from poprun.core.secret import printable
 from poprun.core.span import COMMAND_LINE, ENVIRONMENT, SourceSpan
 
 
@@ -91,3 +90,16 @@ def _source_line(span: SourceSpan, sources: Mapping[str, str]) -> str | None:
         return None
     lines = text.split("\n")
     return lines[span.line - 1] if 0 < span.line <= len(lines) else None
+
+
+def printable(text: str) -> str:
+    r"""
+    Return ``text`` with its control and format characters escaped (``\x1b``, ``\u202e``), so that no terminal runs them.
+
+    A byte that was not UTF-8 (a surrogate escape) stays as it is: the output layer shows it
+    as ``\xHH``, as everywhere else.
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
