@@ -41,9 +41,12 @@ class Relay(InstanceSink):
     """
     The sink the backend writes to: output and events pass on (and into the run record); the first failure is told as stopping.
 
-    The caller's sink hears from one thread at a time (the backend's, and this step's own, in
-    the main thread): a reentrant lock, since a signal handler in the main thread may tell of
-    stopping while it writes. With a run record, each instance's lines are kept there too
+    The caller's sink and the record hear from one thread at a time (the backend's, and this
+    step's own, in the main thread). A stop signal's handler runs in the main thread between any
+    two bytecodes, and tells of stopping: when it comes while that thread is telling an event
+    (the record's and the sink's locks held), its event waits in :attr:`_pending` and is told
+    as soon as the interrupted one is, never inside it (which would deadlock on the record's lock
+    or mix the lines). With a run record, each instance's lines are kept there too
     (:meth:`instance_lines`, which the backend's output router calls);
     with time limits, each instance's output also tells the limit watch that it is alive, and
     once a limit is reached each instance's standard error is kept (faulthandler's stacks).
@@ -52,8 +55,10 @@ class Relay(InstanceSink):
     def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None,
                  environ: Mapping[str, str]) -> None:
         self.plan, self._sink, self._record, self._environ = plan, sink, record, environ
-        self._lock = threading.Lock()
-        self._calls = threading.RLock()
+        self._lock = threading.RLock()  # reentrant: a stop signal's handler may tell of stopping (see above)
+        self._calls = threading.RLock()  # held while an event is told; reentrant for the handler's deferral
+        self._telling = False  # an event is being told (by the thread that holds _calls)
+        self._pending: list[Event] = []  # events a signal handler told meanwhile, in the same thread
         self._stopping = False
         self.failed: Exception | None = None  # the first exception of the sink at a backend's event: raised by apply()
         self._pids: dict[int, int] = {}  # instance -> pid, as started
@@ -105,20 +110,35 @@ class Relay(InstanceSink):
         if self._watch() is not None and isinstance(event, InstanceStarted | InstanceEnded):
             self._alive(event)
         with self._calls:
-            if self._record is not None:
-                self._record.event(event)
-            if isinstance(event, InstanceStarted | InstanceEnded):  # the backend's: it must not stop half-way
-                try:
-                    self._sink.event(event)
-                except Exception as exc:  # noqa: BLE001 - apply() stops the launch, then raises it
-                    self.failed = self.failed or exc
+            if self._telling:  # a signal handler interrupted this thread's telling: after it
+                self._pending.append(event)
             else:
-                self._sink.event(event)
+                self._telling = True
+                try:
+                    self._tell(event)
+                finally:
+                    try:
+                        while self._pending:
+                            self._tell(self._pending.pop(0))
+                    finally:
+                        self._telling = False
         if isinstance(event, InstanceEnded) and not event.restarting:
             if event.lost:
                 self.stopping(f"host {event.via or self.plan.instances[event.index].host} stopped answering")
             elif event.status != 0 and not event.stopped:
                 self.stopping(f"instance {event.index} failed")
+
+    def _tell(self, event: Event) -> None:
+        """Write ``event`` into the record and pass it on to the caller's sink; with :attr:`_calls` held."""
+        if self._record is not None:
+            self._record.event(event)
+        if isinstance(event, InstanceStarted | InstanceEnded):  # the backend's: it must not stop half-way
+            try:
+                self._sink.event(event)
+            except Exception as exc:  # noqa: BLE001 - apply() stops the launch, then raises it
+                self.failed = self.failed or exc
+        else:
+            self._sink.event(event)
 
     def _watch(self) -> LimitWatch | None:
         return self.limits.watch if self.limits is not None else None
