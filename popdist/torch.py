@@ -238,8 +238,15 @@ def collective_backend() -> str | None:
 
 
 def destroy_process_group() -> None:
-    """Close the process group opened by :func:`init_process_group`, then popdist's backend; collective."""
+    """
+    Close the process group opened by :func:`init_process_group`, then popdist's backend; collective.
+
+    The instances meet first (a barrier): an instance that tore its gloo connections down while
+    another still had a collective in flight on them could make that one abort at exit
+    ("terminate called without an active exception", status 134).
+    """
     if _STATE.owns_group and dist.is_initialized():
+        dist.barrier()
         dist.destroy_process_group()
     _STATE.collectives, _STATE.owns_group = None, False
     popdist.finalize()
