@@ -14,6 +14,7 @@ import json
 import os
 import pwd
 import signal
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -134,6 +135,41 @@ def runs_of_the_session(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
         os.environ["POPRUN_RUNS_DIR"] = previous
 
 
+_WATCHED_SIGNALS = (signal.SIGHUP, signal.SIGINT, signal.SIGTERM, signal.SIGQUIT, signal.SIGTSTP, signal.SIGCONT,
+                    signal.SIGUSR1, signal.SIGUSR2, signal.SIGPIPE, signal.SIGCHLD)
+
+
+def _signal_state() -> tuple[frozenset[int], dict[int, object]]:
+    """Return the main thread's blocked signals and the handlers of the watched ones."""
+    blocked = frozenset(int(s) for s in signal.pthread_sigmask(signal.SIG_BLOCK, ()))
+    return blocked, {int(s): signal.getsignal(s) for s in _WATCHED_SIGNALS}
+
+
+@pytest.fixture(autouse=True)
+def signals_are_left_as_found() -> Iterator[None]:
+    """
+    Fail a test that leaves this process's signal mask or handlers changed.
+
+    Every process a later test starts inherits the mask and the ignored signals: a SIGHUP left
+    blocked or ignored here makes a later launch deaf to SIGHUP, which then fails far from its cause.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = _signal_state()
+    yield
+    after = _signal_state()
+    if after != before:
+        blocked, handlers = before
+        now_blocked, now_handlers = after
+        changed = {signal.Signals(n).name: (handlers[n], now_handlers[n]) for n in handlers if handlers[n] != now_handlers[n]}
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)  # the next tests start as the session did
+        for number, handler in handlers.items():
+            signal.signal(number, handler)  # type: ignore[arg-type]
+        pytest.fail(f"the test left signals changed: blocked {sorted(now_blocked - blocked)} more, "
+                    f"{sorted(blocked - now_blocked)} less; handlers {changed}")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def no_orphan_survives_the_session() -> Iterator[str]:
     """Mark every process the tests start; fail the session if one of them is still alive at its end."""
@@ -169,3 +205,19 @@ def marked() -> Iterator[Marked]:
     value = uuid.uuid4().hex
     yield Marked(env=dict(os.environ) | {LAUNCH_MARKER: value}, value=value)
     kill_all(carrying(LAUNCH_MARKER, value))
+
+
+def described(pids: list[int]) -> str:
+    """Return each process's state, where it waits and its signal masks (why a signal was not acted on)."""
+    lines = []
+    for pid in pids:
+        for task in sorted(Path(f"/proc/{pid}/task").glob("*")) or [Path(f"/proc/{pid}")]:
+            try:
+                status = dict(line.split(":\t", 1) for line in (task / "status").read_text().splitlines() if ":\t" in line)
+                wchan = (task / "wchan").read_text()
+            except OSError:
+                lines.append(f"{task}: gone")
+                continue
+            masks = " ".join(f"{k}={status.get(k, '?').strip()}" for k in ("SigPnd", "ShdPnd", "SigBlk", "SigIgn", "SigCgt"))
+            lines.append(f"{task} {status.get('Name', '').strip()} {status.get('State', '').strip()} wchan={wchan} {masks}")
+    return "\n".join(lines)

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Marked
+from tests.conftest import Marked, described
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
@@ -50,7 +50,11 @@ def await_ready(proc: subprocess.Popen[str], count: int) -> dict[int, tuple[int,
 
 def finish(proc: subprocess.Popen[str]) -> tuple[int, str, str, float]:
     """Wait for poprun; return its status, the rest of its stdout and stderr, and the time.time() it ended."""
-    out, err = proc.communicate(timeout=20)
+    try:
+        out, err = proc.communicate(timeout=20)
+    except subprocess.TimeoutExpired:
+        print(described([proc.pid]))  # noqa: T201 - shown with the failure: where poprun waits, and its signal masks
+        raise
     return proc.returncode, out, err, time.time()
 
 

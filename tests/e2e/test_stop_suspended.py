@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Marked
+from tests.conftest import Marked, described
 from tests.e2e.test_runs import PY, poprun, runs_env
 from tests.golden.harness import assert_golden
 
@@ -40,7 +40,10 @@ def await_states(pids: list[int], letter: str, within_s: float = 20) -> bool:
         if all(state(pid) == letter for pid in pids):
             return True
         time.sleep(0.02)
+    print(described(pids))  # noqa: T201 - shown with the failure: what each process was doing
     return False
+
+
 
 
 def foreground(env: dict[str, str], script: str) -> tuple[subprocess.Popen[str], list[int]]:
