@@ -231,6 +231,18 @@ OPTIONS: tuple[Option, ...] = (
        "many seconds (0: no limit)", "recovery.stall_timeout", default="0", group="Recovery", dsl="stall timeout"),
     _o("--signal", "signal", "signal", "SIG@SECONDS: send signal SIG (a name such as USR1, or a number) to every "
        "instance SECONDS before --timeout ends the run", "recovery.signal", group="Recovery", dsl="signal"),
+    _o("--spare-host --spare-hosts", "spare_hosts", "hosts", "Hosts that may take the place of a host that is lost, "
+       "fails its preflight or its health check, on a restart (e.g. pod[9-10]); repeats add",
+       "membership.spare_hosts", group="Membership"),
+    _o("--min-hosts", "min_hosts", "int", "Without a spare left, a restart may run on fewer hosts, down to this many "
+       "(each instance keeps its replicas)", "membership.min_hosts", default="the number of hosts", group="Membership",
+       dsl="min hosts"),
+    _o("--health-check", "health_check", "str", "A shell command run on every host, spares included, before the "
+       "first start and before each restart; a host where it fails is replaced, or left out",
+       "membership.health_check", group="Membership", dsl="health check"),
+    _o("--health-check-timeout", "health_check_timeout", "seconds", "The longest a health check may run on a host, "
+       "in seconds (it fails after)", "membership.health_check_timeout", default="30", group="Membership",
+       dsl="health check timeout"),
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
        "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution",
        dsl="backend"),

@@ -215,6 +215,46 @@ class Recovery:
 NO_RECOVERY = Recovery()
 
 
+@record
+class Membership:
+    """
+    Which hosts a restart may leave out and what it runs on instead: the membership policy (docs/membership.md).
+
+    When an attempt ends because a host was lost, failed its preflight or failed its health
+    check, the next attempt is solved again (:func:`poprun.planner.membership.replan`): each
+    such host is replaced by the first unused host of ``spares``; without one left, the plan
+    shrinks by whole hosts, to no fewer than ``min_hosts``, each instance keeping its replicas.
+    ``spec`` is the spec that made the plan, as TOML, which a re-plan solves again with other
+    hosts ("" when no re-plan can change the hosts: no spares and no fewer hosts allowed).
+
+    ``health_check`` (a shell command; "" for none) runs on every host, spares included,
+    before the first start and before each restart, for at most ``health_check_timeout_ms``;
+    a host where it fails or times out is treated as lost.
+
+    The defaults are the behaviour before membership existed (plans written then lack this
+    record and load with them): the same hosts on every attempt, and no health check.
+    ``min_hosts`` 0 means the plan's own host count.
+    """
+
+    spares: tuple[str, ...] = ()
+    min_hosts: int = 0
+    health_check: str = ""
+    health_check_timeout_ms: int = 30000
+    spec: str = ""
+
+    def smallest(self, hosts: int) -> int:
+        """Return the fewest hosts a re-plan of a plan of ``hosts`` hosts may run on."""
+        return self.min_hosts or hosts
+
+    @property
+    def replans(self) -> bool:
+        """Whether a re-plan may change the hosts (a spec to solve again is kept)."""
+        return bool(self.spec)
+
+
+NO_MEMBERSHIP = Membership()
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -315,6 +355,8 @@ class LaunchPlan:
     mask: tuple[str, ...] = ()
     # Restarts, time limits and the port plan. Added later: plans written before lack it, and load with none.
     recovery: Recovery = NO_RECOVERY
+    # Spare hosts, the fewest hosts and the health check. Added later: plans written before lack it, and load with none.
+    membership: Membership = NO_MEMBERSHIP
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""

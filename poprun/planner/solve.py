@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from poprun import __version__
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.hint import join_or, suggestion_hint
-from poprun.core.record import positional_record
+from poprun.core.record import evolve, positional_record
 from poprun.core.span import SourceSpan
 from poprun.planner import constraint, environment, policy
 from poprun.planner import plan as p
@@ -31,6 +31,7 @@ from poprun.planner.target import DEFAULT_ILD_SIZE, TARGETS, Target
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.planner.slurm import Allocation
+    from poprun.planner.trait import Traits
 
 
 @positional_record
@@ -41,18 +42,26 @@ class Solution:
     warnings: tuple[Diagnostic, ...]
 
 
-def solve(spec: Spec, ctx: Context, *, require_program: bool = True) -> Solution:
+def solve(spec: Spec, ctx: Context, *, require_program: bool = True, explain_cases: bool = True) -> Solution:
     """
     Return the plan of ``spec`` in ``ctx``.
 
+    ``explain_cases``: with a membership policy that may change the hosts, solve the smaller
+    plans too, to explain what the plan becomes in each case (not when re-planning).
+
     Diagnostics:
         PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
-        are warnings); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        are warnings); PR226-PR229 (membership); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)
     if solver.diags.has_errors or plan is None:
         raise DiagnosticError(solver.diags)
+    if explain_cases and plan.membership.replans:
+        from poprun.planner.membership import cases
+
+        cases(solver, plan, lambda spec, ctx: solve(spec, ctx, explain_cases=False).plan)
+        plan = evolve(plan, explanation=tuple(solver.decisions))
     return Solution(plan=plan, warnings=solver.diags.warnings)
 
 
@@ -83,6 +92,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     instances = bind(s, instances, placement)
     instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
+    members = _membership(s, topology, traits, planned)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),
@@ -98,8 +108,19 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         poprun_version=__version__, topology=topology, instances=instances, partition=partition,
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
-        explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts,
+        explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
     )
+
+
+def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -> p.Membership:
+    """Return the membership policy: the default record when the spec says nothing of it (no module to import)."""
+    spec = s.spec
+    if spec.spare_hosts is None and spec.min_hosts is None and spec.health_check is None \
+            and spec.health_check_timeout is None:
+        return p.NO_MEMBERSHIP
+    from poprun.planner.membership import membership
+
+    return membership(s, topology, traits, backend)
 
 
 def _mask(s: Solver) -> tuple[str, ...]:

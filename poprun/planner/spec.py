@@ -116,6 +116,11 @@ class Spec:
     timeout: SI | None = None
     stall_timeout: SI | None = None
     signal: Sourced[tuple[int, int]] | None = None  # (signal number, milliseconds before the timeout)
+    # Membership (docs/membership.md): spare hosts, the fewest hosts, a health check on every host.
+    spare_hosts: STuple | None = None
+    min_hosts: SI | None = None
+    health_check: SS | None = None
+    health_check_timeout: SI | None = None  # milliseconds
 
 
 def overlay(base: Spec, top: Spec) -> Spec:

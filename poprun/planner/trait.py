@@ -5,8 +5,8 @@ Layer: ``poprun.planner``; imports ``poprun.core`` only (it is read on the launc
 ``typing``, no other planner module). A trait is a fact about a backend, not a promise
 (capabilities, :mod:`poprun.backends.base`, select conformance checks): whether it runs every
 instance on this machine, how it reaches other hosts, whether it restarts one instance,
-whether it finds a missing working directory only once started, and whether its instances form
-one MPI world. The built-ins' traits are rows of :data:`BUILTIN`; a plugin declares a ``traits``
+whether it finds a missing working directory only once started, whether its instances form
+one MPI world, and whether a later attempt may run on other hosts. The built-ins' traits are rows of :data:`BUILTIN`; a plugin declares a ``traits``
 class attribute (:data:`CONSERVATIVE` when it does not). The plan records the traits of its
 backend beside the name (``plan.backend.traits``), so that nothing outside ``poprun/backends``
 decides by a backend's name: it asks the traits, and the questions whose answer depends on more
@@ -45,6 +45,9 @@ class Traits:
     late_cwd: bool = True
     # The instances form one MPI world (mpirun; srun with an MPI plugin), not a world each.
     mpi_world: bool = False
+    # A later attempt may run on other hosts than the first (spare hosts, fewer hosts: a re-plan);
+    # not the backends that run every instance on this machine, where no host can be replaced.
+    replaces_hosts: bool = False
 
     def started_by_srun(self, *, in_allocation: bool) -> bool:
         """Return whether srun starts the instances (the slurm backend; mpirun inside an allocation)."""
@@ -72,9 +75,9 @@ CONSERVATIVE = Traits()
 BUILTIN: dict[str, Traits] = {
     "local": Traits(all_here=True, restarts_instance=True, late_cwd=False),
     "offline": Traits(all_here=True, restarts_instance=True, late_cwd=False),
-    "ssh": Traits(reaches="ssh", restarts_instance=True, late_cwd=False),
-    "mpirun": Traits(reaches="mpirun", mpi_world=True),
-    "slurm": Traits(reaches="srun", mpi_world=True),
+    "ssh": Traits(reaches="ssh", restarts_instance=True, late_cwd=False, replaces_hosts=True),
+    "mpirun": Traits(reaches="mpirun", mpi_world=True, replaces_hosts=True),
+    "slurm": Traits(reaches="srun", mpi_world=True, replaces_hosts=True),
 }
 """The built-in backends' traits, in the order ``--backend`` lists them."""
 

@@ -1,0 +1,54 @@
+"""
+Re-planning an attempt: the apply step's one door to the solver.
+
+Layer: ``poprun.planner``; imports the membership policy and, on use, the solver. When an
+attempt ended because hosts were lost (gone, failed their preflight or their health check),
+:func:`replan` solves the plan's own spec again without them, as
+:mod:`poprun.planner.membership` describes: spares first, then fewer hosts down to the minimum,
+else a coded diagnostic. The apply step imports this module, never the solver.
+"""
+
+from __future__ import annotations
+
+from poprun.planner.membership import Replanned, change, placed, resolved
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+
+    from poprun.planner import plan as p
+    from poprun.planner.context import Context
+    from poprun.planner.spec import Spec
+
+__all__ = ["Replanned", "replan"]
+
+
+def replan(plan: p.LaunchPlan, lost: Mapping[str, str], ctx: Context, *, unusable: Iterable[str] = ()) -> Replanned:
+    """
+    Return the plan of the next attempt of ``plan`` without the hosts of ``lost`` (host -> why, in the order found).
+
+    ``unusable`` are spares that cannot take a host's place (they failed their health check).
+    The plan's own spec is solved again in ``ctx`` (see :mod:`poprun.planner.membership`).
+
+    Raises:
+        ValueError: when ``lost`` names no host of the plan.
+        DiagnosticError: PR310 when fewer hosts than the minimum are left; PR311 when the
+            solver finds no plan on the hosts left (its own diagnostics follow).
+    """
+    hosts = plan.topology.hosts
+    gone = tuple(h for h in hosts if h in lost)
+    if not gone:
+        msg = "replan() needs a host of the plan to leave out"
+        raise ValueError(msg)
+    kept, added, free = placed(plan, lost, unusable)
+    why = "; ".join(f"{h}: {lost[h]}" for h in gone)
+    solved = resolved(plan, tuple(kept), tuple(free), ctx, why=why, resolve=_solve)
+    shrunk = len(kept) < len(hosts)
+    return Replanned(plan=solved, removed=gone, added=tuple(added), shrunk=shrunk,
+                     why=change(gone, tuple(added), shrunk, plan, solved) + f" ({why})")
+
+
+def _solve(spec: Spec, ctx: Context) -> p.LaunchPlan:
+    from poprun.planner.solve import solve
+
+    return solve(spec, ctx, explain_cases=False).plan
