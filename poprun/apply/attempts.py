@@ -41,6 +41,7 @@ from poprun.backends.base import (
 )
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
 from poprun.core.events import AttemptEnded, AttemptStarted, InstanceEnded, LaunchEnded, LaunchRunning, LaunchStarting
+from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.outcome import ApplyError, ApplyResult, Attempt, InstanceFailure, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -50,6 +51,8 @@ from poprun.runs.record import RUN_ID, RunRecord
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from typing import Any
+
+    from poprun.apply.members import Members
 
 __all__ = ["Attempts", "InstanceRestarts", "Run", "RunState", "cause", "ended_text"]
 
@@ -190,6 +193,10 @@ class Attempts:
         self._first_port: tuple[int, bool, bool, Diagnostic | None] | None = first_port
         self._next_port: tuple[int, bool] | None = None  # the next attempt's, chosen as its restart was to begin
         self.port_checked = True  # the last chosen MASTER_PORT was read free on its host (not the default)
+        self.members = _members(self)  # the hosts of each attempt, with a membership policy (else None)
+        self._begun: set[int] = set()  # attempts whose record and events have begun (a re-plan may launch one again)
+        self._launch_failure: LaunchError | None = None  # why the last launch could not start
+        self._no_plan: tuple[Diagnostic, ...] = ()  # why a re-plan found no plan: the run ends with them
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
@@ -205,6 +212,8 @@ class Attempts:
     def _run(self) -> ApplyResult:
         number = 0
         instance_scope = self._instance_scope()
+        if self.members is not None and self.members.checks:
+            self._admit(0)  # the health check before anything starts: unhealthy hosts are left out now
         while True:
             port, chosen = self._next_port or self._master_port()
             self._next_port = None
@@ -213,6 +222,8 @@ class Attempts:
             self.relay.restarted = restarts.started if restarts is not None else None
             began = time.monotonic()
             result = self._launch(applied, variables, restarts)
+            if self._left_out_at_preflight(number):
+                continue  # nothing of it started: the same attempt, on the re-planned hosts
             result = self.errors.read(result)
             if restarts is not None:
                 return self._instances_ended(result, restarts, port, began)
@@ -242,6 +253,47 @@ class Attempts:
                      f"or the {join_or(restarting_names())} backend"),))
         return instance_scope
 
+    def _admit(self, number: int) -> None:
+        """
+        Run the health check before attempt ``number`` starts; re-plan without the hosts that failed it.
+
+        Raises:
+            DiagnosticError: PR310/PR311 with each failed host's PR445/PR446: no plan is left, nothing starts.
+        """
+        members = self.members
+        assert members is not None
+        unhealthy = members.unhealthy(stop=lambda: bool(self.control.signals))
+        if self.control.signals:
+            raise Stopped(self.control.signals[-1])
+        if unhealthy:
+            self._replan(unhealthy, number)
+
+    def _replan(self, lost: Mapping[str, str], number: int) -> None:
+        """
+        Make attempt ``number``'s plan without the hosts of ``lost``.
+
+        Raises:
+            DiagnosticError: no plan is left (PR310, PR311; the health checks' own diagnostics first).
+        """
+        members = self.members
+        assert members is not None
+        try:
+            self.plan = members.replan(lost, number)
+        except DiagnosticError as exc:
+            raise DiagnosticError((*members.diagnostics_for(lost), *exc.diagnostics)) from exc
+        self.errors.follow(self.plan)
+
+    def _left_out_at_preflight(self, number: int) -> bool:
+        """Return whether the last launch's preflight failed on hosts that a re-plan left out (launch again, then)."""
+        failure, self._launch_failure = self._launch_failure, None
+        if self.members is None or failure is None or self.control.signals:
+            return False
+        lost = self.members.failed_preflight(failure)
+        if not lost:
+            return False
+        self._replan(lost, number)
+        return True
+
     def _begin(self, number: int, port: int, chosen: bool) -> tuple[LaunchPlan, dict[str, str]]:
         """Begin attempt ``number`` (its port ``chosen`` here or not): return its plan and the variables it adds."""
         variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
@@ -252,8 +304,13 @@ class Attempts:
         if self.record is not None:
             if number == 0:
                 self.record.write_plan(applied)
-            if self.budget.enabled:
+            if self.budget.enabled and number not in self._begun:
                 self.record.begin_attempt(number)
+            if self.members is not None and self.budget.enabled:
+                self.record.write_plan(self.plan, attempt=number)  # as planned: diffs of attempts show what changed
+        self._begun.add(number)
+        if self.members is not None:
+            self.members.tell()
         self.relay.next_attempt()
         if self.budget.enabled or chosen:
             self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen and self.port_checked))
@@ -269,9 +326,10 @@ class Attempts:
         delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self.stopped_by(result))
         self.attempts.append(Attempt(number=number, status=status, root_cause=result.root_cause,
                                      seconds=round(time.monotonic() - began, 3), master_port=port,
-                                     next="" if delay is None and status == 0 else why, cause=cause(result)))
+                                     next="" if delay is None and status == 0 else why, cause=cause(result),
+                                     **self._hosts_of(number)))
         if delay is not None:
-            stopped = self._between(delay, number + 1)
+            stopped = self._between(delay, number + 1, result)
             if stopped is None:  # the restart begins: told and counted now, never before
                 self.budget.begun()
                 self.tell_ended(self.attempts[-1], why, delay=delay)
@@ -283,9 +341,17 @@ class Attempts:
                 sig = self.control.signals[-1]
                 result = evolve(result, error=ApplyError(
                     status=128 + sig, signal=sig, message=f"stopped by {signal_name(sig)} before restart {number + 1}"))
+            elif self._no_plan:  # no plan left on the hosts that are: the run ends with why
+                result = evolve(result, error=ApplyError(status=CANNOT_LAUNCH, message=why, diagnostics=self._no_plan))
         if self.budget.enabled:
             self.tell_ended(self.attempts[-1], why)
         return self._result(result), False
+
+    def _hosts_of(self, number: int) -> dict[str, Any]:
+        """Return the hosts attempt ``number`` ran on and why they changed, for its record (nothing without a policy)."""
+        if self.members is None:
+            return {}
+        return {"hosts": self.plan.topology.hosts, "replan": self.members.changes.get(number, "")}
 
     def _launch(self, applied: LaunchPlan, variables: Mapping[str, str],
                 restarts: InstanceRestarts | None) -> ApplyResult:
@@ -314,6 +380,7 @@ class Attempts:
             launch = self.backend.launch(plan, env_source=self.environ, sink=relay, cache=self.cache, **extra)
         except LaunchError as exc:
             clock.lap("start")
+            self._launch_failure = exc
             return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
                                                              diagnostics=exc.diagnostics))
         try:  # whatever raises now (the sink, an interrupt) stops the launch first
@@ -418,8 +485,13 @@ class Attempts:
                     "before the time limit (--signal)")
         return ""
 
-    def _between(self, delay: float, number: int) -> str | None:
-        """Wait ``delay`` seconds, run the pre-restart command, choose the next MASTER_PORT; return why the run stops instead, or None."""
+    def _between(self, delay: float, number: int, result: ApplyResult) -> str | None:
+        """
+        Wait ``delay`` seconds, run the pre-restart command, choose the next MASTER_PORT; return why the run stops instead, or None.
+
+        With a membership policy, the next attempt (``number``) is re-planned first when the one
+        that ended (``result``) lost hosts, or hosts fail their health check now.
+        """
         woken = self.control.woken
         if self.limits.watch is not None:
             self.limits.watch.pause()
@@ -436,6 +508,10 @@ class Attempts:
             return f"poprun was stopped ({signal_name(exc.signum)})"
         finally:
             self.limits.waiting(now=False)
+        if self.members is not None:
+            stopped = self._renew(number, result)
+            if stopped is not None:
+                return stopped
         try:
             self._next_port = self._master_port()  # a stop meanwhile ends the run here, before the restart is told
         except DiagnosticError as exc:  # the user's MASTER_PORT is taken now (PR440): the restart cannot begin
@@ -444,6 +520,28 @@ class Attempts:
                 f"{d.summary} ({d.code})" for d in exc.diagnostics)
         if self.control.signals or self.limits.ended:
             return self.stopped_by(ApplyResult(statuses=())) or "stopped"
+        return None
+
+    def _renew(self, number: int, result: ApplyResult) -> str | None:
+        """Re-plan attempt ``number`` without the hosts ``result`` lost and those unhealthy now; return why the run stops instead, or None."""
+        members = self.members
+        assert members is not None
+        lost = members.lost_in(result)
+        try:
+            lost |= {h: why for h, why in members.unhealthy(stop=lambda: bool(self.control.signals)).items()
+                     if h not in lost}
+            if self.control.signals or self.limits.ended:
+                return self.stopped_by(ApplyResult(statuses=())) or "stopped"
+            if lost:
+                self._replan(lost, number)
+        except Stopped as exc:  # a signal in the main thread while the checks ran
+            return f"poprun was stopped ({signal_name(exc.signum)})"
+        except DiagnosticError as exc:
+            self._no_plan = tuple(exc.diagnostics)
+            from poprun.apply.members import no_plan_left
+
+            return no_plan_left(DiagnosticError([d for d in exc.diagnostics if d.code in ("PR310", "PR311")]
+                                                or exc.diagnostics))
         return None
 
     def _master_port(self) -> tuple[int, bool]:
@@ -566,3 +664,13 @@ def ended_text(index: int, host: str, sig: int | None, exit_code: int | None) ->
     """Return how instance ``index`` ended, in one line: ``instance 1 exited with 3 on h1``."""
     how = f"was killed by {signal_name(sig)}" if sig is not None else f"exited with {exit_code}"
     return f"instance {index} {how} on {host}"
+
+
+def _members(attempts: Attempts) -> Members | None:
+    """Return the run's :class:`~poprun.apply.members.Members` when its plan has a membership policy (else None)."""
+    policy = attempts.plan.membership
+    if not (policy.replans or policy.health_check):
+        return None
+    from poprun.apply.members import Members
+
+    return Members(attempts.plan, attempts.backend, attempts.environ, emit=attempts.relay.event, record=attempts.record)

@@ -33,13 +33,18 @@ class ErrorFiles:
     """The error files of one run: made for each attempt (or restarted instance), read after it, removed at the end."""
 
     def __init__(self, plan: LaunchPlan, record_path: str | None) -> None:
-        self._here = {i.index for i in plan.instances if plan.offline or plan.backend.traits.all_here
-                      or is_this_machine(i.host)}
+        self._here: set[int] = set()
+        self.follow(plan)
         self._record_path = record_path
         self._root: str | None = None
         self._temporary = False
         self.latest: dict[int, str] = {}  # instance -> its current attempt's file
         self._folders: list[str] = []  # the attempts' folders made, in order
+
+    def follow(self, plan: LaunchPlan) -> None:
+        """Make the error files of ``plan``'s instances from now on (a re-planned attempt's, on other hosts)."""
+        self._here = {i.index for i in plan.instances if plan.offline or plan.backend.traits.all_here
+                      or is_this_machine(i.host)}
 
     def files(self, attempt: int, indices: list[int] | None = None) -> dict[int, dict[str, str]]:
         """Return ``{instance: {TORCHELASTIC_ERROR_FILE: path}}`` for attempt ``attempt`` ({} when no directory can be made)."""

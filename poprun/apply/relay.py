@@ -81,9 +81,10 @@ class Relay(InstanceSink):
             self._record.observed[index] = observe(self.plan.instances[index], pid, self._environ)
 
     def next_attempt(self) -> None:
-        """Begin a new attempt: its first failure is told as stopping again."""
+        """Begin a new attempt: its first failure is told as stopping again; its instances (a re-plan's may be fewer) are its own."""
         with self._lock:
             self._stopping = False
+            self._pids.clear()
 
     def write(self, stream: Stream, data: bytes) -> None:
         """Pass ``data`` on to the caller's sink."""

@@ -41,6 +41,7 @@ from poprun.core.events import (
     MpiWithoutLauncher,
     PartitionAcquiring,
     PhaseEnded,
+    Replan,
     RunStarted,
     Stopping,
 )
@@ -73,6 +74,7 @@ class _Reporter:
         self._started = False  # until every instance has started, the status line says "starting"
         self._waited = False
         self._stopping: str | None = None
+        self._total = len(plan.instances)  # the current attempt's instances (a re-planned attempt's may be fewer)
 
     def event(self, event: Event) -> None:
         """Log what ``event`` says; update the status line."""
@@ -101,6 +103,9 @@ class _Reporter:
                 self.verbose.debug(f"MASTER_PORT {event.master_port} (chosen for attempt {event.attempt})")
         elif isinstance(event, AttemptEnded) and event.restart:
             self._console.log(f"poprun: attempt {event.attempt} failed: {event.reason}\n")
+        elif isinstance(event, Replan):
+            self._total = event.instances
+            self._console.log(f"poprun: attempt {event.attempt} runs on {','.join(event.hosts)}: {event.reason}\n")
         elif isinstance(event, LimitReached):
             self._limit(event)
         elif isinstance(event, PhaseEnded):
@@ -131,11 +136,12 @@ class _Reporter:
                               "reading where each instance is, then stopping them")
 
     def _instance(self, event: InstanceStarted | InstanceEnded) -> None:
-        instance = self._plan.instances[event.index]
+        instance = self._plan.instances[min(event.index, len(self._plan.instances) - 1)]  # argv: the same in any attempt
         if isinstance(event, InstanceStarted):
             self._running += 1
-            self.verbose.info(f"Instance {event.index} (PID {event.pid}) on {instance.host}: {shell_join(instance.argv)}")
-            if self._running == len(self._plan.instances):
+            self.verbose.info(f"Instance {event.index} (PID {event.pid}) on {event.host or instance.host}: "
+                              f"{shell_join(instance.argv)}")
+            if self._running == self._total:
                 self._waiting()
         else:
             self._running -= 1
@@ -149,7 +155,7 @@ class _Reporter:
             self.verbose.info("Waiting for instances")
 
     def _show(self) -> None:
-        total = len(self._plan.instances)
+        total = self._total
         if not self._started:
             self._console.status(f"starting {_plural(total, 'instance')}")
         elif self._stopping is not None:

@@ -267,11 +267,17 @@ class LaunchError(DiagnosticError):
 
 
 class PreflightError(LaunchError):
-    """Some hosts cannot run the plan; ``diagnostics`` says which and why, one each."""
+    """
+    Some hosts cannot run the plan; ``diagnostics`` says which and why, one each.
 
-    def __init__(self, diagnostics: Sequence[Diagnostic]) -> None:
+    ``hosts`` names them, in the same order, when the backend knows which host each problem is
+    of (a re-plan leaves them out: docs/membership.md); empty otherwise.
+    """
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], *, hosts: Sequence[str] = ()) -> None:
         super().__init__(f"{len(diagnostics)} host(s) cannot run the plan: "
                          + "; ".join(d.detail for d in diagnostics), diagnostics=tuple(diagnostics))
+        self.hosts = tuple(hosts)
 
 
 def launch_error(code: str, summary: str, *, detail: str, span: SourceSpan, hint: str,

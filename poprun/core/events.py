@@ -284,6 +284,29 @@ class AttemptEnded:
 
 
 @record
+class Replan:
+    """
+    Attempt ``attempt`` runs on other hosts than the one before: the plan was solved again (docs/membership.md).
+
+    ``removed`` are the hosts left out (lost, failed their preflight or their health check),
+    ``added`` the spares that took their places, ``shrunk`` whether the plan has fewer hosts;
+    ``hosts``, ``instances`` and ``replicas`` are the new plan's; ``reason`` says what changed
+    and why, in one line.
+    """
+
+    kind: ClassVar[str] = "replan"
+
+    attempt: int
+    removed: tuple[str, ...]
+    added: tuple[str, ...] = ()
+    shrunk: bool = False
+    hosts: tuple[str, ...] = ()
+    instances: int = 0
+    replicas: int = 0
+    reason: str = ""
+
+
+@record
 class LimitReached:
     """
     A time limit was reached: ``limit`` ``timeout`` (the run's), ``stall`` (no output) or ``signal`` (``--signal``'s).
@@ -311,11 +334,11 @@ class StacksCollected:
 
 Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
-         | AttemptStarted | AttemptEnded | LimitReached | StacksCollected | MpiWithoutLauncher)
+         | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, LimitReached, StacksCollected, MpiWithoutLauncher)}
+    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

@@ -85,6 +85,7 @@ class Attempt:
     ``status`` is poprun's status for it, ``root_cause`` the instance to blame (or None),
     ``seconds`` how long it ran, ``master_port`` its MASTER_PORT (0: none), ``next`` in one
     line what followed (``restarted after 1 s``, ``not restarted: status 2 is never retried``).
+    With a membership policy, ``hosts`` are those it ran on and ``replan`` why they changed.
     """
 
     number: int
@@ -94,6 +95,8 @@ class Attempt:
     master_port: int = 0
     next: str = ""
     cause: str = ""  # the root cause in one line: "instance 1 exited with 3 on h1"
+    hosts: tuple[str, ...] = ()  # the hosts it ran on (with a membership policy: docs/membership.md)
+    replan: str = ""  # why they are not the hosts of the attempt before ("" when they are)
 
 
 @record

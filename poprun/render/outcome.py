@@ -54,6 +54,8 @@ def render_attempts(result: ApplyResult) -> str:
         how = attempt.cause or ("succeeded" if attempt.status == 0 else f"status {attempt.status}")
         lines.append(f"  attempt {attempt.number} ({port}{attempt.seconds:.1f} s): {how}"
                      + (f"; {attempt.next}" if attempt.next and attempt.next != "succeeded" else ""))
+        if attempt.hosts:  # a membership policy: where each attempt ran, and why that changed
+            lines.append(f"    on {','.join(attempt.hosts)}" + (f": {attempt.replan}" if attempt.replan else ""))
     return "\n".join(lines) + "\n"
 
 

@@ -203,9 +203,10 @@ class RunRecord:
                  "no report could be written either (poprun ps will show the run as lost)")
         return f"cannot write the run record {self.path} ({self.incomplete}): it stops here, incomplete; {ended}"
 
-    def write_plan(self, plan: LaunchPlan) -> None:
-        """Write ``plan.json``: the plan as applied."""
-        self._guard(lambda: _write_whole(os.path.join(self.path, "plan.json"),
+    def write_plan(self, plan: LaunchPlan, *, attempt: int | None = None) -> None:
+        """Write ``plan.json``: the plan as applied; with ``attempt``, ``attempts/N/plan.json``: that attempt's plan (its hosts)."""
+        where = self.path if attempt is None else os.path.join(self.path, "attempts", str(attempt))
+        self._guard(lambda: _write_whole(os.path.join(where, "plan.json"),
                                          dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"))
 
     def event(self, event: Event, data: Mapping[str, object] | None = None) -> None:

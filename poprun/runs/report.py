@@ -28,11 +28,12 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     "failures": [{index, host, pid, exit_code, signal, stopped, lost, via, tail, error}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
-    master_port, next, cause}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
+    master_port, next, cause, hosts, replan}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
     "stacks": {index: TEXT}, "launch_phases": {name: seconds}, "slow_hosts": [{host, seconds, attempts}],
     "warnings": [{code, summary, detail, hint}]}`` (``attempts`` to ``stacks`` added with restarts and time
     limits, ``launch_phases`` and ``slow_hosts`` with the launch's own phases, ``warnings`` (PR425, told as the
-    run went on, and the end's) later: older reports lack them).
+    run went on, and the end's) later: older reports lack them; an attempt's ``hosts`` and ``replan``, why they
+    changed, with a membership policy only).
     """
     error = result.error
     return {
@@ -53,7 +54,8 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
         "truncated": {str(i): {"kept": kept, "dropped": dropped}
                       for i, (kept, dropped) in sorted(record.truncation().items())},
         "attempts": [{"number": a.number, "status": a.status, "root_cause": a.root_cause, "seconds": a.seconds,
-                      "master_port": a.master_port, "next": a.next, "cause": a.cause} for a in result.attempts],
+                      "master_port": a.master_port, "next": a.next, "cause": a.cause,
+                      **({"hosts": list(a.hosts), "replan": a.replan} if a.hosts else {})} for a in result.attempts],
         "gave_up": result.gave_up, "limit": result.limit, "limit_text": result.limit_text,
         "stacks": {str(i): text for i, text in result.stacks},
         "warnings": [{"code": d.code, "summary": d.summary, "detail": d.detail, "hint": d.hint}
@@ -69,6 +71,18 @@ def _one_line(value: object) -> str:
     return line if len(line) <= 500 else line[:500] + " ..."  # noqa: PLR2004 - as apply's error file reader
 
 
+_MAX_HOSTS = 4096  # host names read of an attempt in a report
+_MAX_NAME = 255  # characters of a host name (as DNS allows)
+
+
+def _names(value: object) -> tuple[str, ...]:
+    """Return a report's host names (the printable strings of a list; () for anything else)."""
+    if not isinstance(value, list):
+        return ()
+    return tuple(name for name in value[:_MAX_HOSTS] if isinstance(name, str) and name.isprintable()
+                 and 0 < len(name) <= _MAX_NAME)
+
+
 def result_of(data: dict[str, Any]) -> ApplyResult:
     """Return the :class:`ApplyResult` a report holds (its diagnostics by code and summary only)."""
     failures = tuple(InstanceFailure(index=f["index"], host=f["host"], pid=f.get("pid"), exit_code=f.get("exit_code"),
@@ -80,7 +94,8 @@ def result_of(data: dict[str, Any]) -> ApplyResult:
     error = data.get("error")
     attempts = tuple(Attempt(number=a["number"], status=a["status"], root_cause=a.get("root_cause"),
                              seconds=a.get("seconds", 0.0), master_port=a.get("master_port", 0), next=a.get("next", ""),
-                             cause=a.get("cause", "")) for a in data.get("attempts") or ())
+                             cause=a.get("cause", ""), hosts=_names(a.get("hosts")), replan=_one_line(a.get("replan")))
+                     for a in data.get("attempts") or ())
     return ApplyResult(statuses=tuple(data.get("statuses") or ()), failures=failures, root_cause=data.get("root_cause"),
                        signals=tuple(data.get("signals") or ()), run=data.get("run"), attempts=attempts,
                        gave_up=data.get("gave_up") or "", limit=data.get("limit") or "",

@@ -197,6 +197,7 @@ class SshBackend:
         key exchange's time less). The client is kept for the launch, which takes it over and
         counts this time in its connect phase. A host that cannot be connected to is not raised
         here: the launch reports it (its failure is kept on the client, so nobody waits for it twice).
+        The plan's spare hosts are connected too, so that a re-planned attempt finds their connections open.
         """
         if all(is_this_machine(instance.host) for instance in plan.instances):
             return
@@ -213,6 +214,8 @@ class SshBackend:
             client.routes = _routes(plan, client, how)
             began = time.monotonic()
             connections = _shared_connections(plan, _slots(plan, client.routes), client.routes)
+            if not client.routes.via:  # the spares too: a host's replacement costs no key exchange (docs/membership.md)
+                connections += [(h, 0) for h in plan.membership.spares if not is_this_machine(h)]
             client.connect(connections, timeout_s=budget)
             client.ahead_s += time.monotonic() - began
         except OSError:  # no ssh to run: the launch says so

@@ -203,7 +203,7 @@ class _Sessions:
                 tell(HostChecked(host=host, ok=problem is None,
                                  problem=f"{problem.code}: {problem.summary}" if problem is not None else ""))
         if problems:
-            raise PreflightError(list(problems.values()))
+            raise PreflightError(list(problems.values()), hosts=list(problems))
 
     def _read_checks(self) -> tuple[dict[int, bytes | None], float]:
         """
@@ -320,12 +320,12 @@ def _connect(plan: LaunchPlan, client: SshClient, connections: list[tuple[str, i
         through = f" through {client.routes.relay_count()} relays" if client.routes.via else ""
         tell(PhaseEnded(phase="connect", ms=_ms_since(began) + round(ahead_s * 1000),
                         detail=f"{hosts} hosts{through}, {client.window} connections at a time"))
-    problems = [d for host, (status, err) in failed.items()
-                if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None]
+    problems = {host: d for host, (status, err) in failed.items()
+                if (d := _diagnose(host, status, "", err, plan.instances[0].cwd)) is not None}
     if problems:
         for guard in guards:
             guard.close()
-        raise PreflightError(problems)
+        raise PreflightError(list(problems.values()), hosts=list(problems))
 
 
 def _ms_since(began: float) -> int:

@@ -1,0 +1,160 @@
+"""
+Elastic membership on five namespace hosts (real sshd): a lost host is replaced by a spare, or the plan shrinks.
+
+Each test takes a host's link down mid-run (``ip link set ... down`` in its namespace): the ssh
+backend names it lost (PR411) within the host timeout, and the next attempt is solved again
+by the planner (docs/membership.md). The hosts are this module's own (h1..h5): the session's
+stay healthy.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.helpers import session_hosts
+from tests.e2e.hosts.test_ssh_backend import PY, marked_anywhere, wait_for
+from tests.testhosts import TestHosts
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
+
+HOST_TIMEOUT_S = 3  # POPRUN_HOST_TIMEOUT: a lost host is noticed in 3 s and a few more
+# attempt 0 waits (and is killed by the lost host); attempt 1 says where it runs and ends well
+PROGRAM = ('if [ "$POPRUN_RESTART_COUNT" = 0 ]; then echo "ready $POPDIST_INSTANCE_INDEX"; exec sleep 60; fi; '
+           'echo "attempt $POPRUN_RESTART_COUNT: $POPDIST_INSTANCE_INDEX of $WORLD_SIZE on $(hostname) '
+           'replicas $POPDIST_NUM_TOTAL_REPLICAS master $MASTER_ADDR"')
+
+
+@pytest.fixture(scope="module")
+def five(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestHosts]:
+    """Bring up h1..h5 for this module (its tests take links down)."""
+    yield from session_hosts(tmp_path_factory.mktemp("memberhosts"), 5, what="the membership test hosts")
+
+
+@pytest.fixture
+def link_down(five: TestHosts) -> Iterator[list[str]]:
+    """Yield a list to put host names in whose links the test took down; bring them up again after."""
+    names: list[str] = []
+    try:
+        yield names
+    finally:
+        for name in names:
+            five.set_link(name, up=True)
+        for name in names:
+            assert wait_for(lambda n=name: five.ssh(n, "true", timeout=10).returncode == 0, within_s=20)
+
+
+def start(hosts: TestHosts, cwd: Path, *args: str) -> subprocess.Popen[str]:
+    """Start poprun with the hosts' ssh settings and a short host timeout; its record in ``cwd/runs``."""
+    env = os.environ | hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S), "POPRUN_RUNS_DIR": str(cwd / "runs"), "POPRUN_DEBUG": "1"}
+    return subprocess.Popen([PY, "-m", "poprun.cli.main", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def await_ready(proc: subprocess.Popen[str], count: int) -> None:
+    assert proc.stdout is not None
+    seen = 0
+    while seen < count:
+        line = proc.stdout.readline()
+        if not line:
+            _, err = proc.communicate(timeout=30)
+            pytest.fail(f"poprun ended ({proc.returncode}) before every instance was ready:\n{err}")
+        seen += line.startswith("ready ")
+
+
+def events(cwd: Path) -> list[dict[str, object]]:
+    (run,) = (cwd / "runs").iterdir()
+    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+
+
+def the_run(cwd: Path) -> Path:
+    (run,) = (cwd / "runs").iterdir()
+    return run
+
+
+def test_a_lost_host_is_replaced_by_the_spare_and_the_world_keeps_its_size(five: TestHosts, tmp_path: Path,
+                                                                             link_down: list[str]) -> None:
+    """h3's link goes down: attempt 1 runs on h1, h2, h5, h4 with WORLD_SIZE 4; a replan event and the report say why."""
+    mark = f"mark-{uuid.uuid4().hex[:8]}"
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--num-replicas", "8",
+                 "--max-restarts", "2", "--restart-backoff", "0.1", f"--mpi-local-args=-x MARK={mark}", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=90)
+
+    assert 0 == proc.returncode, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("attempt 1:"))
+    master = five.addresses["h1"]  # ssh_config's HostName: as every host reaches it
+    assert [f"attempt 1: {i} of 4 on {h} replicas 8 master {master}" for i, h in enumerate(("h1", "h2", "h5", "h4"))] \
+        == lines, out
+    (replan,) = [e for e in events(tmp_path) if e["event"] == "replan"]
+    assert (["h3"], ["h5"], False, ["h1", "h2", "h5", "h4"], 4, 8) == (
+        replan["removed"], replan["added"], replan["shrunk"], replan["hosts"], replan["instances"], replan["replicas"])
+    assert "h5 replaces h3" in str(replan["reason"]) and "PR411" in str(replan["reason"])
+    report = json.loads((the_run(tmp_path) / "report.json").read_text())
+    hosts = [a["hosts"] for a in report["attempts"]]
+    assert [["h1", "h2", "h3", "h4"], ["h1", "h2", "h5", "h4"]] == hosts, report["attempts"]
+    plans = [json.loads((the_run(tmp_path) / "attempts" / str(n) / "plan.json").read_text()) for n in (0, 1)]
+    assert [["h1", "h2", "h3", "h4"], ["h1", "h2", "h5", "h4"]] == [p["topology"]["hosts"] for p in plans]
+    alive = ("h1", "h2", "h4", "h5")
+    assert wait_for(lambda: not any(five.processes(h, mark) for h in alive), within_s=10), marked_anywhere(five, mark)
+
+
+def test_without_a_spare_the_plan_shrinks_to_the_minimum(five: TestHosts, tmp_path: Path,
+                                                         link_down: list[str]) -> None:
+    """--min-hosts 3 without spares: h2's link goes down; attempt 1 has 3 instances, WORLD_SIZE 3, 6 replicas."""
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--min-hosts", "3", "--num-replicas", "8",
+                 "--max-restarts", "2", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    link_down.append("h2")
+    five.set_link("h2", up=False)
+    out, err = proc.communicate(timeout=90)
+
+    assert 0 == proc.returncode, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("attempt 1:"))
+    master = five.addresses["h1"]
+    assert [f"attempt 1: {i} of 3 on {h} replicas 6 master {master}" for i, h in enumerate(("h1", "h3", "h4"))] \
+        == lines, out
+    (replan,) = [e for e in events(tmp_path) if e["event"] == "replan"]
+    assert (["h2"], [], True, 3) == (replan["removed"], replan["added"], replan["shrunk"], replan["instances"])
+
+
+def test_instance_0s_host_lost_moves_master_addr_to_its_replacement(five: TestHosts, tmp_path: Path,
+                                                                     link_down: list[str]) -> None:
+    """h1 (instance 0, MASTER_ADDR) is lost: the spare takes its place, and MASTER_ADDR with it."""
+    proc = start(five, tmp_path, "--host", "h1,h2", "--spare-host", "h5", "--num-replicas", "2",
+                 "--max-restarts", "1", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 2)
+    link_down.append("h1")
+    five.set_link("h1", up=False)
+    out, err = proc.communicate(timeout=90)
+
+    assert 0 == proc.returncode, err
+    lines = sorted(line for line in out.splitlines() if line.startswith("attempt 1:"))
+    master = five.addresses["h5"]
+    assert [f"attempt 1: 0 of 2 on h5 replicas 2 master {master}", f"attempt 1: 1 of 2 on h2 replicas 2 master {master}"] \
+        == lines, out
+
+
+def test_below_the_minimum_the_run_ends_with_a_diagnostic_not_a_restart(five: TestHosts, tmp_path: Path,
+                                                                        link_down: list[str]) -> None:
+    """--min-hosts 3 on three hosts, no spare: h3 is lost; no attempt 1, PR310 says why, exit 125."""
+    proc = start(five, tmp_path, "--host", "h1,h2,h3", "--min-hosts", "3", "--spare-host", "h4",
+                 "--num-replicas", "3", "--max-restarts", "2", "--restart-backoff", "0.1",
+                 "sh", "-c", PROGRAM)
+    await_ready(proc, 3)
+    link_down.extend(["h3", "h4"])
+    five.set_link("h4", up=False)  # the spare is gone too: its replacement fails its preflight
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=120)
+
+    assert 125 == proc.returncode, err
+    assert "attempt 1:" not in out
+    assert "PR310" in err, err
