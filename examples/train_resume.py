@@ -13,6 +13,10 @@ one and goes on from its step. The data order is a function of the step (the sam
 ``step // steps_per_epoch``, then the batch within it), so a run that crashed and resumed ends
 with the same weights as a run that never crashed: the suite checks exactly that.
 
+``--hold-at-step N`` makes every instance stop at step N of the first attempt, once its checkpoint
+is written, and wait there: the moment to take a host away (a lost host's instance is replaced
+on a spare, or the plan shrinks: docs/membership.md); the next attempt resumes from step N.
+
 ``--crash-at-step N`` makes instance 1 (or 0, with one instance) exit with status 3 at step N on
 the first attempt only: poprun's restart count (``popdist.getRestartCount()``, also
 ``POPRUN_RESTART_COUNT`` and torchrun's ``TORCHELASTIC_RESTART_COUNT``) is 0 there. With
@@ -26,6 +30,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 import torch
 from torch import nn
@@ -43,6 +48,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--checkpoint", required=True, help="the checkpoint file: read at start when it exists")
     parser.add_argument("--checkpoint-every", type=int, default=10, help="steps between checkpoints (default 10)")
     parser.add_argument("--crash-at-step", type=int, default=0, help="fail at this step on the first attempt")
+    parser.add_argument("--hold-at-step", type=int, default=0,
+                        help="on the first attempt, after this step's checkpoint, say 'held at step N' and wait there "
+                             "(for a host to be taken away: docs/membership.md)")
     return parser.parse_args()
 
 
@@ -69,6 +77,14 @@ def read_checkpoint(path: str, model: nn.Module, optimizer: torch.optim.Optimize
     model.load_state_dict(state["model"])
     optimizer.load_state_dict(state["optimizer"])
     return int(state["step"])
+
+
+def hold(step: int) -> None:
+    """Say that this instance holds at ``step`` (its checkpoint written), then wait until poprun stops it."""
+    pdt.all_reduce_metrics({"held": 1.0})  # every instance is here: instance 0's checkpoint of this step is written
+    print(f"instance {popdist.getInstanceIndex()}: held at step {step}", flush=True)
+    while True:
+        time.sleep(1)
 
 
 def train(args: argparse.Namespace) -> tuple[nn.Module, int, float]:
@@ -99,6 +115,8 @@ def train(args: argparse.Namespace) -> tuple[nn.Module, int, float]:
                 os._exit(3)
             if step % args.checkpoint_every == 0 and popdist.getInstanceIndex() == 0:
                 write_checkpoint(args.checkpoint, model, optimizer, step)
+            if step == args.hold_at_step and restart_count() == 0:
+                hold(step)
             if step == args.steps:
                 break
     return model, first, pdt.all_reduce_metrics({"loss": loss.item()})["loss"]

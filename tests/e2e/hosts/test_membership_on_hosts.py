@@ -158,3 +158,45 @@ def test_below_the_minimum_the_run_ends_with_a_diagnostic_not_a_restart(five: Te
     assert 125 == proc.returncode, err
     assert "attempt 1:" not in out
     assert "PR310" in err, err
+
+
+def test_training_resumes_on_the_spare_to_the_uninterrupted_runs_weights(five: TestHosts, tmp_path: Path,
+                                                                          link_down: list[str]) -> None:
+    """
+    examples/train_resume.py on h1..h4, spare h5: h3's link goes down once step 20 is checkpointed.
+
+    The run ends 0; attempt 1 runs on h1, h2, h5, h4 with the same world size and resumes at
+    step 20; the final weights equal an uninterrupted run's; ``plan --diff`` of the attempts'
+    plans shows the host change only; nothing of the run is left on any host.
+    """
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("sklearn")
+    script = str(Path(__file__).parents[3] / "examples" / "train_resume.py")
+    common = ("--num-replicas", "4", "--mpi-local-args=-x GLOO_SOCKET_IFNAME=eth0")  # the hosts' one interface
+    whole = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h5,h4", *common, PY, script,
+                            "--checkpoint", str(tmp_path / "whole.ckpt"), "--save", str(tmp_path / "whole.pt")],
+                           cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "other")},
+                           capture_output=True, text=True, timeout=120, check=False)
+    assert 0 == whole.returncode, whole.stderr
+
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", *common, "--max-restarts", "2",
+                 "--restart-backoff", "0.1", PY, script, "--checkpoint", str(tmp_path / "crashed.ckpt"),
+                 "--hold-at-step", "20", "--save", str(tmp_path / "crashed.pt"))
+    assert proc.stdout is not None
+    held = [proc.stdout.readline() for _ in range(4)]
+    assert all("held at step 20" in line for line in held), held
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=120)
+
+    assert 0 == proc.returncode, err
+    summary = json.loads(out.strip().splitlines()[-1])
+    assert (1, 20) == (summary["attempt"], summary["resumed_at_step"])
+    a, b = torch.load(tmp_path / "whole.pt"), torch.load(tmp_path / "crashed.pt")
+    assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run's weights differ from the uninterrupted run's"
+    run = the_run(tmp_path)
+    diff = subprocess.run([PY, "-m", "poprun.cli.main", "plan", "--diff", str(run / "attempts/0/plan.json"),
+                           str(run / "attempts/1/plan.json")], capture_output=True, text=True, timeout=60, check=False)
+    assert (0, ["topology:", "  hosts: h[1-4] -> h[1-2,4-5]", "placement:", "  host: h3 -> h5 (instance 2)"]) \
+        == (diff.returncode, diff.stdout.splitlines()[2:]), diff.stdout
+    assert wait_for(lambda: not marked_anywhere(five, str(tmp_path)), within_s=10), marked_anywhere(five, str(tmp_path))
