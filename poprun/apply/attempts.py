@@ -527,6 +527,7 @@ class Attempts:
         members = self.members
         assert members is not None
         lost = members.lost_in(result)
+        lost |= {h: why for h, why in members.unavailable().items() if h not in lost}
         try:
             lost |= {h: why for h, why in members.unhealthy(stop=lambda: bool(self.control.signals)).items()
                      if h not in lost}

@@ -80,6 +80,14 @@ class Members:
         return {host: f"failed its preflight ({d.code}: {d.summary})"
                 for host, d in zip(exc.hosts, exc.diagnostics, strict=False) if host in hosts}
 
+    def unavailable(self) -> dict[str, str]:
+        """Return the plan's hosts that the backend's scheduler says cannot run instances now (``HostStates``), with why."""
+        ask = getattr(self._backend, "unavailable_hosts", None)
+        if not callable(ask):
+            return {}
+        said = ask(self.plan.topology.hosts, environ=self._environ)
+        return {h: str(said[h]) for h in self.plan.topology.hosts if h in said}
+
     def unhealthy(self, *, stop: Callable[[], bool]) -> dict[str, str]:
         """
         Run the health check on the plan's hosts and its spares not used yet; return the hosts that failed, with why.

@@ -38,6 +38,7 @@ if TYPE_CHECKING:
         Formatting,
         Gate,
         HostCommands,
+        HostStates,
         InstanceEnded,
         InstanceFailure,
         InstanceSink,
@@ -68,7 +69,7 @@ if TYPE_CHECKING:
     from poprun.backends.testing import Outcome, RecordingBackend
 
 _BASE = ("CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
-         "HostCommands", "Prepares", "Restarter", "ApplyResult", "Backend", "Closes",
+         "HostCommands", "HostStates", "Prepares", "Restarter", "ApplyResult", "Backend", "Closes",
          "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "InstanceEnded", "InstanceFailure",
          "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "OutputSink", "PlanFormat", "Stream", "TemporaryCache",
          "TopologyProbing", "capabilities", "environment", "signal_name", "Gate", "Setting", "Traits")
@@ -94,6 +95,7 @@ __all__ = [
     "Formatting",
     "Gate",
     "HostCommands",
+    "HostStates",
     "InstanceEnded",
     "InstanceFailure",
     "InstanceSink",

@@ -54,7 +54,7 @@ RESTARTS_INSTANCES = "restarts-instances"
 
 __all__ = ["CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "RESTARTS_INSTANCES",
            "ApplyResult", "Backend", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate",
-           "HostCommands", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
+           "HostCommands", "HostStates", "InstanceEnded", "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch",
            "LaunchError", "OutputSink", "PlanFormat", "Restarter", "Setting", "Stream", "TemporaryCache", "TopologyProbing", "Traits",
            "accepts_keyword", "capabilities", "environment", "signal_name"]
 
@@ -213,6 +213,18 @@ class HostCommands(Protocol):
         Raises:
             LaunchError: when the host cannot be reached (the message says why, in one line).
         """
+
+
+class HostStates(Protocol):
+    """
+    Optional: a backend that knows which hosts cannot run instances now, as its scheduler says.
+
+    With a membership policy (docs/membership.md), the apply step asks it before each restart:
+    such hosts are left out of the next attempt, like a host that was lost.
+    """
+
+    def unavailable_hosts(self, hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """Return the hosts of ``hosts`` that cannot run instances now (a node drained or down in Slurm), with why."""
 
 
 class Prepares(Protocol):

@@ -14,7 +14,7 @@ from poprun.backends.conformance import probe_plan
 from poprun.backends.registry import default_registry, describe
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "backends.md"
-SDK = ["RESTARTS_INSTANCES", "HostCommands", "Prepares", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
+SDK = ["RESTARTS_INSTANCES", "HostCommands", "HostStates", "Prepares", "Restarter", "CANNOT_LAUNCH", "CHECKS_BEFORE_START", "NOT_EXECUTABLE", "NOT_FOUND", "PROCESSES", "ApplyResult", "Backend",
        "BackendRegistry", "Closes", "Describing", "Event", "EventSink", "FormatRequest", "Formatting", "Gate", "InstanceEnded",
        "InstanceFailure", "InstanceSink", "InstanceStarted", "Launch", "LaunchError", "Outcome", "OutputSink", "PlanFormat",
        "RecordingBackend", "Setting", "Stream", "TemporaryCache", "TopologyProbing", "Traits", "UnknownBackendError", "capabilities",

@@ -379,6 +379,12 @@ class SlurmBackend:
     def __init__(self, *, grace_s: float = DEFAULT_GRACE_S) -> None:
         self.grace_s = grace_s
 
+    def unavailable_hosts(self, hosts: tuple[str, ...], *, environ: Mapping[str, str]) -> Mapping[str, str]:
+        """Return the nodes of ``hosts`` that Slurm drained or marked down (:class:`~poprun.backends.base.HostStates`)."""
+        from poprun.backends.slurm.hostcommand import unavailable_nodes
+
+        return unavailable_nodes(hosts, environ=environ)
+
     def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
                     timeout_s: float) -> tuple[int, bytes]:
         """Run ``script`` on node ``host`` in a step of its own (:mod:`.hostcommand`), or here when it is this machine."""

@@ -89,3 +89,43 @@ def run_on_host(host: str, script: str, *, environ: Mapping[str, str], timeout_s
                            f"srun's own words say why: check that {host} is a node of this allocation and is up "
                            "(sinfo, scontrol show node)")
     return status, out
+
+
+_UNUSABLE = ("DRAIN", "DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWERING_DOWN", "REBOOT", "MAINT")
+# a node that has any of these states (State=ALLOCATED+DRAIN ...) runs no new step of the allocation
+
+
+def unavailable_nodes(hosts: tuple[str, ...], *, environ: Mapping[str, str], timeout_s: float = 10) -> dict[str, str]:
+    """
+    Return the nodes of ``hosts`` that Slurm says cannot run a new step (drained, down, failing), with why.
+
+    Asks the controller (``scontrol --oneliner show node``), once for all. A node it does not
+    know is reported too; nothing when scontrol is missing or does not answer (the launch then
+    says what is wrong).
+    """
+    import re
+    import subprocess
+
+    names = [h for h in hosts if h and not h.startswith("-") and "/" not in h]
+    scontrol = which("scontrol", environ.get("PATH", os.defpath))
+    if not names or scontrol is None:
+        return {}
+    try:
+        done = subprocess.run([scontrol, "--oneliner", "show", "node", ",".join(names)], capture_output=True,  # noqa: S603
+                              text=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL, env=dict(environ),
+                              errors="replace")
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    found: dict[str, str] = {}
+    for line in done.stdout.splitlines():
+        name = re.search(r"(?:^|\s)NodeName=(\S+)", line)
+        state = re.search(r"(?:^|\s)State=(\S+)", line)
+        if name is None or state is None:
+            continue
+        flags = set(re.split(r"[+*]", state.group(1)))
+        bad = sorted(flags.intersection(_UNUSABLE))
+        if bad:
+            reason = re.search(r"(?:^|\s)Reason=(.*?)(?:\s+\w+=|$)", line)
+            why = f" ({reason.group(1).strip()})" if reason and reason.group(1).strip() else ""
+            found[name.group(1)] = f"is {state.group(1)} in Slurm{why}"
+    return {h: found[h] for h in hosts if h in found}
