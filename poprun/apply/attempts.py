@@ -39,7 +39,7 @@ from poprun.backends.base import (
     accepts_keyword,
     capabilities,
 )
-from poprun.core.diagnostic import Diagnostic, DiagnosticError, error
+from poprun.core.diagnostic import Diagnostic, DiagnosticError, HostLostError, error
 from poprun.core.events import AttemptEnded, AttemptStarted, InstanceEnded, LaunchEnded, LaunchRunning, LaunchStarting
 from poprun.core.exitstatus import CANNOT_LAUNCH
 from poprun.core.outcome import ApplyError, ApplyResult, Attempt, InstanceFailure, exit_status, signal_name
@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from typing import Any
 
     from poprun.apply.members import Members
+
+LOST = "stopped answering (PR411)"  # why a host is left out of the next attempt when its launch lost it
 
 __all__ = ["Attempts", "InstanceRestarts", "Run", "RunState", "cause", "ended_text"]
 
@@ -197,6 +199,7 @@ class Attempts:
         self._begun: set[int] = set()  # attempts whose record and events have begun (a re-plan may launch one again)
         self._launch_failure: LaunchError | None = None  # why the last launch could not start
         self._no_plan: tuple[Diagnostic, ...] = ()  # why a re-plan found no plan: the run ends with them
+        self._hosts_lost: dict[str, str] = {}  # the hosts the last launch lost, when it could not tell its instances'
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
@@ -395,6 +398,12 @@ class Attempts:
             if self.record is not None:  # old runs are pruned while the instances run, not before they start
                 self.record.prune_old()
             result = launch.wait()
+        except HostLostError as exc:  # the launch has ended: its hosts stopped answering (mpirun lost its daemons)
+            if self.members is None:
+                raise
+            self._hosts_lost = dict.fromkeys(exc.hosts, LOST)
+            result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=str(exc),
+                                                               diagnostics=tuple(exc.diagnostics)))
         except BaseException:
             launch.terminate(0)
             with contextlib.suppress(Exception):
@@ -478,7 +487,7 @@ class Attempts:
             return self.limits.limit_text
         if self.control.signals:
             return f"poprun was stopped ({signal_name(self.control.signals[-1])})"
-        if result.error is not None:
+        if result.error is not None and not self._hosts_lost:  # a launch that lost hosts ran: a failure, not a stop
             return "poprun could not launch it"
         if self.limits.signalled:
             return (f"{signal_name(self.limits.signalled)} was sent {seconds(self.recovery.signal_before_ms)} "
@@ -526,7 +535,8 @@ class Attempts:
         """Re-plan attempt ``number`` without the hosts ``result`` lost and those unhealthy now; return why the run stops instead, or None."""
         members = self.members
         assert members is not None
-        lost = members.lost_in(result)
+        lost = members.lost_in(result) | self._hosts_lost
+        self._hosts_lost = {}
         lost |= {h: why for h, why in members.unavailable().items() if h not in lost}
         try:
             lost |= {h: why for h, why in members.unhealthy(stop=lambda: bool(self.control.signals)).items()

@@ -34,9 +34,7 @@ if TYPE_CHECKING:
     from poprun.planner.plan import LaunchPlan
     from poprun.runs.record import RunRecord
 
-__all__ = ["LOST", "Members"]
-
-LOST = "stopped answering (PR411)"
+__all__ = ["Members", "no_plan_left"]
 
 
 class Members:
@@ -69,7 +67,7 @@ class Members:
         lost: dict[str, str] = {}
         for failure in result.failures:
             if failure.lost:
-                lost.setdefault(failure.via or failure.host, LOST)
+                lost.setdefault(failure.via or failure.host, "stopped answering (PR411)")
         return lost
 
     def failed_preflight(self, exc: BaseException) -> dict[str, str]:

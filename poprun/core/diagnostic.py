@@ -16,6 +16,7 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
      ├── DiagnosticError                        coded; exit 2 when planning, 125/126/127 at apply
      │    ├── UnknownBackendError (+KeyError)   PR400, PR402 (poprun.backends.registry)
      │    ├── RunStateError                     PR603, PR604, PR607, PR608, PR618: exit 1 (poprun.runs.api)
+     │    ├── HostLostError                     PR411 per host a launch lost while it ran (mpirun's wait)
      │    └── LaunchError ── PreflightError     nothing ran; carries the status (125, 126, 127) and
      │                                          its PR4xx diagnostics (PR405-PR409 per host: preflight)
      ├── ProviderError ── UnreachableError, MalformedAnswerError, NotFoundError, ExistsError,
@@ -36,7 +37,8 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
   apply step maps it, at one boundary, to the result's
   :class:`~poprun.core.outcome.ApplyError`; met outside apply, the CLI exits with its status.
   :class:`PreflightError` (the ssh preflight's) holds one diagnostic per host that cannot run
-  the plan.
+  the plan, and :class:`HostLostError` one per host a launch lost while it ran; both name their
+  hosts (``hosts``), which a membership policy leaves out of the next attempt.
 - The ``ValueError`` family is raised by pure functions that know no place; the caller that
   knows the place turns them into a diagnostic (``raise ... from exc``).
 """
@@ -277,6 +279,19 @@ class PreflightError(LaunchError):
     def __init__(self, diagnostics: Sequence[Diagnostic], *, hosts: Sequence[str] = ()) -> None:
         super().__init__(f"{len(diagnostics)} host(s) cannot run the plan: "
                          + "; ".join(d.detail for d in diagnostics), diagnostics=tuple(diagnostics))
+        self.hosts = tuple(hosts)
+
+
+class HostLostError(DiagnosticError):
+    """
+    Hosts stopped answering while the launch ran (PR411, one diagnostic each); ``hosts`` names them, in the same order.
+
+    Raised by a backend's :meth:`Launch.wait` when it cannot tell which instances ended how (mpirun
+    lost its daemons there); with a membership policy the next attempt leaves them out.
+    """
+
+    def __init__(self, diagnostics: Sequence[Diagnostic], *, hosts: Sequence[str]) -> None:
+        super().__init__(diagnostics)
         self.hosts = tuple(hosts)
 
 

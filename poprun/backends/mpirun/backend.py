@@ -81,7 +81,7 @@ from poprun.backends.mpirun.mpistart import (
     ssh_host_named,
     startup_failure,
 )
-from poprun.core.diagnostic import DiagnosticError, launch_error
+from poprun.core.diagnostic import DiagnosticError, HostLostError, launch_error
 from poprun.core.localhost import is_this_machine, local_names
 from poprun.core.process import start_time
 from poprun.core.record import evolve
@@ -353,7 +353,7 @@ class MpirunLaunch(LauncherLaunch):
                 host = self._plan.instances[index].host
                 self._lost.setdefault(host, f"mpirun lost its daemon on {host}, and instance {index} there fell silent")
         if self._lost:
-            raise DiagnosticError([host_lost(host, how, self._plan) for host, how in self._lost.items()])
+            raise HostLostError([host_lost(host, how, self._plan) for host, how in self._lost.items()], hosts=list(self._lost))
         if code != 0 and not stopped and not self._started():
             raise DiagnosticError([startup_failure(text, code, self._plan, named=self._host_at)])
         hosts = [i.host for i in self._plan.instances]

@@ -16,6 +16,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 from tests.e2e.helpers import session_hosts
@@ -68,9 +69,16 @@ def await_ready(proc: subprocess.Popen[str], count: int) -> None:
         seen += line.startswith("ready ")
 
 
+SCHEMA = json.loads((Path(__file__).parents[3] / "docs" / "events.schema.json").read_text())
+
+
 def events(cwd: Path) -> list[dict[str, object]]:
+    """Return the run's events, each checked against the documented schema."""
     (run,) = (cwd / "runs").iterdir()
-    return [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    found = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    for event in found:
+        jsonschema.validate(event, SCHEMA)
+    return found
 
 
 def the_run(cwd: Path) -> Path:
@@ -200,3 +208,36 @@ def test_training_resumes_on_the_spare_to_the_uninterrupted_runs_weights(five: T
     assert (0, ["topology:", "  hosts: h[1-4] -> h[1-2,4-5]", "placement:", "  host: h3 -> h5 (instance 2)"]) \
         == (diff.returncode, diff.stdout.splitlines()[2:]), diff.stdout
     assert wait_for(lambda: not marked_anywhere(five, str(tmp_path)), within_s=10), marked_anywhere(five, str(tmp_path))
+
+
+def test_a_spare_that_is_a_hosts_own_machine_is_left_out_at_its_preflight(five: TestHosts, tmp_path: Path,
+                                                                          link_down: list[str]) -> None:
+    """The spare is h1's address (one machine with h1): h3 is lost, the spare fails its preflight (PR413), the plan shrinks."""
+    same = five.addresses["h1"]
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", same, "--min-hosts", "3",
+                 "--num-replicas", "4", "--max-restarts", "1", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=90)
+
+    assert 0 == proc.returncode, err
+    assert ["h1", "h2", "h4"] == sorted(line.split()[6] for line in out.splitlines() if line.startswith("attempt 1:")), out
+    replans = [e for e in events(tmp_path) if e["event"] == "replan"]
+    assert [(["h3"], [same]), ([same], [])] == [(e["removed"], e["added"]) for e in replans]
+    assert "PR413" in str(replans[1]["reason"]), replans
+
+
+def test_under_mpirun_a_lost_host_is_replaced_by_the_spare(five: TestHosts, tmp_path: Path,
+                                                            link_down: list[str]) -> None:
+    """--backend mpirun: h2's link goes down; the next mpirun runs on h1, h5, h3 (a new host list)."""
+    proc = start(five, tmp_path, "--backend", "mpirun", "--host", "h1,h2,h3", "--spare-host", "h5",
+                 "--num-replicas", "3", "--max-restarts", "1", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 3)
+    link_down.append("h2")
+    five.set_link("h2", up=False)
+    out, err = proc.communicate(timeout=120)
+
+    assert 0 == proc.returncode, err
+    lines = sorted(line.split()[2:7] for line in out.splitlines() if line.startswith("attempt 1:"))
+    assert [["0", "of", "3", "on", "h1"], ["1", "of", "3", "on", "h5"], ["2", "of", "3", "on", "h3"]] == lines, out
