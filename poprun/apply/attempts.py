@@ -294,7 +294,10 @@ class Attempts:
         lost = self.members.failed_preflight(failure)
         if not lost:
             return False
-        self._replan(lost, number)
+        try:
+            self._replan(lost, number)
+        except DiagnosticError as exc:  # no plan left: the preflight's diagnostics say what failed, then why it ends
+            raise DiagnosticError((*failure.diagnostics, *exc.diagnostics)) from exc
         return True
 
     def _begin(self, number: int, port: int, chosen: bool) -> tuple[LaunchPlan, dict[str, str]]:
