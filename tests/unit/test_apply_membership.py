@@ -227,3 +227,18 @@ def test_a_launch_that_lost_hosts_is_replanned_with_a_policy(tmp_path: Path) -> 
     result, _, _ = run(plan, backend, tmp_path)
 
     assert ([["h1", "h2"], ["h1", "h3"]], None) == ([hosts_of(p) for p in backend.plans], result.error)
+
+
+def test_the_report_lists_each_attempts_hosts_and_why_they_changed(tmp_path: Path) -> None:
+    """``poprun report``'s view of the record: each attempt, then the hosts it ran on and why they changed."""
+    import json
+
+    from poprun.render.outcome import render_attempts
+    from poprun.runs.report import result_of
+
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    _, _, record = run(plan, Scripted(lose("h2"), succeed), tmp_path)
+    shown = render_attempts(result_of(json.loads(Path(record.path, "report.json").read_text())))
+
+    lines = shown.splitlines()
+    assert ["    on h1,h2", "    on h1,h3: h3 replaces h2 (h2: stopped answering (PR411))"] == lines[2::2], shown
