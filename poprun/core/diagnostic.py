@@ -120,6 +120,7 @@ CODES: dict[str, str] = {
     "PR309": "instance 0's host name does not resolve",
     "PR310": "too few hosts left",
     "PR311": "no plan on the hosts left",
+    "PR312": "the plan's kept spec does not make the plan",
     "PR313": "MPI program without mpirun",
     "PR400": "unknown backend",
     "PR401": "backend plugin failed to load",

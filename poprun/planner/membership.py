@@ -201,7 +201,7 @@ def placed(plan: p.LaunchPlan, lost: Mapping[str, str], unusable: Iterable[str])
             detail=f"{listed(gone)} left the launch ({why}); {len(kept)} of {len(hosts)} hosts are left, and "
                    + (f"the plan runs on no fewer than {smallest}" if policy.replans
                       else "the plan has no spare host and runs on no fewer hosts"),
-            span=SourceSpan.default(PREFIX + "min_hosts"),
+            span=SourceSpan.environment("host " + listed(gone)),
             hint="give spare hosts (--spare-host) or a smaller --min-hosts, or mend the hosts and launch again")])
     return kept, added, free
 
@@ -226,7 +226,7 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
             "PR311", "no plan on the hosts left",
             detail=f"on {len(hosts)} host" + ("s" * (len(hosts) != 1)) + f" ({listed(hosts)}) after {why}: "
                    + "; ".join(d.summary + (f" ({d.detail})" if d.detail else "") for d in exc.diagnostics if d.is_error),
-            span=SourceSpan.default(PREFIX + "min_hosts"),
+            span=SourceSpan.environment("hosts " + listed(hosts)),
             hint="give spare hosts (--spare-host), or a --min-hosts at which the plan still divides evenly"),
             *exc.diagnostics]) from exc
     decision = p.Decision(key=PREFIX + "replan", value=",".join(hosts), source=SPEC_FILE, reason=why)

@@ -10,6 +10,8 @@ else a coded diagnostic. The apply step imports this module, never the solver.
 
 from __future__ import annotations
 
+from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.span import SourceSpan
 from poprun.planner.membership import Replanned, change, placed, resolved
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -33,7 +35,8 @@ def replan(plan: p.LaunchPlan, lost: Mapping[str, str], ctx: Context, *, unusabl
     Raises:
         ValueError: when ``lost`` names no host of the plan.
         DiagnosticError: PR310 when fewer hosts than the minimum are left; PR311 when the
-            solver finds no plan on the hosts left (its own diagnostics follow).
+            solver finds no plan on the hosts left (its own diagnostics follow); PR312 when the
+            spec the plan keeps does not make the plan itself (a saved plan edited by hand).
     """
     hosts = plan.topology.hosts
     gone = tuple(h for h in hosts if h in lost)
@@ -42,10 +45,35 @@ def replan(plan: p.LaunchPlan, lost: Mapping[str, str], ctx: Context, *, unusabl
         raise ValueError(msg)
     kept, added, free = placed(plan, lost, unusable)
     why = "; ".join(f"{h}: {lost[h]}" for h in gone)
+    _check_kept_spec(plan, ctx)
     solved = resolved(plan, tuple(kept), tuple(free), ctx, why=why, resolve=_solve)
     shrunk = len(kept) < len(hosts)
     return Replanned(plan=solved, removed=gone, added=tuple(added), shrunk=shrunk,
                      why=change(gone, tuple(added), shrunk, plan, solved) + f" ({why})")
+
+
+def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
+    """
+    Raise PR312 unless the spec ``plan`` keeps, solved on the plan's own hosts, runs what the plan runs.
+
+    A saved plan is untrusted input, and what a reviewer reads in it (each instance's program,
+    directory and environment) is what every attempt must run: a kept spec that would run
+    anything else after a re-plan (edited by hand, or written by another tool) is refused.
+    """
+    again = resolved(plan, plan.topology.hosts, plan.membership.spares, ctx, why="checking the kept spec",
+                     resolve=_solve)
+    if _program(again) != _program(plan):
+        raise DiagnosticError([error(
+            "PR312", "the plan's kept spec does not make the plan",
+            detail="membership.spec, solved on the plan's own hosts, runs another program, directory or environment "
+                   "than the plan's instances: a re-planned attempt would not run what the plan shows",
+            span=SourceSpan.environment("the plan's membership.spec"),
+            hint="make the plan again with 'poprun plan ... --format json' rather than editing it, then apply it")])
+
+
+def _program(plan: p.LaunchPlan) -> tuple[object, ...]:
+    """Return what each instance of ``plan`` runs: program, directory and environment (not where, nor bound to what)."""
+    return tuple((i.argv, i.cwd, i.env, i.mpi_local_args) for i in plan.instances)
 
 
 def _solve(spec: Spec, ctx: Context) -> p.LaunchPlan:

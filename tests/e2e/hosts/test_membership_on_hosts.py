@@ -21,10 +21,12 @@ import pytest
 
 from tests.e2e.helpers import session_hosts
 from tests.e2e.hosts.test_ssh_backend import PY, marked_anywhere, wait_for
+from tests.golden.harness import assert_golden
 from tests.testhosts import TestHosts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
+GOLDEN = Path(__file__).parent / "golden"
 HOST_TIMEOUT_S = 3  # POPRUN_HOST_TIMEOUT: a lost host is noticed in 3 s and a few more
 # attempt 0 waits (and is killed by the lost host); attempt 1 says where it runs and ends well
 PROGRAM = ('if [ "$POPRUN_RESTART_COUNT" = 0 ]; then echo "ready $POPDIST_INSTANCE_INDEX"; exec sleep 60; fi; '
@@ -241,3 +243,31 @@ def test_under_mpirun_a_lost_host_is_replaced_by_the_spare(five: TestHosts, tmp_
     assert 0 == proc.returncode, err
     lines = sorted(line.split()[2:7] for line in out.splitlines() if line.startswith("attempt 1:"))
     assert [["0", "of", "3", "on", "h1"], ["1", "of", "3", "on", "h5"], ["2", "of", "3", "on", "h3"]] == lines, out
+
+
+def test_a_saved_plan_whose_kept_spec_was_edited_never_runs_it(five: TestHosts, tmp_path: Path,
+                                                                link_down: list[str]) -> None:
+    """
+    plan.json's membership.spec edited to run another program: when h2 is lost, the re-plan is refused (PR312).
+
+    What a reviewer read in the plan is all that ever runs: the edited program never starts anywhere.
+    """
+    plan = tmp_path / "plan.json"
+    made = subprocess.run([PY, "-m", "poprun.cli.main", "plan", "--format", "json", "-o", str(plan), "--host", "h1,h2",
+                           "--spare-host", "h5", "--num-replicas", "2", "--max-restarts", "1", "--restart-backoff",
+                           "0.1", "sh", "-c", PROGRAM], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env=os.environ | five.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S)}, check=False)
+    assert 0 == made.returncode, made.stderr
+    data = json.loads(plan.read_text())
+    evil = tmp_path / "evil-ran"
+    data["membership"]["spec"] = data["membership"]["spec"].replace("if [", f"touch {evil}; if [", 1)
+    plan.write_text(json.dumps(data))
+    proc = start(five, tmp_path, "apply", str(plan))
+    await_ready(proc, 2)
+    link_down.append("h2")
+    five.set_link("h2", up=False)
+    _, err = proc.communicate(timeout=90)
+
+    diagnostic = err[err.index("error[PR312]"):err.index("poprun: 1 attempt")]  # then the run's id and times
+    assert_golden(GOLDEN / "PR312_a_kept_spec_edited_by_hand", f"{diagnostic}exit {proc.returncode}\n")
+    assert not evil.exists()
