@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -20,6 +21,7 @@ import jsonschema
 import pytest
 
 from tests.e2e.helpers import session_hosts
+from tests.e2e.hosts.test_host_faults import ssh_clients_left as ssh_clients
 from tests.e2e.hosts.test_ssh_backend import PY, marked_anywhere, wait_for
 from tests.golden.harness import assert_golden
 from tests.testhosts import TestHosts
@@ -53,9 +55,11 @@ def link_down(five: TestHosts) -> Iterator[list[str]]:
             assert wait_for(lambda n=name: five.ssh(n, "true", timeout=10).returncode == 0, within_s=20)
 
 
-def start(hosts: TestHosts, cwd: Path, *args: str) -> subprocess.Popen[str]:
+def start(hosts: TestHosts, cwd: Path, *args: str, tmpdir: Path | None = None) -> subprocess.Popen[str]:
     """Start poprun with the hosts' ssh settings and a short host timeout; its record in ``cwd/runs``."""
-    env = os.environ | hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S), "POPRUN_RUNS_DIR": str(cwd / "runs"), "POPRUN_DEBUG": "1"}
+    env = os.environ | hosts.env() | {"POPRUN_HOST_TIMEOUT": str(HOST_TIMEOUT_S), "POPRUN_RUNS_DIR": str(cwd / "runs")}
+    if tmpdir is not None:
+        env["TMPDIR"] = str(tmpdir)  # poprun's ssh sockets are there: a test finds its ssh clients by it
     return subprocess.Popen([PY, "-m", "poprun.cli.main", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
 
@@ -271,3 +275,26 @@ def test_a_saved_plan_whose_kept_spec_was_edited_never_runs_it(five: TestHosts, 
     diagnostic = err[err.index("error[PR312]"):err.index("poprun: 1 attempt")]  # then the run's id and times
     assert_golden(GOLDEN / "PR312_a_kept_spec_edited_by_hand", f"{diagnostic}exit {proc.returncode}\n")
     assert not evil.exists()
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_a_stop_while_a_replacement_waits_to_start_leaves_nothing_anywhere(five: TestHosts, tmp_path: Path,
+                                                                            link_down: list[str], short_tmp: Path,
+                                                                            how: signal.Signals) -> None:
+    """h3 is lost; poprun is stopped (Ctrl-C, or SIGKILL) while the re-planned attempt waits: no process, no ssh client is left."""
+    mark = f"mark-{uuid.uuid4().hex[:8]}"
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--num-replicas", "4",
+                 "--max-restarts", "2", "--restart-backoff", "30", "--min-uptime", "0", "sh", "-c", PROGRAM, mark,
+                 tmpdir=short_tmp)
+    await_ready(proc, 4)
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    # attempt 0's launch has ended (h3 named lost): the restart on the spare waits now
+    assert wait_for(lambda: any(e["event"] == "launch-ended" for e in events(tmp_path)), within_s=30)
+    proc.send_signal(how)
+    _, err = proc.communicate(timeout=60)
+
+    assert proc.returncode == (130 if how == signal.SIGINT else -signal.SIGKILL), err
+    assert wait_for(lambda: not ssh_clients(short_tmp), within_s=10), ssh_clients(short_tmp)
+    assert wait_for(lambda: not any(five.processes(h, mark) for h in ("h1", "h2", "h4", "h5")), within_s=10)
+    assert not any(e["event"] == "attempt-started" and e["attempt"] == 1 for e in events(tmp_path))
