@@ -2,17 +2,20 @@
 The attempts of one run: each launched and waited for, restarted as the plan's recovery allows; the run's state.
 
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.control`, :mod:`~poprun.apply.limits`,
-:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.errorfile` and
-:mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt), ``poprun.backends.base``, ``poprun.planner.plan``,
-``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`, which makes the
-attempts object and runs it.
+:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.restarts`,
+:mod:`~poprun.apply.errorfile`, :mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt) and
+:mod:`~poprun.apply.members` (lazily: with a membership policy), ``poprun.backends.base``,
+``poprun.planner.plan``, ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
+which makes the attempts object and runs it.
 
 The run's state is one value, :class:`RunState`, held by :class:`Run` for the attempts object
 (which makes its transitions; the relay tells when an instance started); :class:`Control`
 asks it what a stop does. Every attempt has its own restart count and MASTER_PORT; with
 ``--restart-scope instance`` there is one launch, whose backend restarts each failed instance
-alone (:class:`InstanceRestarts`); the time limits (:class:`~poprun.apply.limits.Limits`) span
-them all.
+alone (:class:`~poprun.apply.restarts.InstanceRestarts`); the time limits
+(:class:`~poprun.apply.limits.Limits`) span them all. With a membership policy, each attempt
+runs on the hosts of its own plan (:class:`~poprun.apply.members.Members`): one that lost hosts,
+or whose hosts failed their preflight or health check, is followed by a re-planned one.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from poprun.apply.errorfile import ErrorFiles
 from poprun.apply.limits import Gate, Limits, read_stacks
 from poprun.apply.recovery import RestartBudget, run_pre_restart, seconds
 from poprun.apply.relay import Clock, Relay
+from poprun.apply.restarts import InstanceRestarts, ended_text
 from poprun.backends.base import (
     RESTARTS_INSTANCES,
     Backend,
@@ -40,9 +44,9 @@ from poprun.backends.base import (
     capabilities,
 )
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, HostLostError, error
-from poprun.core.events import AttemptEnded, AttemptStarted, InstanceEnded, LaunchEnded, LaunchRunning, LaunchStarting
+from poprun.core.events import AttemptEnded, AttemptStarted, LaunchEnded, LaunchRunning, LaunchStarting
 from poprun.core.exitstatus import CANNOT_LAUNCH
-from poprun.core.outcome import ApplyError, ApplyResult, Attempt, InstanceFailure, exit_status, signal_name
+from poprun.core.outcome import ApplyError, ApplyResult, Attempt, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.plan import LaunchPlan
@@ -56,7 +60,7 @@ if TYPE_CHECKING:
 
 LOST = "stopped answering (PR411)"  # why a host is left out of the next attempt when its launch lost it
 
-__all__ = ["Attempts", "InstanceRestarts", "Run", "RunState", "cause", "ended_text"]
+__all__ = ["Attempts", "Run", "RunState", "cause"]
 
 
 class RunState(enum.Enum):
@@ -89,7 +93,7 @@ class RunState(enum.Enum):
 
     The rest of the run's state is each part's own, read through methods: the attempts and
     their ports (:class:`Attempts`), the limits and stacks (:class:`~poprun.apply.limits.Limits`),
-    the restarts granted to single instances (:class:`InstanceRestarts`), the stops received
+    the restarts granted to single instances (:class:`~poprun.apply.restarts.InstanceRestarts`), the stops received
     (:class:`Control`), what passed to the sink (:class:`~poprun.apply.relay.Relay`).
     """
 
@@ -172,7 +176,7 @@ class Attempts:
     The attempts of one run: each launched with its own restart count and MASTER_PORT, until one needs no restart.
 
     With ``--restart-scope instance`` there is one launch, whose backend restarts each failed
-    instance alone (:class:`InstanceRestarts`); the time limits (:class:`Limits`) span them all.
+    instance alone (:class:`~poprun.apply.restarts.InstanceRestarts`); the time limits (:class:`Limits`) span them all.
     """
 
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: Relay,
@@ -574,96 +578,6 @@ class Attempts:
         return port, chosen
 
 
-class InstanceRestarts:
-    """
-    The apply step's :class:`~poprun.backends.base.Restarter` for ``--restart-scope instance``: the run's one budget.
-
-    A restart granted (:meth:`restart_after`) is *pending* until the backend tells that the
-    instance started again (:meth:`started`, through the relay): only then is it counted as made
-    and told (``attempt-ended`` with ``restart``, the line on stderr). The apply step gives back
-    those still pending when the launch has ended (:meth:`Attempts.give_back`).
-    """
-
-    def __init__(self, attempts: Attempts, first: int) -> None:
-        self._attempts, self._next = attempts, first
-        self.attempts: list[Attempt] = []
-        self.pending: dict[int, int] = {}  # instance -> its position in attempts: granted, not started yet
-        self.held: dict[int, int] = {}  # instance -> the pid of its run that failed, while pending
-        self.refused: dict[int, str] = {}  # the pid of a failed run not restarted -> why
-        self.failed: dict[int, str] = {}  # instance -> why its restart was given up (its pre-restart command)
-        self._delays: dict[int, float] = {}  # position in attempts -> the wait before that restart
-        self._counts: dict[int, int] = {}
-        self._lock = threading.Lock()
-
-    def restart_after(self, ended: InstanceEnded, uptime_s: float) -> float | None:
-        """Return the wait before failed instance ``ended.index`` starts again, or None (the budget decides)."""
-        a = self._attempts
-        stopped = a.stopped_by(ApplyResult(statuses=()))
-        delay, why = a.budget.decide(ended.status, uptime_s, stopped=stopped)
-        if delay is None:  # the run's last attempt is the launch's own result
-            with self._lock:
-                self.refused[ended.pid] = why
-            return None
-        host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
-        with self._lock:
-            attempt = Attempt(number=self._next + len(self.attempts), status=ended.status, root_cause=ended.index,
-                              seconds=round(uptime_s, 3), master_port=a.ports[-1] if a.ports else 0, next=why,
-                              cause=ended_text(ended.index, host, ended.signal, ended.exit_code))
-            self.attempts.append(attempt)
-            self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
-            self.pending[ended.index] = len(self.attempts) - 1
-            self.held[ended.index] = ended.pid
-            self._delays[len(self.attempts) - 1] = delay
-        return delay
-
-    def started(self, index: int) -> None:
-        """Instance ``index`` started again: its restart is made; tell it (the backend's thread, before its start)."""
-        with self._lock:
-            position = self.pending.pop(index, None)
-            self.held.pop(index, None)
-        if position is None:
-            return
-        a = self._attempts
-        a.budget.begun()
-        a.tell_ended(self.attempts[position], self.attempts[position].next, delay=self._delays[position])
-
-    def prepare(self, index: int) -> Mapping[str, str] | None:
-        """Run the pre-restart command; return the variables instance ``index`` starts again with, or None."""
-        a = self._attempts
-        count = self._counts.get(index, 0)
-        if a.control.signals or a.limits.ended:  # --signal sent: a restart now would only meet the limit
-            return None
-        if a.recovery.pre_restart:
-            failed = run_pre_restart(a.recovery.pre_restart, a.environ,
-                                     {RUN_ID: a.run_id, names.RESTART_COUNT: str(count)},
-                                     cancelled=a.control.woken)
-            if failed is not None:
-                if not a.relay.is_stopping:  # else the launch's end killed the command: the run ended first
-                    with self._lock:
-                        self.failed[index] = f"not restarted: {failed}"
-                return None
-        return ({names.RESTART_COUNT: str(count), names.TORCHELASTIC_RESTART_COUNT: str(count)}
-                | a.errors.files(count, [index]).get(index, {}))
-
-    def give_back(self, stopped: str, root: InstanceFailure | None, cause: str) -> tuple[list[int], int | None]:
-        """
-        Give back each restart granted that never started (the launch has ended); return their positions, and the root's.
-
-        Each such attempt says why (``stopped``: what stopped the run; ``cause``: how it ended);
-        the second value is the position of the restart of the failure the run ended with, if given back.
-        """
-        cancelled, own = [], None
-        for index, position in sorted(self.pending.items(), key=lambda item: item[1]):
-            mine = root is not None and root.pid == self.held.get(index)
-            why = self.failed.get(index) or (
-                f"not restarted: {stopped}" if stopped else "not restarted: it could not start again" if mine
-                else f"not restarted: the run ended first ({cause})" if cause else "not restarted: the run ended first")
-            self.attempts[position] = evolve(self.attempts[position], next=why)
-            cancelled.append(position)
-            own = position if mine else own
-        return cancelled, own
-
-
 def cause(result: ApplyResult) -> str:
     """Return the root cause of ``result`` in one line ("" when none)."""
     if result.error is not None:
@@ -672,12 +586,6 @@ def cause(result: ApplyResult) -> str:
     if failure is None:
         return ""
     return ended_text(failure.index, failure.host, failure.signal, failure.exit_code)
-
-
-def ended_text(index: int, host: str, sig: int | None, exit_code: int | None) -> str:
-    """Return how instance ``index`` ended, in one line: ``instance 1 exited with 3 on h1``."""
-    how = f"was killed by {signal_name(sig)}" if sig is not None else f"exited with {exit_code}"
-    return f"instance {index} {how} on {host}"
 
 
 def _members(attempts: Attempts) -> Members | None:

@@ -23,6 +23,7 @@ EVERY_EVENT = [
     events.HostConnected(host="h1", ms=120),
     events.PhaseEnded(phase="first-output", ms=310),
     events.AttemptStarted(attempt=0), events.AttemptEnded(attempt=0, status=0),
+    events.Replan(attempt=1, removed=("h2",)),
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
 ]
