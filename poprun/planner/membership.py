@@ -234,7 +234,12 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
 
 
 def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]) -> Spec:
-    """Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend kept."""
+    """
+    Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend kept.
+
+    Everything else the user gave stays as given (``--num-ilds`` too): a smaller plan that breaks
+    one of the solver's rules with it is no plan (PR311), never a plan the user did not ask for.
+    """
     from poprun.planner.spec import Sourced
 
     here = SourceSpan.derived(PREFIX + "replan")
@@ -246,8 +251,6 @@ def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tup
         "spare_hosts": Sourced(spares, here) if spares else None,
         "backend": Sourced(plan.backend.name, here),
     }
-    if len(hosts) != len(topology.hosts) and spec.ilds is not None and spec.ilds.value > 1:
-        resized["ilds"] = None  # the ILDs follow the IPUs that are left
     return evolve(spec, **resized)
 
 
@@ -296,8 +299,9 @@ def cases(s: Solver, plan: p.LaunchPlan, resolve: Resolve) -> None:
         try:
             after = resolved(plan, kept, (), s.ctx, why=when, resolve=resolve)
         except DiagnosticError as exc:
+            then = "more hosts are left out, down to the minimum" if size > smallest else "the run ends"
             s.decide(key, "no plan", SourceSpan.derived(PREFIX + "case"),
-                     f"{when}, none left to replace them: the run ends (PR311: {_first_reason(exc)})")
+                     f"{when}, none left to replace them: no plan on {size} hosts ({_first_reason(exc)}): {then}")
             continue
         s.decide(key, _shape(after), SourceSpan.derived(PREFIX + "case"),
                  f"{when}, none left to replace them: the plan shrinks by whole hosts, each instance keeps its "

@@ -46,10 +46,36 @@ def replan(plan: p.LaunchPlan, lost: Mapping[str, str], ctx: Context, *, unusabl
     kept, added, free = placed(plan, lost, unusable)
     why = "; ".join(f"{h}: {lost[h]}" for h in gone)
     _check_kept_spec(plan, ctx)
-    solved = resolved(plan, tuple(kept), tuple(free), ctx, why=why, resolve=_solve)
-    shrunk = len(kept) < len(hosts)
-    return Replanned(plan=solved, removed=gone, added=tuple(added), shrunk=shrunk,
-                     why=change(gone, tuple(added), shrunk, plan, solved) + f" ({why})")
+    solved, left_out = _largest(plan, kept, tuple(free), ctx, why=why)
+    if left_out:
+        why += f"; {', '.join(left_out)}: left out too, as no plan holds on {len(kept)} hosts"
+    removed = (*gone, *left_out)
+    added = [h for h in added if h not in left_out]
+    shrunk = len(solved.topology.hosts) < len(hosts)
+    return Replanned(plan=solved, removed=removed, added=tuple(added), shrunk=shrunk,
+                     why=change(removed, tuple(added), shrunk, plan, solved) + f" ({why})")
+
+
+def _largest(plan: p.LaunchPlan, kept: list[str], spares: tuple[str, ...], ctx: Context, *,
+             why: str) -> tuple[p.LaunchPlan, tuple[str, ...]]:
+    """
+    Return the plan on the most of ``kept`` (the first ones) that the solver finds one for, and the hosts it leaves out.
+
+    The sizes go down by whole hosts to the plan's minimum (``--num-ilds 2`` holds on 4 hosts
+    and 2, not on 3).
+
+    Raises:
+        DiagnosticError: PR311 for the largest size when no size down to the minimum has a plan.
+    """
+    smallest = plan.membership.smallest(len(plan.topology.hosts))
+    first: DiagnosticError | None = None
+    for size in range(len(kept), smallest - 1, -1):
+        try:
+            return resolved(plan, tuple(kept[:size]), spares, ctx, why=why, resolve=_solve), tuple(kept[size:])
+        except DiagnosticError as exc:
+            first = first or exc
+    assert first is not None
+    raise first
 
 
 def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:

@@ -257,3 +257,16 @@ def test_a_kept_spec_that_would_run_another_program_is_refused(tmp_path: Path) -
 
     assert (1, []) == (len(backend.plans), sink.of(events.Replan))
     assert result.error is not None and ["PR312"] == [d.code for d in result.error.diagnostics], result.error
+
+
+def test_when_the_hosts_left_hold_no_plan_more_are_left_out_down_to_the_minimum(tmp_path: Path) -> None:
+    """--num-ilds 2 on 4 hosts, --min-hosts 2: h2 lost; 3 hosts hold no plan (3 instances over 2 ILDs), so 2 do."""
+    plan = planned("--host", "h1,h2,h3,h4", "--num-ilds", "2", "--min-hosts", "2", "--num-replicas", "8",
+                   "--max-restarts", "1", "--restart-backoff", "0")
+    backend = Scripted(lose("h2"), succeed)
+    _, sink, _ = run(plan, backend, tmp_path)
+
+    assert ["h1", "h3"] == hosts_of(backend.plans[1])
+    (replan,) = sink.of(events.Replan)
+    assert (("h2", "h4"), True) == (replan.removed, replan.shrunk)  # type: ignore[attr-defined]
+    assert "h4: left out too, as no plan holds on 3 hosts" in replan.reason  # type: ignore[attr-defined]

@@ -298,3 +298,18 @@ def test_a_stop_while_a_replacement_waits_to_start_leaves_nothing_anywhere(five:
     assert wait_for(lambda: not ssh_clients(short_tmp), within_s=10), ssh_clients(short_tmp)
     assert wait_for(lambda: not any(five.processes(h, mark) for h in ("h1", "h2", "h4", "h5")), within_s=10)
     assert not any(e["event"] == "attempt-started" and e["attempt"] == 1 for e in events(tmp_path))
+
+
+def test_when_no_smaller_plan_holds_the_run_ends_with_pr311_not_a_restart(five: TestHosts, tmp_path: Path,
+                                                                          link_down: list[str]) -> None:
+    """--num-ilds 2 on four hosts, --min-hosts 3: h2 is lost; 3 instances cannot split over 2 ILDs: PR311, exit 125."""
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--min-hosts", "3", "--num-ilds", "2", "--num-replicas", "8",
+                 "--max-restarts", "2", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    link_down.append("h2")
+    five.set_link("h2", up=False)
+    out, err = proc.communicate(timeout=90)
+
+    assert (125, "") == (proc.returncode, "".join(line for line in out.splitlines() if line.startswith("attempt 1"))), err
+    assert "error[PR311]: no plan on the hosts left" in err and "error[PR302]" in err, err
+    assert not any(e["event"] in ("replan", "attempt-started") and e["attempt"] == 1 for e in events(tmp_path))
