@@ -284,11 +284,14 @@ class Attempts:
         """
         members = self.members
         assert members is not None
+        master = self.plan.instances[0].host if self.plan.instances else ""
         try:
             self.plan = members.replan(lost, number)
         except DiagnosticError as exc:
             raise DiagnosticError((*members.diagnostics_for(lost), *exc.diagnostics)) from exc
         self.errors.follow(self.plan)
+        if self.plan.instances and self.plan.instances[0].host != master:
+            self._first_port = None  # chosen on instance 0's old host: chosen again on its new one
 
     def _left_out_at_preflight(self, number: int) -> bool:
         """Return whether the last launch's preflight failed on hosts that a re-plan left out (launch again, then)."""
