@@ -285,10 +285,13 @@ class Attempts:
         members = self.members
         assert members is not None
         master = self.plan.instances[0].host if self.plan.instances else ""
+        found = members.diagnostics_for(lost)  # what the health checks found
+        if found and not self.plan.membership.replans:  # no host can take their places: they say why it ends
+            raise DiagnosticError(found)
         try:
             self.plan = members.replan(lost, number)
         except DiagnosticError as exc:
-            raise DiagnosticError((*members.diagnostics_for(lost), *exc.diagnostics)) from exc
+            raise DiagnosticError((*found, *exc.diagnostics)) from exc
         self.errors.follow(self.plan)
         if self.plan.instances and self.plan.instances[0].host != master:
             self._first_port = None  # chosen on instance 0's old host: chosen again on its new one

@@ -307,6 +307,27 @@ class Replan:
 
 
 @record
+class HealthChecked:
+    """
+    The membership policy's health check ran on ``host`` (docs/membership.md): ``ok`` when it exited with 0 in time.
+
+    Else ``status`` is its exit status (-1: none), ``timed_out`` that it ran past its deadline,
+    or ``reason`` why it could not run there; ``ms`` how long it took; ``tail`` the last lines of
+    its output (standard output and error together).
+    """
+
+    kind: ClassVar[str] = "health-check"
+
+    host: str
+    ok: bool
+    status: int = 0
+    ms: int = 0
+    timed_out: bool = False
+    reason: str = ""
+    tail: tuple[str, ...] = ()
+
+
+@record
 class LimitReached:
     """
     A time limit was reached: ``limit`` ``timeout`` (the run's), ``stall`` (no output) or ``signal`` (``--signal``'s).
@@ -334,11 +355,11 @@ class StacksCollected:
 
 Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
-         | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher)
+         | AttemptStarted | AttemptEnded | Replan | HealthChecked | LimitReached | StacksCollected | MpiWithoutLauncher)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher)}
+    AttemptStarted, AttemptEnded, Replan, HealthChecked, LimitReached, StacksCollected, MpiWithoutLauncher)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

@@ -10,6 +10,12 @@ command of the script that reads its standard input cannot swallow the rest of t
 Its standard output is kept up to :data:`MAX_OUTPUT` bytes (more is read and dropped, so the
 script never blocks on a full pipe); after ``timeout_s`` the command's whole process group is
 killed and the status is :data:`TIMED_OUT`.
+
+A caller may cancel the commands its thread runs (a stop while health checks run on many hosts):
+within :func:`cancelled_by`, once the event is set, the command's process group is sent SIGHUP
+(a script's traps clean up; a closed ssh session ends the remote script at its next write) and,
+a moment later, SIGKILL; the status is :data:`TIMED_OUT`. The event travels in the thread's
+context (a :class:`~contextvars.ContextVar`), so no backend's ``run_on_host`` has to pass it on.
 """
 
 from __future__ import annotations
@@ -22,14 +28,34 @@ import signal
 import subprocess
 import time
 from collections.abc import Mapping, Sequence
+from contextvars import ContextVar
 
 from poprun.core.exitstatus import TIMED_OUT  # timeout(1)'s status
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    import threading
+    from collections.abc import Iterator
 
 MAX_OUTPUT = 1 << 20  # bytes of standard output kept (HostCommands' promise)
 MAX_ERROR = 1 << 14  # bytes of the command's own standard error kept (ssh's or srun's words)
 LOCAL_SHELL = ("/bin/sh", "-s")
 
-__all__ = ["LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "bounded_shell", "run_here", "run_script"]
+__all__ = ["LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "bounded_shell", "cancelled_by", "run_here", "run_script"]
+
+_CANCEL: ContextVar[threading.Event | None] = ContextVar("poprun_host_command_cancel", default=None)
+_HANGUP_GRACE_S = 2.0  # between SIGHUP and SIGKILL of a cancelled command (its traps clean up)
+_POLL_S = 0.1  # how often a cancellable command's wait looks at its event
+
+
+@contextlib.contextmanager
+def cancelled_by(event: threading.Event) -> Iterator[None]:
+    """Within this block, the commands this thread runs (:func:`run_script`) end once ``event`` is set."""
+    token = _CANCEL.set(event)
+    try:
+        yield
+    finally:
+        _CANCEL.reset(token)
 
 
 def wrapped(script: str) -> bytes:
@@ -64,13 +90,17 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603 - the caller's command
                             stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL, env=dict(env),
                             start_new_session=True)
+    cancel = _CANCEL.get()
     try:
-        out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s)
+        out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s, cancel)
     except BaseException:  # an interrupt (poprun stopped while it waits): nothing of the command is left
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
+    if cancel is not None and cancel.is_set():
+        _hang_up(proc)
+        return TIMED_OUT, out, err
     if late:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -85,8 +115,20 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
         return TIMED_OUT, out, err
 
 
-def _pump(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> tuple[bytes, bytes, bool]:
-    """Write ``data`` to ``proc``'s input and read its outputs until both end; return them and whether time ran out."""
+def _hang_up(proc: subprocess.Popen[bytes]) -> None:
+    """End a cancelled command: SIGHUP to its process group, SIGKILL if it is still there a moment later."""
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGHUP)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(_HANGUP_GRACE_S)
+    with contextlib.suppress(OSError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def _pump(proc: subprocess.Popen[bytes], data: bytes, deadline: float,
+          cancel: threading.Event | None = None) -> tuple[bytes, bytes, bool]:
+    """Write ``data`` to ``proc``'s input and read its outputs until both end (or ``cancel``); return them and whether time ran out."""
     assert proc.stdin is not None
     assert proc.stdout is not None
     out, err = proc.stdout.fileno(), proc.stderr.fileno() if proc.stderr is not None else -1
@@ -99,10 +141,10 @@ def _pump(proc: subprocess.Popen[bytes], data: bytes, deadline: float) -> tuple[
                 selector.register(fd, selectors.EVENT_READ)
         os.set_blocking(stdin, False)
         selector.register(stdin, selectors.EVENT_WRITE)
-        while selector.get_map() and not late:
+        while selector.get_map() and not late and not (cancel is not None and cancel.is_set()):
             left = deadline - time.monotonic()
             late = left <= 0
-            for key, _ in selector.select(max(0.0, left)):
+            for key, _ in selector.select(max(0.0, min(left, _POLL_S) if cancel is not None else left)):
                 if key.fd == stdin:
                     view = _write(proc, selector, view)
                     continue
