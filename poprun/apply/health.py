@@ -205,7 +205,7 @@ def check_hosts(backend: object, plan: LaunchPlan, hosts: Iterable[str], *, envi
         deadline = time.monotonic() + _CLEAN_UP_S
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-    _tell(names, results, told, emit, lock)
+    _tell(names, results, told, emit, lock, last=True)
     with lock:
         return HealthChecks(hosts=tuple(results.get(h) or HostHealth(host=h, ok=False, ms=0, reason=_STOPPED)
                                            for h in names))
@@ -225,10 +225,17 @@ def _start(threads: list[threading.Thread]) -> list[threading.Thread]:
 
 
 def _tell(names: list[str], results: Mapping[str, HostHealth], told: set[str], emit: Callable[[Event], None],
-          lock: threading.Lock) -> None:
-    """Tell each result not told yet, in the hosts' order (from the main thread)."""
+          lock: threading.Lock, *, last: bool = False) -> None:
+    """Tell each result not told yet, in the hosts' order (from the main thread): those before the first host still checked, or all once ``last``."""
+    ready = []
     with lock:
-        ready = [results[h] for h in names if h in results and h not in told]
+        for host in names:
+            if host not in results:
+                if last:
+                    continue
+                break
+            if host not in told:
+                ready.append(results[host])
     for health in ready:
         told.add(health.host)
         emit(HealthChecked(host=health.host, ok=health.ok, status=-1 if health.status is None else health.status,

@@ -313,3 +313,73 @@ def test_when_no_smaller_plan_holds_the_run_ends_with_pr311_not_a_restart(five: 
     assert (125, "") == (proc.returncode, "".join(line for line in out.splitlines() if line.startswith("attempt 1"))), err
     assert "error[PR311]: no plan on the hosts left" in err and "error[PR302]" in err, err
     assert not any(e["event"] in ("replan", "attempt-started") and e["attempt"] == 1 for e in events(tmp_path))
+
+
+UNHEALTHY_ON_H3 = 'if [ "$(hostname)" = h3 ]; then echo "gpu 3: ECC errors" >&2; exit 1; fi; echo healthy'
+
+
+def test_a_host_that_fails_its_health_check_is_replaced_before_anything_starts(five: TestHosts,
+                                                                               tmp_path: Path) -> None:
+    """--health-check fails on h3: the run starts on h1, h2, h5, h4 at once; h3 never runs an instance."""
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3,h4", "--spare-host", "h5",
+                           "--num-replicas", "4", "--health-check", UNHEALTHY_ON_H3, "sh", "-c",
+                           'echo "ran $POPDIST_INSTANCE_INDEX on $(hostname) of $WORLD_SIZE"'],
+                          cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")},
+                          capture_output=True, text=True, timeout=90, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert [f"ran {i} on {h} of 4" for i, h in enumerate(("h1", "h2", "h5", "h4"))] == sorted(done.stdout.splitlines())
+    found = events(tmp_path)
+    checks = {e["host"]: (e["ok"], e["tail"]) for e in found if e["event"] == "health-check"}
+    assert {"h1": (True, ["healthy"]), "h2": (True, ["healthy"]), "h3": (False, ["gpu 3: ECC errors"]),
+            "h4": (True, ["healthy"]), "h5": (True, ["healthy"])} == checks
+    (replan,) = [e for e in found if e["event"] == "replan"]
+    assert (0, ["h3"], ["h5"]) == (replan["attempt"], replan["removed"], replan["added"])
+    assert "poprun: attempt 0 runs on h1,h2,h5,h4: h5 replaces h3 (h3: its health check failed (status 1))" \
+        in done.stderr
+
+
+def test_without_a_spare_the_unhealthy_host_is_named_before_anything_starts(five: TestHosts, tmp_path: Path) -> None:
+    """--health-check fails on h3, no spare, no smaller minimum: PR445 names h3 and its last line; nothing ran (125)."""
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-replicas", "3",
+                           "--health-check", UNHEALTHY_ON_H3, "sh", "-c", "echo ran"],
+                          cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")},
+                          capture_output=True, text=True, timeout=90, check=False)
+
+    assert (125, "") == (done.returncode, done.stdout), done.stderr
+    assert_golden(GOLDEN / "PR445_a_host_that_fails_its_health_check", f"{done.stderr}exit {done.returncode}\n")
+
+
+@pytest.mark.parametrize("how", [signal.SIGINT, signal.SIGKILL])
+def test_a_stop_during_the_health_checks_leaves_nothing_on_any_host(five: TestHosts, tmp_path: Path, short_tmp: Path,
+                                                                    how: signal.Signals) -> None:
+    """A check that hangs on every host; poprun is stopped (Ctrl-C, SIGKILL) while it runs: nothing is left anywhere."""
+    mark = f"check-{uuid.uuid4().hex[:8]}"
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--num-replicas", "4",
+                 "--health-check", f"sh -c 'sleep 100; : {mark}'", "--health-check-timeout", "60", "sh", "-c", "true",
+                 tmpdir=short_tmp)
+    assert wait_for(lambda: sum(bool(five.processes(h, mark)) for h in five.names) == 5, within_s=30)
+    proc.send_signal(how)
+    proc.communicate(timeout=30)
+
+    assert proc.returncode == (130 if how == signal.SIGINT else -signal.SIGKILL)
+    assert wait_for(lambda: not marked_anywhere(five, mark), within_s=10), marked_anywhere(five, mark)
+    assert wait_for(lambda: not ssh_clients(short_tmp), within_s=10), ssh_clients(short_tmp)
+
+
+def test_the_health_check_runs_again_before_a_restart_and_replaces_a_host_that_fails_it_then(five: TestHosts,
+                                                                                            tmp_path: Path) -> None:
+    """Instance 1 makes h2 unhealthy and fails: before the restart h2 fails its check, and h4 takes its place."""
+    program = ('if [ "$POPRUN_RESTART_COUNT" = 0 ]; then [ "$POPDIST_INSTANCE_INDEX" != 1 ] || '
+               f'{{ touch {tmp_path}/sick-$(hostname); exit 3; }}; exit 0; fi; echo "ran $POPDIST_INSTANCE_INDEX on $(hostname)"')
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--spare-host", "h4", "--num-replicas",
+                           "3", "--max-restarts", "1", "--restart-backoff", "0.1", "--health-check",
+                           f'test ! -e {tmp_path}/sick-$(hostname) || {{ echo sick; exit 1; }}', "sh", "-c", program],
+                          cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")},
+                          capture_output=True, text=True, timeout=90, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert ["ran 0 on h1", "ran 1 on h4", "ran 2 on h3"] == sorted(done.stdout.splitlines())
+    checks = [(e["host"], e["ok"]) for e in events(tmp_path) if e["event"] == "health-check"]
+    assert [("h1", True), ("h2", True), ("h3", True), ("h4", True), ("h1", True), ("h2", False), ("h3", True),
+            ("h4", True)] == checks
