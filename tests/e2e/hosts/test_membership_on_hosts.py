@@ -374,7 +374,7 @@ def test_the_health_check_runs_again_before_a_restart_and_replaces_a_host_that_f
                f'{{ touch {tmp_path}/sick-$(hostname); exit 3; }}; exit 0; fi; echo "ran $POPDIST_INSTANCE_INDEX on $(hostname)"')
     done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--spare-host", "h4", "--num-replicas",
                            "3", "--max-restarts", "1", "--restart-backoff", "0.1", "--health-check",
-                           f'test ! -e {tmp_path}/sick-$(hostname) || {{ echo sick; exit 1; }}', "sh", "-c", program],
+                           f"test ! -e {tmp_path}/sick-$(hostname) || {{ echo sick; exit 1; }}", "sh", "-c", program],
                           cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")},
                           capture_output=True, text=True, timeout=90, check=False)
 
