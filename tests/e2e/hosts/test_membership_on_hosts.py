@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import uuid
@@ -383,3 +384,19 @@ def test_the_health_check_runs_again_before_a_restart_and_replaces_a_host_that_f
     checks = [(e["host"], e["ok"]) for e in events(tmp_path) if e["event"] == "health-check"]
     assert [("h1", True), ("h2", True), ("h3", True), ("h4", True), ("h1", True), ("h2", False), ("h3", True),
             ("h4", True)] == checks
+
+
+def test_a_host_the_health_check_cannot_reach_is_named_before_anything_starts(five: TestHosts, tmp_path: Path,
+                                                                              link_down: list[str]) -> None:
+    """h3's link is down before the start: its health check cannot run there (PR446); nothing ran (125)."""
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    done = subprocess.run([PY, "-m", "poprun.cli.main", "--host", "h1,h2,h3", "--num-replicas", "3",
+                           "--health-check", "true", "sh", "-c", "echo ran"],
+                          cwd=tmp_path, env=os.environ | five.env() | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")},
+                          capture_output=True, text=True, timeout=90, check=False)
+
+    assert (125, "") == (done.returncode, done.stdout), done.stderr
+    text = done.stderr.replace(five.subnet.rsplit(".", 1)[0] + ".", "10.77.X.")  # the hosts' subnet varies
+    text = re.sub("Connection timed out|No route to host", "<timed out or no route>", text)  # ARP or ssh: a race
+    assert_golden(GOLDEN / "PR446_a_host_the_health_check_cannot_reach", f"{text}exit {done.returncode}\n")
