@@ -139,11 +139,12 @@ class Members:
         if self._context is None:
             from poprun.planner.context import Context
 
-            # hosts' topologies are read as the plan's were: a plan whose instances are bound to CPUs was made
-            # with them (a launch), one unbound without (``poprun plan``), and a re-plan must bind as it did
+            # as a launch plans (addresses as the hosts reach each other: ssh_config, Slurm's NodeAddr), but the
+            # hosts' topologies are read as the plan's were: a plan whose instances are bound to CPUs was made with
+            # them (a launch), one unbound without (``poprun plan``), and a re-plan binds as it did
             probe = getattr(self._backend, "probe_topologies", None)
             bound = callable(probe) and any(i.placement.cpus for i in self.plan.instances)
-            made = Context.from_process(probe_hosts=bound, remote_probe=probe if bound else None)
+            made = Context.from_process(probe_hosts=True, remote_probe=probe if bound else None)
             environ = {**self._environ, **self.plan.backend.given_settings()}
             self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/")
         return self._context

@@ -88,7 +88,8 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
     """
     again = resolved(plan, plan.topology.hosts, plan.membership.spares, ctx, why="checking the kept spec",
                      resolve=_solve)
-    if _program(again) != _program(plan):
+    given = _given_names(plan.membership.spec)
+    if _program(again, given) != _program(plan, given):
         raise DiagnosticError([error(
             "PR312", "the plan's kept spec does not make the plan",
             detail="membership.spec, solved on the plan's own hosts, runs another program, directory or environment "
@@ -97,9 +98,26 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
             hint="make the plan again with 'poprun plan ... --format json' rather than editing it, then apply it")])
 
 
-def _program(plan: p.LaunchPlan) -> tuple[object, ...]:
-    """Return what each instance of ``plan`` runs: program, directory and environment (not where, nor bound to what)."""
-    return tuple((i.argv, i.cwd, i.env, i.mpi_local_args) for i in plan.instances)
+def _program(plan: p.LaunchPlan, given: frozenset[str]) -> tuple[object, ...]:
+    """
+    Return what each instance of ``plan`` runs: program, directory, mpirun's arguments and environment.
+
+    The environment as its names (set, forwarded, unset) and the values of those the user gave
+    (``given``): the values the planner derives from where the instances run and from this
+    machine (MASTER_ADDR as the hosts reach it, the ranks) are the planner's to decide again.
+    """
+    return tuple((i.argv, i.cwd, i.mpi_local_args, i.env.forward, i.env.unset, tuple(name for name, _ in i.env.set),
+                  tuple((name, value) for name, value in i.env.set if name in given)) for i in plan.instances)
+
+
+def _given_names(text: str) -> frozenset[str]:
+    """Return the variables the kept spec sets to values (``-x NAME=VALUE``, for every instance or one)."""
+    from poprun.planner.tomlspec import parse_toml
+
+    spec = parse_toml(text, file="<the plan's membership.spec>")
+    names = {e.value.name for e in spec.env if e.value.value is not None}
+    names |= {v.name for a in spec.instance_args for v in a.value.env if v.value is not None}
+    return frozenset(names)
 
 
 def _solve(spec: Spec, ctx: Context) -> p.LaunchPlan:

@@ -270,3 +270,23 @@ def test_when_the_hosts_left_hold_no_plan_more_are_left_out_down_to_the_minimum(
     (replan,) = sink.of(events.Replan)
     assert (("h2", "h4"), True) == (replan.removed, replan.shrunk)  # type: ignore[attr-defined]
     assert "h4: left out too, as no plan holds on 3 hosts" in replan.reason  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("edit", [
+    ('MODE = "safe"', 'MODE = "safe"\nLD_PRELOAD = "/tmp/evil.so"'),  # a variable added
+    ('MODE = "safe"', 'MODE = "unsafe"'),  # a value the user gave, changed
+    ("[program]", '[program]\ncwd = "/elsewhere"'),  # another directory
+])
+def test_a_kept_spec_that_would_run_in_another_environment_is_refused(tmp_path: Path, edit: tuple[str, str]) -> None:
+    """Editing the kept spec's environment or directory is refused too (PR312); its own values are never compared as text."""
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0",
+                   "--mpi-local-args=-x MODE=safe")
+    assert edit[0] in plan.membership.spec
+    from poprun.core.record import evolve
+
+    tampered = evolve(plan, membership=evolve(plan.membership, spec=plan.membership.spec.replace(*edit, 1)))
+    backend = Scripted(lose("h2"), succeed)
+    result, _, _ = run(tampered, backend, tmp_path)
+
+    assert 1 == len(backend.plans)
+    assert result.error is not None and ["PR312"] == [d.code for d in result.error.diagnostics], result.error

@@ -80,3 +80,22 @@ def test_a_drained_node_is_replaced_by_the_spare_node(five_nodes: TestHosts, tmp
     (replan,) = [e for e in events if e["event"] == "replan"]
     assert (["h3"], ["h5"]) == (replan["removed"], replan["added"])
     assert "DRAIN" in str(replan["reason"]) and "disk-failing" in str(replan["reason"]), replan
+
+
+def test_a_node_that_fails_its_health_check_is_replaced_by_the_spare_node(five_nodes: TestHosts,
+                                                                          tmp_path: Path) -> None:
+    """The check runs on each node through srun inside the allocation: h2 fails it, the step runs on h1, h5, h3, h4."""
+    check = 'if [ "$(hostname)" = h2 ]; then echo "scratch full"; exit 1; fi'
+    done = subprocess.run(["salloc", "--quiet", "-N5", "--ntasks-per-node=1", *POPRUN, "--backend", "slurm",
+                           "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--num-replicas", "4", "--health-check",
+                           check, PY, "-c", "import os, socket; print(os.environ['POPDIST_INSTANCE_INDEX'], "
+                                            "socket.gethostname())"],
+                          cwd=tmp_path, env=environ(five_nodes, POPRUN_RUNS_DIR=str(tmp_path / "runs")),
+                          capture_output=True, text=True, timeout=120, check=False)
+
+    assert 0 == done.returncode, done.stderr
+    assert ["0 h1", "1 h5", "2 h3", "3 h4"] == sorted(done.stdout.splitlines())
+    (run,) = list((tmp_path / "runs").iterdir())
+    events = [json.loads(line) for line in (run / "events.jsonl").read_text().splitlines()]
+    assert [("h2", False, ["scratch full"])] == [(e["host"], e["ok"], e["tail"]) for e in events
+                                                  if e["event"] == "health-check" and not e["ok"]]
