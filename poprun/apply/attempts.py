@@ -33,7 +33,7 @@ from poprun.apply.errorfile import ErrorFiles
 from poprun.apply.limits import Gate, Limits, read_stacks
 from poprun.apply.recovery import RestartBudget, run_pre_restart, seconds
 from poprun.apply.relay import Clock, Relay
-from poprun.apply.restarts import InstanceRestarts, ended_text
+from poprun.apply.restarts import InstanceRestarts, cause
 from poprun.backends.base import (
     RESTARTS_INSTANCES,
     Backend,
@@ -60,7 +60,7 @@ if TYPE_CHECKING:
 
 LOST = "stopped answering (PR411)"  # why a host is left out of the next attempt when its launch lost it
 
-__all__ = ["Attempts", "Run", "RunState", "cause"]
+__all__ = ["Attempts", "Run", "RunState"]
 
 
 class RunState(enum.Enum):
@@ -582,16 +582,6 @@ class Attempts:
         if problem is not None and not self.attempts:
             self.warnings.append(problem)
         return port, chosen
-
-
-def cause(result: ApplyResult) -> str:
-    """Return the root cause of ``result`` in one line ("" when none)."""
-    if result.error is not None:
-        return result.error.message or "; ".join(d.summary for d in result.error.diagnostics)
-    failure = result.failure(result.root_cause)
-    if failure is None:
-        return ""
-    return ended_text(failure.index, failure.host, failure.signal, failure.exit_code)
 
 
 def _members(attempts: Attempts) -> Members | None:

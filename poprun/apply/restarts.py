@@ -22,7 +22,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.apply.attempts import Attempts
 
-__all__ = ["InstanceRestarts", "ended_text"]
+__all__ = ["InstanceRestarts", "cause", "ended_text"]
 
 
 class InstanceRestarts:
@@ -113,6 +113,16 @@ class InstanceRestarts:
             cancelled.append(position)
             own = position if mine else own
         return cancelled, own
+
+
+def cause(result: ApplyResult) -> str:
+    """Return the root cause of ``result`` in one line ("" when none)."""
+    if result.error is not None:
+        return result.error.message or "; ".join(d.summary for d in result.error.diagnostics)
+    failure = result.failure(result.root_cause)
+    if failure is None:
+        return ""
+    return ended_text(failure.index, failure.host, failure.signal, failure.exit_code)
 
 
 def ended_text(index: int, host: str, sig: int | None, exit_code: int | None) -> str:

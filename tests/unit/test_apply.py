@@ -253,6 +253,7 @@ SAMPLES = [
                         reason="instance 1 exited with 3 on h1; restart 1 of 3 in 1 s"),
     events.Replan(attempt=1, removed=("h3",), added=("h5",), hosts=("h1", "h2", "h5", "h4"), instances=4, replicas=8,
                   reason="h5 replaces h3 (h3: stopped answering (PR411))"),
+    events.HealthChecked(host="h3", ok=False, status=1, ms=120, tail=("gpu 3: ECC errors",)),
     events.LimitReached(limit="signal", after_ms=50_000, signal=10),
     events.StacksCollected(instances=(0, 2), how="py-spy"),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/x86_64-linux-gnu/libmpi.so.40"),

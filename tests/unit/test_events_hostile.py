@@ -24,6 +24,7 @@ EVERY_EVENT = [
     events.PhaseEnded(phase="first-output", ms=310),
     events.AttemptStarted(attempt=0), events.AttemptEnded(attempt=0, status=0),
     events.Replan(attempt=1, removed=("h2",)),
+    events.HealthChecked(host="h2", ok=True),
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
 ]

@@ -88,8 +88,8 @@ def test_a_node_that_fails_its_health_check_is_replaced_by_the_spare_node(five_n
     check = 'if [ "$(hostname)" = h2 ]; then echo "scratch full"; exit 1; fi'
     done = subprocess.run(["salloc", "--quiet", "-N5", "--ntasks-per-node=1", *POPRUN, "--backend", "slurm",
                            "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--num-replicas", "4", "--health-check",
-                           check, PY, "-c", "import os, socket; print(os.environ['POPDIST_INSTANCE_INDEX'], "
-                                            "socket.gethostname())"],
+                           check, PY, "-c", ("import os, socket; print(os.environ['POPDIST_INSTANCE_INDEX'], "
+                                            "socket.gethostname())")],
                           cwd=tmp_path, env=environ(five_nodes, POPRUN_RUNS_DIR=str(tmp_path / "runs")),
                           capture_output=True, text=True, timeout=120, check=False)
 
