@@ -71,11 +71,18 @@ def membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) ->
     if changes and not traits.replaces_hosts:
         given = s.spec.spare_hosts if s.spec.spare_hosts is not None else s.spec.min_hosts
         assert given is not None
-        s.fail("PR228", "this backend cannot change hosts",
-               detail=f"the {backend} backend runs every attempt where the first ran: "
-                      + ("spare hosts" if spares else "fewer hosts") + " would never be used",
-               span=given.origin,
-               hint="use the ssh, mpirun or slurm backend for spare hosts and --min-hosts, or leave them out")
+        what = "spare hosts" if spares else f"--min-hosts {minimum}"
+        if traits.all_here:
+            why = (f"the {backend} backend runs every instance on this machine: a re-plan would run on the same "
+                   f"machine again, so there is no other host to move to and {what} would never be used")
+            hint = ("give the hosts to run on (--host) so that the ssh, mpirun or slurm backend runs the plan, or "
+                    "leave " + ("--spare-host" if spares else "--min-hosts") + " out")
+        else:
+            why = (f"the {backend} backend does not run a later attempt on other hosts (its replaces_hosts trait "
+                   f"is off), so {what} would never be used")
+            hint = ("use the ssh, mpirun or slurm backend (--backend), or leave "
+                    + ("--spare-host" if spares else "--min-hosts") + " out")
+        s.fail("PR228", "this backend cannot change hosts", detail=why, span=given.origin, hint=hint)
         changes = False
     return p.Membership(spares=spares if changes else (), min_hosts=minimum if s.spec.min_hosts is not None else 0,
                         health_check=check, health_check_timeout_ms=timeout,
@@ -196,13 +203,16 @@ def placed(plan: p.LaunchPlan, lost: Mapping[str, str], unusable: Iterable[str])
     smallest = policy.smallest(len(hosts))
     if len(kept) < smallest or (gone and not policy.replans):
         why = "; ".join(f"{h}: {lost[h]}" for h in gone)
+        spent = [h for h in policy.spares if h in bad]
+        spares = (f"; spare {listed(spent)} cannot take a place" if spent else "") if policy.spares else ""
         raise DiagnosticError([error(
             "PR310", "too few hosts left",
-            detail=f"{listed(gone)} left the launch ({why}); {len(kept)} of {len(hosts)} hosts are left, and "
-                   + (f"the plan runs on no fewer than {smallest}" if policy.replans
+            detail=f"{listed(gone)} left the launch ({why}){spares}; {len(kept)} of {len(hosts)} hosts are left, and "
+                   + (f"the plan runs on no fewer than {smallest} (--min-hosts)" if policy.replans
                       else "the plan has no spare host and runs on no fewer hosts"),
-            span=SourceSpan.default(PREFIX + "min_hosts"),
-            hint="give spare hosts (--spare-host) or a smaller --min-hosts, or mend the hosts and launch again")])
+            span=SourceSpan.environment("host" + "s" * (len(gone) != 1) + f" {listed(gone)} lost"),
+            hint="mend the hosts and launch again; to keep running next time, give spare hosts (--spare-host) "
+                 "or a smaller --min-hosts")])
     return kept, added, free
 
 
@@ -226,8 +236,9 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
             "PR311", "no plan on the hosts left",
             detail=f"on {len(hosts)} host" + ("s" * (len(hosts) != 1)) + f" ({listed(hosts)}) after {why}: "
                    + "; ".join(d.summary + (f" ({d.detail})" if d.detail else "") for d in exc.diagnostics if d.is_error),
-            span=SourceSpan.default(PREFIX + "min_hosts"),
-            hint="give spare hosts (--spare-host), or a --min-hosts at which the plan still divides evenly"),
+            span=SourceSpan.environment(f"the hosts left: {listed(hosts)}"),
+            hint="mend the hosts and launch again; to keep running next time, give spare hosts (--spare-host), "
+                 "or a --min-hosts whose smaller plans hold ('poprun plan --explain' shows each case)"),
             *exc.diagnostics]) from exc
     decision = p.Decision(key=PREFIX + "replan", value=",".join(hosts), source=SPEC_FILE, reason=why)
     return evolve(replanned, explanation=(*replanned.explanation, decision))
@@ -292,7 +303,8 @@ def cases(s: Solver, plan: p.LaunchPlan, resolve: Resolve) -> None:
     for size in sizes:
         kept = hosts[:size]
         key = PREFIX + f"case.hosts_{size}"
-        when = f"{len(hosts) - size + lost_first} hosts lost" if lost_first else f"{len(hosts) - size} hosts lost"
+        count = len(hosts) - size + lost_first
+        when = f"{count} host" + "s" * (count != 1) + " lost"
         try:
             after = resolved(plan, kept, (), s.ctx, why=when, resolve=resolve)
         except DiagnosticError as exc:
