@@ -245,7 +245,7 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
 
 
 def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]) -> Spec:
-    """Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend kept."""
+    """Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend and working directory kept."""
     from poprun.planner.spec import Sourced
 
     here = SourceSpan.derived(PREFIX + "replan")
@@ -257,6 +257,8 @@ def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tup
         "spare_hosts": Sourced(spares, here) if spares else None,
         "backend": Sourced(plan.backend.name, here),
     }
+    if spec.working_dir is None and plan.instances:  # where the plan runs, not where a re-plan happens to be made
+        resized["working_dir"] = Sourced(plan.instances[0].cwd, here)
     if len(hosts) != len(topology.hosts) and spec.ilds is not None and spec.ilds.value > 1:
         resized["ilds"] = None  # the ILDs follow the IPUs that are left
     return evolve(spec, **resized)

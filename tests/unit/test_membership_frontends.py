@@ -168,3 +168,15 @@ def test_min_hosts_zero_is_refused_as_a_count():
         parse_flags(["--min-hosts", "0", "prog"])
 
     assert "PR200" == problem.value.diagnostics[0].code
+
+
+def test_a_spare_named_again_in_a_second_dsl_statement_is_pr226_at_that_line(tmp_path, monkeypatch):
+    """`spare hosts pod9` twice adds up to pod9 twice: PR226, pointing at the second statement."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "job.pop").write_text("hosts pod[1-2]\n2 replicas over 2 instances\nspare hosts pod[8-9]\n"
+                                      "spare hosts pod9\nrun python3 train.py\n")
+
+    status, _, err = run("plan", "job.pop")
+
+    assert 2 == status
+    assert "error[PR226]: spare host named twice\n  --> job.pop:4:13  (membership.spare_hosts)" in err

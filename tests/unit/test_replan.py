@@ -109,3 +109,13 @@ def test_a_loss_that_names_no_host_of_the_plan_is_a_programming_error():
     """replan() needs a host of the plan to leave out: a ValueError, never a plan identical to the last."""
     with pytest.raises(ValueError, match="needs a host of the plan"):
         replan(_plan(2, spares=("pod9",)), {"pod9": "lost"}, CTX)
+
+
+def test_a_replan_keeps_the_plans_working_directory_wherever_it_is_made():
+    """A re-plan made from another directory (apply of a saved plan) runs the instances where the plan did."""
+    plan = _plan(2, spares=("pod9",))
+    elsewhere = Context(environ={"PATH": "/bin"}, cwd="/somewhere/else")
+
+    done = replan(plan, {"pod2": "lost"}, elsewhere)
+
+    assert ["/w", "/w"] == [i.cwd for i in done.plan.instances]

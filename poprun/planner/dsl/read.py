@@ -135,8 +135,9 @@ class _Reader:
         old = self.values.get(field)
         if old is None:
             self.values[field] = new
-        elif field in _MERGED:
-            self.values[field] = Sourced(old.value + new.value, old.origin)
+        elif field in _MERGED:  # a spare named again takes the later span, where PR226 puts its caret
+            again = field == "spare_hosts" and any(h in old.value for h in new.value)
+            self.values[field] = Sourced(old.value + new.value, new.origin if again else old.origin)
         elif old.value != new.value:
             where = f" (line {old.origin.line})" if old.origin.line is not None else ""
             self.diags.add(error("PR111", f"{new.origin.key_path} given twice", span=new.origin,
