@@ -118,7 +118,8 @@ def _minimum(s: Solver, hosts: int) -> int:
         s.fail("PR227", "more hosts asked for than the launch has",
                detail=f"--min-hosts {given.value} is more than the {hosts} host" + ("s" * (hosts != 1))
                       + " the launch runs on", span=given.origin,
-               hint=f"use --min-hosts {hosts} or fewer, or give more hosts")
+               hint=f"give a minimum of {hosts} host" + "s" * (hosts != 1) + " or fewer (--min-hosts, [membership] "
+                    "min_hosts, 'min hosts'), or give more hosts")
         return hosts
     return s.decide(PREFIX + "min_hosts", given.value, given.origin,
                     "as given: without a spare left, a restart may run on fewer hosts, down to this many")

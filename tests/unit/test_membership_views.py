@@ -50,3 +50,22 @@ def test_diff_as_json_names_the_membership_section(tmp_path, monkeypatch):
 
     assert [{"section": "membership", "key": "min_hosts", "instances": [], "old": 0, "new": 2}] == \
         json.loads(out)["changes"]
+
+
+def test_a_plan_without_membership_never_imports_the_membership_modules(tmp_path):
+    """Planning, explaining and checking a saved plan without membership leave the membership modules unimported."""
+    import subprocess
+    import sys
+
+    code = ("import io, sys, contextlib\nfrom poprun.cli.main import main\n"
+            "argv = ['--host', 'pod[1-2]', '--num-instances', '2', '--num-replicas', '2', 'python3', 'x']\n"
+            "with contextlib.redirect_stdout(io.StringIO()):\n"
+            "    main(['plan', '--format', 'json', '-o', 'p.json', *argv])\n"
+            "    main(['plan', '--explain', *argv])\n"
+            "    main(['plan', 'p.json', '--explain'])\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('poprun.planner.membership', "
+            "'poprun.planner.replan', 'poprun.planner._membershipcheck'))))\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, check=True,
+                          env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "POPRUN_RUNS_DIR": str(tmp_path / "r")})
+
+    assert "[]\n" == done.stdout
