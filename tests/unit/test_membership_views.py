@@ -69,3 +69,37 @@ def test_a_plan_without_membership_never_imports_the_membership_modules(tmp_path
                           env={"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "POPRUN_RUNS_DIR": str(tmp_path / "r")})
 
     assert "[]\n" == done.stdout
+
+
+def test_explain_shows_a_hostile_health_check_escaped_and_its_secrets_masked():
+    """A newline, an escape sequence and a --password=VALUE in the check: one escaped line, the value masked."""
+    status, out, _ = run("plan", "--explain", *FOUR, "--health-check", "check\n\x1b[2J --password=hunter2", "python3",
+                         "train.py")
+
+    assert 0 == status
+    assert "\x1b" not in out
+    assert "hunter2" not in out
+    assert ("membership: no spare host; never fewer hosts; health check on every host (at most 30 s): "
+            "check\\n\\x1b[2J --password=****\n") in out
+
+
+def test_explain_of_a_replanned_plan_says_on_which_hosts_and_why():
+    """The plan of a re-planned attempt explains its membership with a line naming its hosts and the reason."""
+    from poprun.core.span import SourceSpan
+    from poprun.planner.context import Context
+    from poprun.planner.replan import replan
+    from poprun.planner.solve import solve
+    from poprun.planner.spec import Sourced, Spec
+    from poprun.render.explain import render_plan
+
+    here = SourceSpan(file="<test>", key_path="$")
+    spec = Spec(hosts=Sourced(("pod1", "pod2"), here), instances=Sourced(2, here), replicas=Sourced(2, here),
+                spare_hosts=Sourced(("pod9",), here),
+                program=Sourced(("python3", "train.py"), here))
+    ctx = Context(environ={"PATH": "/bin"}, cwd="/w")
+    done = replan(solve(spec, ctx).plan, {"pod2": "its link went down"}, ctx)
+
+    text = render_plan(done.plan, explain=True)
+
+    assert "re-planned on pod1,pod9: pod2: its link went down\n" in text
+    assert "membership: no spare host; never fewer hosts\n" in text
