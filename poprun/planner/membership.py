@@ -116,7 +116,7 @@ def _minimum(s: Solver, hosts: int) -> int:
         return hosts
     if given.value > hosts:
         s.fail("PR227", "more hosts asked for than the launch has",
-               detail=f"--min-hosts {given.value} is more than the {hosts} host" + ("s" * (hosts != 1))
+               detail=f"a minimum of {given.value} hosts is more than the {hosts} host" + ("s" * (hosts != 1))
                       + " the launch runs on", span=given.origin,
                hint=f"give a minimum of {hosts} host" + "s" * (hosts != 1) + " or fewer (--min-hosts, [membership] "
                     "min_hosts, 'min hosts'), or give more hosts")
@@ -145,7 +145,7 @@ def _timeout(s: Solver, check: str) -> int:
     default = p.NO_MEMBERSHIP.health_check_timeout_ms
     if given is not None and not 0 < given.value <= MAX_CHECK_S * 1000:
         s.fail("PR229", "health check timeout out of range",
-               detail=f"--health-check-timeout {conv.seconds_text(given.value)} is not from 0.001 to {MAX_CHECK_S} s",
+               detail=f"a health check timeout of {conv.seconds_text(given.value)} s is not from 0.001 to {MAX_CHECK_S} s",
                span=given.origin, hint=f"give a number of seconds from 0.001 to {MAX_CHECK_S}")
         return default
     if not check:
