@@ -248,13 +248,20 @@ class _Parser:
                       f"which would be taken as the program",
                       span=stray, hint=f"remove the space: {option.name} {raw.rstrip()}{following.rstrip(',')}")
             return
+        spares = option.field == "spare_hosts"
         try:
-            hosts = expand(raw)
+            hosts = () if spares and raw == "" else expand(raw)  # --spare-host '': none (over POPRUN_SPARE_HOST)
         except HostlistError as exc:
             where = self.text.span(option.name, index, offset=offset + exc.position, length=exc.length)
             self.fail("PR103", exc.message, detail=f"in host list '{raw}'", span=where, hint=exc.hint)
             return
-        self._scalar(option, hosts, span)
+        old = self.values.get("spare_hosts") if spares else None
+        if old is None:
+            self._scalar(option, hosts, span)
+            return
+        # repeats add; a spare given again takes the span of the repeat, where PR226 puts its caret
+        again = any(h in old.value for h in hosts)
+        self.values["spare_hosts"] = Sourced(old.value + hosts, span if again else old.origin)
 
     def _args(self, option: Option, raw: str, span: SourceSpan) -> None:
         assert option.field is not None
@@ -311,13 +318,18 @@ def _env_fallbacks(parser: _Parser, environ: Mapping[str, str]) -> None:
         if name in environ:
             span = SourceSpan.env(name)
             try:
-                value: object = (expand_hosts(environ[name]) if option.kind == "hosts"
+                value: object = (_fallback_hosts(option, environ[name]) if option.kind == "hosts"
                                  else option.convert(environ[name]))
             except conv.InvalidValueError as problem:
                 parser.diags.add(error(problem.code, f"invalid value in {name}", detail=problem.detail,
                                        span=span, hint=problem.hint))
                 continue
             parser.values[option.field] = Sourced(value, span)
+
+
+def _fallback_hosts(option: Option, text: str) -> tuple[str, ...]:
+    """Return the hosts of a ``POPRUN_<FLAG>`` fallback (``POPRUN_SPARE_HOST=''``: no spares, as ``--spare-host ''``)."""
+    return () if option.field == "spare_hosts" and text == "" else expand_hosts(text)
 
 
 def expand_hosts(text: str) -> tuple[str, ...]:

@@ -71,11 +71,18 @@ def membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) ->
     if changes and not traits.replaces_hosts:
         given = s.spec.spare_hosts if s.spec.spare_hosts is not None else s.spec.min_hosts
         assert given is not None
-        s.fail("PR228", "this backend cannot change hosts",
-               detail=f"the {backend} backend runs every attempt where the first ran: "
-                      + ("spare hosts" if spares else "fewer hosts") + " would never be used",
-               span=given.origin,
-               hint="use the ssh, mpirun or slurm backend for spare hosts and --min-hosts, or leave them out")
+        what = "spare hosts" if spares else f"--min-hosts {minimum}"
+        if traits.all_here:
+            why = (f"the {backend} backend runs every instance on this machine: a re-plan would run on the same "
+                   f"machine again, so there is no other host to move to and {what} would never be used")
+            hint = ("give the hosts to run on (--host) so that the ssh, mpirun or slurm backend runs the plan, or "
+                    "leave " + ("--spare-host" if spares else "--min-hosts") + " out")
+        else:
+            why = (f"the {backend} backend does not run a later attempt on other hosts (its replaces_hosts trait "
+                   f"is off), so {what} would never be used")
+            hint = ("use the ssh, mpirun or slurm backend (--backend), or leave "
+                    + ("--spare-host" if spares else "--min-hosts") + " out")
+        s.fail("PR228", "this backend cannot change hosts", detail=why, span=given.origin, hint=hint)
         changes = False
     return p.Membership(spares=spares if changes else (), min_hosts=minimum if s.spec.min_hosts is not None else 0,
                         health_check=check, health_check_timeout_ms=timeout,
@@ -109,9 +116,10 @@ def _minimum(s: Solver, hosts: int) -> int:
         return hosts
     if given.value > hosts:
         s.fail("PR227", "more hosts asked for than the launch has",
-               detail=f"--min-hosts {given.value} is more than the {hosts} host" + ("s" * (hosts != 1))
+               detail=f"a minimum of {given.value} hosts is more than the {hosts} host" + ("s" * (hosts != 1))
                       + " the launch runs on", span=given.origin,
-               hint=f"use --min-hosts {hosts} or fewer, or give more hosts")
+               hint=f"give a minimum of {hosts} host" + "s" * (hosts != 1) + " or fewer (--min-hosts, [membership] "
+                    "min_hosts, 'min hosts'), or give more hosts")
         return hosts
     return s.decide(PREFIX + "min_hosts", given.value, given.origin,
                     "as given: without a spare left, a restart may run on fewer hosts, down to this many")
@@ -137,7 +145,7 @@ def _timeout(s: Solver, check: str) -> int:
     default = p.NO_MEMBERSHIP.health_check_timeout_ms
     if given is not None and not 0 < given.value <= MAX_CHECK_S * 1000:
         s.fail("PR229", "health check timeout out of range",
-               detail=f"--health-check-timeout {conv.seconds_text(given.value)} is not from 0.001 to {MAX_CHECK_S} s",
+               detail=f"a health check timeout of {conv.seconds_text(given.value)} s is not from 0.001 to {MAX_CHECK_S} s",
                span=given.origin, hint=f"give a number of seconds from 0.001 to {MAX_CHECK_S}")
         return default
     if not check:
@@ -196,13 +204,16 @@ def placed(plan: p.LaunchPlan, lost: Mapping[str, str], unusable: Iterable[str])
     smallest = policy.smallest(len(hosts))
     if len(kept) < smallest or (gone and not policy.replans):
         why = "; ".join(f"{h}: {lost[h]}" for h in gone)
+        spent = [h for h in policy.spares if h in bad]
+        spares = (f"; spare {listed(spent)} cannot take a place" if spent else "") if policy.spares else ""
         raise DiagnosticError([error(
             "PR310", "too few hosts left",
-            detail=f"{listed(gone)} left the launch ({why}); {len(kept)} of {len(hosts)} hosts are left, and "
-                   + (f"the plan runs on no fewer than {smallest}" if policy.replans
+            detail=f"{listed(gone)} left the launch ({why}){spares}; {len(kept)} of {len(hosts)} hosts are left, and "
+                   + (f"the plan runs on no fewer than {smallest} (--min-hosts)" if policy.replans
                       else "the plan has no spare host and runs on no fewer hosts"),
-            span=SourceSpan.environment("host " + listed(gone)),
-            hint="give spare hosts (--spare-host) or a smaller --min-hosts, or mend the hosts and launch again")])
+            span=SourceSpan.environment("host" + "s" * (len(gone) != 1) + f" {listed(gone)} lost"),
+            hint="mend the hosts and launch again; to keep running next time, give spare hosts (--spare-host) "
+                 "or a smaller --min-hosts")])
     return kept, added, free
 
 
@@ -226,8 +237,9 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
             "PR311", "no plan on the hosts left",
             detail=f"on {len(hosts)} host" + ("s" * (len(hosts) != 1)) + f" ({listed(hosts)}) after {why}: "
                    + "; ".join(d.summary + (f" ({d.detail})" if d.detail else "") for d in exc.diagnostics if d.is_error),
-            span=SourceSpan.environment("hosts " + listed(hosts)),
-            hint="give spare hosts (--spare-host), or a --min-hosts at which the plan still divides evenly"),
+            span=SourceSpan.environment(f"the hosts left: {listed(hosts)}"),
+            hint="mend the hosts and launch again; to keep running next time, give spare hosts (--spare-host), "
+                 "or a --min-hosts whose smaller plans hold ('poprun plan --explain' shows each case)"),
             *exc.diagnostics]) from exc
     decision = p.Decision(key=PREFIX + "replan", value=",".join(hosts), source=SPEC_FILE, reason=why)
     return evolve(replanned, explanation=(*replanned.explanation, decision))
@@ -235,7 +247,8 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
 
 def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]) -> Spec:
     """
-    Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend kept.
+    Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend and
+    working directory kept.
 
     Everything else the user gave stays as given (``--num-ilds`` too): a smaller plan that breaks
     one of the solver's rules with it is no plan (PR311), never a plan the user did not ask for.
@@ -251,6 +264,8 @@ def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tup
         "spare_hosts": Sourced(spares, here) if spares else None,
         "backend": Sourced(plan.backend.name, here),
     }
+    if spec.working_dir is None and plan.instances:  # where the plan runs, not where a re-plan happens to be made
+        resized["working_dir"] = Sourced(plan.instances[0].cwd, here)
     return evolve(spec, **resized)
 
 
@@ -295,7 +310,8 @@ def cases(s: Solver, plan: p.LaunchPlan, resolve: Resolve) -> None:
     for size in sizes:
         kept = hosts[:size]
         key = PREFIX + f"case.hosts_{size}"
-        when = f"{len(hosts) - size + lost_first} hosts lost" if lost_first else f"{len(hosts) - size} hosts lost"
+        count = len(hosts) - size + lost_first
+        when = f"{count} host" + "s" * (count != 1) + " lost"
         try:
             after = resolved(plan, kept, (), s.ctx, why=when, resolve=resolve)
         except DiagnosticError as exc:

@@ -232,7 +232,7 @@ OPTIONS: tuple[Option, ...] = (
     _o("--signal", "signal", "signal", "SIG@SECONDS: send signal SIG (a name such as USR1, or a number) to every "
        "instance SECONDS before --timeout ends the run", "recovery.signal", group="Recovery", dsl="signal"),
     _o("--spare-host --spare-hosts", "spare_hosts", "hosts", "Hosts that may take the place of a host that is lost, "
-       "fails its preflight or its health check, on a restart (e.g. pod[9-10]); repeats add",
+       "fails its preflight or its health check, on a restart (e.g. pod[9-10]); repeats add; '' for none",
        "membership.spare_hosts", group="Membership"),
     _o("--min-hosts", "min_hosts", "int", "Without a spare left, a restart may run on fewer hosts, down to this many "
        "(each instance keeps its replicas)", "membership.min_hosts", default="the number of hosts", group="Membership",

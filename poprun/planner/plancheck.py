@@ -9,7 +9,8 @@ Layer: ``poprun.planner``; imports ``poprun.core``, the plan model, the limits o
 :func:`validate_plan` checks the plan's invariants: the instance indices are exactly
 ``0..n-1``, the replica ranges divide ``[0, R)``, the counts are positive, hosts are host
 names, variable names are POSIX names, bindings are bounded CPU lists, and every index names
-an instance that exists. Each problem is one PR114 diagnostic naming its JSON path
+an instance that exists; the membership policy's hosts, sizes, command and kept spec
+(:mod:`poprun.planner._membershipcheck`). Each problem is one PR114 diagnostic naming its JSON path
 (``$.instances[1].host``), so that what ``plan --explain``, ``plan --diff`` and ``apply``
 show of a saved plan is exactly what apply runs.
 """
@@ -88,6 +89,10 @@ def validate_plan(plan: p.LaunchPlan, *, file: str) -> list[Diagnostic]:
         check.partition(plan.partition)
     check.rest(plan)
     check.recovery(plan.recovery)
+    if plan.membership != p.NO_MEMBERSHIP:  # a plan without membership never imports its modules
+        from poprun.planner._membershipcheck import check_membership
+
+        check_membership(plan, check.fail)
     return check.found[:MAX_PROBLEMS]
 
 

@@ -4,7 +4,8 @@ What changed between two plans: ``poprun plan --diff OLD.json``, as text or JSON
 Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
-partition, launch, recovery) and returns a :class:`Diff`. A change that is the same on several
+partition, launch, recovery, membership: its spec, kept to solve again, is not compared, as
+what it holds shows in the other sections) and returns a :class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -21,7 +22,7 @@ from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
-SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery")
+SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -62,7 +63,8 @@ class Diff:
 def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     """Return what changed from plan ``old`` to plan ``new``."""
     raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new),
-           *_record_changes("recovery", "", old.recovery, new.recovery)]
+           *_record_changes("recovery", "", old.recovery, new.recovery),
+           *_record_changes("membership", "", old.membership, new.membership, skip=("spec",))]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 
@@ -219,9 +221,11 @@ def _shown(change: Change, value: Value, mask: tuple[str, ...]) -> str:
         return _MASK
     if isinstance(value, bool):
         return "yes" if value else "no"
+    from poprun.core.secret import printable  # one line per change: a newline or an escape sequence shows escaped
+
     if isinstance(value, tuple):
-        return " ".join(value) if value else "(none)"
-    return str(value)
+        return " ".join(printable(v) for v in value) if value else "(none)"
+    return printable(str(value)) if value != "" else '""'
 
 
 def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, object]:

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from poprun.core.secret import is_secret, mask_text
-from poprun.planner.plan import NO_RECOVERY, Decision, Instance, LaunchPlan, Recovery
+from poprun.planner.plan import NO_MEMBERSHIP, NO_RECOVERY, Decision, Instance, LaunchPlan, Membership, Recovery
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
 
@@ -40,6 +40,8 @@ def render_summary(plan: LaunchPlan) -> str:
     lines.append(f"executable cache: {plan.cache.mode}{' at ' + plan.cache.path if plan.cache.path else ''}")
     if _policy_set(plan.recovery):
         lines.append(f"recovery: {describe_recovery(plan.recovery)}")
+    if plan.membership != NO_MEMBERSHIP:
+        lines.append(f"membership: {describe_membership(plan.membership, len(t.hosts))}")
     return "\n".join(lines) + "\n"
 
 
@@ -91,6 +93,60 @@ def render_recovery(plan: LaunchPlan) -> str:
 
 
 RECOVERY_KEY = "recovery."
+MEMBERSHIP_KEY = "membership."
+CASE_KEY = "membership.case."
+
+
+def describe_membership(m: Membership, hosts: int) -> str:
+    """Return the membership policy in one line: the spares, the fewest hosts, the health check."""
+    from poprun.core.hostlist import compress, expand
+
+    listed = compress(m.spares) if m.spares else ""
+    if listed and expand(listed) != m.spares:  # a range would hide the order in which spares take places
+        listed = ", ".join(m.spares)
+    parts = [f"spare hosts {listed}, in this order" if len(m.spares) > 1 else f"spare host {listed}" if listed
+             else "no spare host"]
+    smallest = m.smallest(hosts)
+    parts.append(f"down to {_plural(smallest, 'host')}" if smallest < hosts else "never fewer hosts")
+    if m.health_check:
+        from poprun.core.secret import printable
+
+        parts.append(f"health check on every host (at most {_seconds(m.health_check_timeout_ms)}): "
+                     f"{_short(printable(m.health_check))}")
+    return "; ".join(parts)
+
+
+def _case_name(case: str) -> str:
+    """Return a ``membership.case.*`` key as the case column shows it: ``hosts_3`` -> ``3 hosts left``."""
+    if case.startswith("hosts_"):
+        return f"{case.removeprefix('hosts_')} hosts left"
+    return {"replaced": "a spare left", "fewer": "fewer left"}.get(case, case)
+
+
+def render_membership(plan: LaunchPlan) -> str:
+    """
+    Return the membership section of ``--explain``: the policy, each part with where it came from, then each case.
+
+    The cases say what the plan becomes when hosts are lost: replaced by spares, shrunk to each
+    smaller size (or no plan, and why), and below the minimum, the end of the run.
+    """
+    from poprun.core.secret import printable
+
+    decisions = [d for d in plan.explanation if d.key.startswith(MEMBERSHIP_KEY) and d.key != MEMBERSHIP_KEY + "replan"]
+    parts = [[d.key.removeprefix(MEMBERSHIP_KEY), _short(printable(str(d.value))), d.source, d.reason]
+             for d in decisions if not d.key.startswith(CASE_KEY)]
+    cases = [[_case_name(d.key.removeprefix(CASE_KEY)), _short(d.value, 60), d.reason]
+             for d in decisions if d.key.startswith(CASE_KEY)]
+    text = f"membership: {describe_membership(plan.membership, len(plan.topology.hosts))}\n"
+    if len(parts) > 0:
+        text += "\n".join(_table([["part", "value", "source", "reason"], *parts])) + "\n"
+    if cases:
+        text += "what the plan becomes in each case:\n" + "\n".join(_table([["case", "plan", "why"], *cases])) + "\n"
+    elif not plan.membership.replans:
+        text += "what the plan becomes in each case: a lost host ends the run (no spare host, no fewer hosts)\n"
+    replanned = [d for d in plan.explanation if d.key == MEMBERSHIP_KEY + "replan"]
+    text += "".join(f"re-planned on {d.value}: {d.reason}\n" for d in replanned)
+    return text
 
 
 def render_settings(plan: LaunchPlan) -> str:
@@ -147,7 +203,8 @@ def render_placement(instances: Sequence[Instance]) -> str:
 def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
-    rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions if not d.key.startswith(RECOVERY_KEY)]
+    rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions
+             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY))]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -228,6 +285,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     if explain:
         parts.append(render_decisions(plan.explanation))
         parts.append(render_recovery(plan))
+        if plan.membership != NO_MEMBERSHIP or any(d.key.startswith(MEMBERSHIP_KEY) for d in plan.explanation):
+            parts.append(render_membership(plan))
         if plan.backend.settings:
             parts.append(render_settings(plan))
         if plan.partition is not None:

@@ -11,7 +11,11 @@ in the expected text); ``"long_argument": N`` adds an argument of N hexadecimal 
 same each time, and not compressible);
 ``"getrlimit_nofile": [SOFT, HARD]`` is what the limit on open files reads as; ``"sched_getaffinity":
 [CPU, ...]`` the CPUs this process may use. ``sys_path`` names folders of the case put on ``sys.path``
-for the run (a fake distribution whose entry points declare a backend plugin); ``sparse_files``
+for the run (a fake distribution whose entry points declare a backend plugin); ``"replan": {"lost": {HOST:
+WHY}, "unusable": [SPARE, ...]}`` plans with argv (a ``plan ... --format json`` command), then re-plans that
+plan without the lost hosts (:func:`poprun.planner.replan.replan`, as the apply step does when an attempt lost
+hosts) and shows its diagnostics, or the new plan's hosts, with status 125 (a run whose host was lost ends
+with it: design.md's exit statuses) or 0; ``sparse_files``
 are made (of that many bytes, all NUL) before the run and removed after it. ``POPRUN_UPDATE_GOLDEN=1`` rewrites the expected files.
 """
 
@@ -92,10 +96,30 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     try:
         with redirect_stdout(out), redirect_stderr(err):
             status = main([*spec["argv"], *([_hex_digits(spec["long_argument"])] if "long_argument" in spec else [])])
+            if "replan" in spec:
+                status = _replan(out.getvalue(), spec["replan"], fixed) if status == 0 else status
     finally:
         for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
             made.unlink()
     return status, out.getvalue(), err.getvalue().replace(str(case), "<case>")
+
+
+def _replan(plan_json: str, how: dict, ctx: Context) -> int:
+    """Re-plan the plan of ``plan_json`` without ``how["lost"]``; write its diagnostics, or the new hosts, as the CLI would."""
+    import sys
+
+    from poprun.core.diagnostic import DiagnosticError
+    from poprun.planner.replan import replan
+    from poprun.planner.serde import from_json
+    from poprun.render.diagnostics import render_diagnostics
+
+    try:
+        done = replan(from_json(plan_json), how["lost"], ctx, unusable=how.get("unusable", ()))
+    except DiagnosticError as exc:
+        sys.stderr.write(render_diagnostics(exc.diagnostics))
+        return 125
+    sys.stderr.write(f"replanned: {done.why}\n")
+    return 0
 
 
 def assert_golden(case: Path, actual: str) -> None:

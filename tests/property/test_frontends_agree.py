@@ -36,6 +36,7 @@ def command_lines(draw: st.DrawFn) -> list[str]:
         "--instance-mpi-local-args=0:-x B=2", "--allow-run-as-root=1", "--max-restarts=2",
         "--restart-scope=instance", "--restart-backoff=0.25", "--never-retry=none", "--pre-restart=./check 'x' $(id)",
         "--timeout=600.5", "--stall-timeout=30", "--crash-loop=1", "--min-uptime=0",
+        "--health-check=test -e /x 'y' $(id)", "--health-check-timeout=2.5",
     ]
     argv += draw(st.lists(st.sampled_from(optional), unique=True, max_size=8))
     return [*argv, "python3", "train.py", *draw(st.lists(words, max_size=3))]

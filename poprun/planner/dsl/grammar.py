@@ -35,7 +35,7 @@ PATH = re.compile(r"[^\s'\"#]\S*")
 # a statement the table adds later is listed after these.
 _START = ("hosts", "partition", "forward", "set", "mask", "mpi", "instance", "placement", "numa", "cache", "offline",
           "autoreport", "subnet", "print", "output", "distribute", "ssh", "allow", "verbosity", "backend", "never",
-          "cd", "run", "no")
+          "cd", "run", "no", "spare")
 
 _PARSER: Lark | None = None
 

@@ -46,7 +46,7 @@ _UNITS = ("replicas", "replica", "instances", "ilds", "ild", "ipus", "ipu")
 _FOLLOWING = ("update", "no", "reset", "keep", "remove", "allocation", "timeout", "attempts", "sync", "ipu-link",
               "gw-link", "port", "offline", "print", "distribute", "allow")
 # Spec fields whose repeats add up (like repeated --mpi-*-args) instead of conflicting.
-_MERGED = ("mpi_global_args", "mpi_local_args", "mask")
+_MERGED = ("mpi_global_args", "mpi_local_args", "mask", "spare_hosts")
 _KEYS = {field: f"{option.section}.{option.key}" for field, option in BY_FIELD.items()}
 _KEYS |= {"program": "program.argv", "working_dir": "program.cwd"}
 
@@ -135,8 +135,9 @@ class _Reader:
         old = self.values.get(field)
         if old is None:
             self.values[field] = new
-        elif field in _MERGED:
-            self.values[field] = Sourced(old.value + new.value, old.origin)
+        elif field in _MERGED:  # a spare named again takes the later span, where PR226 puts its caret
+            again = field == "spare_hosts" and any(h in old.value for h in new.value)
+            self.values[field] = Sourced(old.value + new.value, new.origin if again else old.origin)
         elif old.value != new.value:
             where = f" (line {old.origin.line})" if old.origin.line is not None else ""
             self.diags.add(error("PR111", f"{new.origin.key_path} given twice", span=new.origin,
@@ -187,8 +188,8 @@ class _Statement:
 
     _topology = _partition_options = _ssh_key_options = _ssh_key = _read_all
 
-    def _hosts(self, tree: Tree[Token]) -> list[_Setting]:
-        """Rule ``hosts``: a host list, expanded."""
+    def _hosts(self, tree: Tree[Token], field: str = "hosts") -> list[_Setting]:
+        """Rule ``hosts``: a host list, expanded (``""``: an empty list)."""
         from poprun.core.hostlist import HostlistError, expand
 
         token = _tokens(tree)[0]
@@ -196,10 +197,14 @@ class _Statement:
         try:
             hosts = expand(text) if text or not quote else ()
         except HostlistError as exc:
-            span = self._span("hosts", token, offset=exc.position + quote, length=exc.length)
+            span = self._span(field, token, offset=exc.position + quote, length=exc.length)
             raise self._problem("PR103", exc.message, detail=f"in host list '{text}'", hint=exc.hint,
                                 span=span) from exc
-        return [self._set("hosts", hosts, self._span("hosts", token))]
+        return [self._set(field, hosts, self._span(field, token))]
+
+    def _spare_hosts(self, tree: Tree[Token]) -> list[_Setting]:
+        """Rule ``spare_hosts``: spare hosts, a host list as for ``hosts`` (repeats add; ``""``: none)."""
+        return self._hosts(tree, "spare_hosts")
 
     def _host_file(self, tree: Tree[Token]) -> list[_Setting]:
         """Rule ``host_file``: ``hosts from file PATH``."""

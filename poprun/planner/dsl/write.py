@@ -35,6 +35,7 @@ def to_dsl(spec: Spec) -> str:
     """Return ``spec`` written in the DSL, one statement per line, in a fixed order."""
     lines = [*_hosts_lines(spec), *_topology_lines(spec), *_partition_lines(spec), *_env_lines(spec.env),
              *_mask_lines(spec), *_mpi_lines(spec), *_instance_lines(spec), *_table_lines(spec, ""), *_never_retry_lines(spec),
+             *_spare_lines(spec),
              *_offline_lines(spec), *_ssh_lines(spec), *_cd_lines(spec), *_run_lines(spec)]
     return "".join(f"{line}\n" for line in lines)
 
@@ -58,6 +59,11 @@ def _host_text(hosts: tuple[str, ...]) -> str:
     except HostlistError:
         pass
     return ", ".join(hosts)
+
+
+def _spare_lines(spec: Spec) -> Iterator[str]:
+    if spec.spare_hosts is not None:
+        yield f"spare hosts {_host_text(spec.spare_hosts.value)}"
 
 
 def _topology_lines(spec: Spec) -> Iterator[str]:
