@@ -247,10 +247,9 @@ def resolved(plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]
 
 def _resized(spec: Spec, plan: p.LaunchPlan, hosts: tuple[str, ...], spares: tuple[str, ...]) -> Spec:
     """
-    Return ``spec`` on ``hosts``: as many instances per host and replicas per instance as ``plan``, its backend and
-    working directory kept.
+    Return ``spec`` on ``hosts``: each host with as many instances, each instance with as many replicas, as in ``plan``.
 
-    Everything else the user gave stays as given (``--num-ilds`` too): a smaller plan that breaks
+    The plan's backend and working directory are kept. Everything else the user gave stays as given (``--num-ilds`` too): a smaller plan that breaks
     one of the solver's rules with it is no plan (PR311), never a plan the user did not ask for.
     """
     from poprun.planner.spec import Sourced
