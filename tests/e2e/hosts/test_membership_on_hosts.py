@@ -212,8 +212,8 @@ def test_training_resumes_on_the_spare_to_the_uninterrupted_runs_weights(five: T
     run = the_run(tmp_path)
     diff = subprocess.run([PY, "-m", "poprun.cli.main", "plan", "--diff", str(run / "attempts/0/plan.json"),
                            str(run / "attempts/1/plan.json")], capture_output=True, text=True, timeout=60, check=False)
-    assert (0, ["topology:", "  hosts: h[1-4] -> h[1-2,4-5]", "placement:", "  host: h3 -> h5 (instance 2)"]) \
-        == (diff.returncode, diff.stdout.splitlines()[2:]), diff.stdout
+    assert (0, ["topology:", "  hosts: h[1-4] -> h[1-2,4-5]", "placement:", "  host: h3 -> h5 (instance 2)",
+                "membership:", "  spares: h5 -> (none)"]) == (diff.returncode, diff.stdout.splitlines()[2:]), diff.stdout
     assert wait_for(lambda: not marked_anywhere(five, str(tmp_path)), within_s=10), marked_anywhere(five, str(tmp_path))
 
 
