@@ -160,6 +160,8 @@ CODES: dict[str, str] = {
     "PR442": "no SSH key to distribute",
     "PR443": "SSH key could not be made",
     "PR444": "ssh-copy-id refused",
+    "PR445": "host failed its health check",
+    "PR446": "health check could not reach a host",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",

@@ -96,6 +96,27 @@ class HostChecked:
 
 
 @record
+class HealthChecked:
+    """
+    The plan's health check ended on ``host`` (before an attempt starts): ``outcome`` passed, failed, timed out or unreachable.
+
+    ``status``: the check's exit status (None when it timed out or could not run); ``ms``: how
+    long it took; ``tail``: its output's last lines (standard output and error together,
+    printable-escaped, secrets masked); ``reason``: why the host could not be reached.
+    """
+
+    kind: ClassVar[str] = "health-check"
+
+    host: str
+    ok: bool
+    outcome: str = ""
+    status: int | None = None
+    ms: int = 0
+    tail: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@record
 class HostConnected:
     """
     The ssh backend's shared connection to a host is up: how long it took (from the moment it was opened, in the fan-out window) and in how many attempts.
@@ -309,11 +330,11 @@ class StacksCollected:
     how: str = ""
 
 
-Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
+Event = (RunStarted | HostChecked | HealthChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
          | AttemptStarted | AttemptEnded | LimitReached | StacksCollected | MpiWithoutLauncher)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
+    RunStarted, HostChecked, HealthChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
     AttemptStarted, AttemptEnded, LimitReached, StacksCollected, MpiWithoutLauncher)}
 

@@ -236,6 +236,7 @@ SAMPLES = [
     events.InstanceStarted(index=0, pid=12, host="h1"),
     events.InstanceOutputTruncated(index=1, kept=1024),
     events.HostChecked(host="h2", ok=False, problem="PR409: 'h2' cannot run the program"),
+    events.HealthChecked(host="h3", ok=False, outcome="failed", status=1, ms=210, tail=("gpu 3: ECC errors", "\\x1b[31m")),
     events.HostConnected(host="h3", ms=3400, attempts=2, slow=True),
     events.PhaseEnded(phase="connect", ms=1210, detail="64 hosts through 8 relays, 8 connections at a time"),
     events.Teardown(),
