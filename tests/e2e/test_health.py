@@ -212,3 +212,31 @@ def test_the_diagnostics_match_their_golden_text(case, command, timeout_s, host)
     (problem,) = health_problems(checks, spares_left=("pod5",) if "hangs" in case else ())
 
     assert_golden(GOLDEN / case, render_diagnostic(problem) + "\n")
+
+
+def test_a_cancelled_scope_ends_its_scripts_and_those_started_after():
+    """run_script in a Scope: cancel() from another thread ends it promptly (Cancelled); a later one ends at once."""
+    from poprun.process.hostscript import Cancelled, Scope, run_script, scope
+
+    cancel, raised = Scope(), []
+
+    def hang() -> None:
+        with scope(cancel):
+            try:
+                run_script(["/bin/sh", "-s"], "exec sleep 3178", env=os.environ, timeout_s=60)
+            except Cancelled:
+                raised.append(time.monotonic())
+
+    runner = threading.Thread(target=hang)
+    runner.start()
+    deadline = time.monotonic() + 10
+    while not left("sleep 3178") and time.monotonic() < deadline:
+        time.sleep(0.05)
+    begun = time.monotonic()
+    cancel.cancel()
+    runner.join(10)
+    hang()
+
+    assert 2 == len(raised)
+    assert raised[0] - begun < 3
+    assert [] == settled("sleep 3178")
