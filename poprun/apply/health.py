@@ -144,6 +144,8 @@ def check_hosts(backend: object, plan: LaunchPlan, hosts: Sequence[str], *, envi
     if not command:
         return HealthChecks(timeout_ms=timeout_ms)
     order = list(dict.fromkeys(hosts))
+    if not order:
+        return HealthChecks(timeout_ms=timeout_ms)
     results: dict[str, HealthCheck] = {}
     cancel, lock, done = Scope(), threading.Lock(), threading.Event()
     slots = threading.BoundedSemaphore(max(1, min(window(environ), len(order))))
@@ -214,6 +216,8 @@ def _check(backend: object, host: str, command: str, timeout_s: float, *, enviro
             answer = run_script(backend, host, script, environ=environ, timeout_s=timeout_s + ANSWER_S)
     except Cancelled:
         answer = None
+    except Exception as exc:  # noqa: BLE001 - a plugin's run_on_host that fails otherwise (PR461): this host's reason
+        answer = " ".join(str(getattr(exc, "message", "") or exc or type(exc).__name__).split())
     ms = int((time.monotonic() - began) * 1000)
     if answer is None or cancel.cancelled:
         return HealthCheck(host=host, outcome=STOPPED, ms=ms)

@@ -70,3 +70,25 @@ def test_the_script_holds_the_command_as_data_and_the_deadline_as_a_number():
     assert script.startswith("__poprun_hc='echo '\"'\"'x'\"'\"'; $(rm -rf /)'\n__poprun_hk=m3\n"
                              "__poprun_m1=poprun-health-b1\n__poprun_m2=poprun-health-e2\n__poprun_s=2.5\n")
     assert f"tail -c {health.TAIL_BYTES}" in script
+
+
+class Broken:
+    """A plugin-like backend whose run_on_host fails with something other than a LaunchError."""
+
+    name = "broken"
+
+    def run_on_host(self, host, script, *, environ, timeout_s):  # noqa: ARG002 - the protocol's
+        raise RuntimeError(f"cable cut\nat {host}")
+
+
+def test_a_backend_that_fails_otherwise_makes_the_host_unreachable_not_a_crash():
+    """An exception from run_on_host is that host's one-line reason (PR446); no host is given: nothing at all."""
+    from tests.e2e.helpers import plan_of
+
+    the_plan = plan_of("--health-check", "true", "--num-replicas", "1", "true")
+
+    checks = health.check_hosts(Broken(), the_plan, ["h1", "h2"], environ={})
+
+    assert [("unreachable", "cable cut at h1"), ("unreachable", "cable cut at h2")] == [
+        (c.outcome, c.reason) for c in checks.checks]
+    assert () == health.check_hosts(Broken(), the_plan, [], environ={}).checks
