@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 TAIL_BYTES = 8192  # of a check's output, kept on its host and sent back
 TAIL_LINES = 10  # of those, shown in a diagnostic and an event
 LINE_CHARS = 300  # of each such line
+STOP_WAIT_S = 5.0  # after a stop, how long poprun waits for the cancelled checks, all together
 ANSWER_S = 10.0  # beyond the deadline, how long poprun waits for a host's answer (connecting, sending it back)
 PASSED, FAILED, TIMED_OUT, UNREACHABLE, STOPPED = "passed", "failed", "timed out", "unreachable", "stopped"
 
@@ -195,8 +196,9 @@ def _await(done: threading.Event, stop: threading.Event | None, cancel: Scope,
     while not done.wait(0.1):
         if stop is not None and stop.is_set():
             cancel.cancel()
-            for thread in threads:  # each ends within the scope's grace (SIGTERM, then SIGKILL)
-                thread.join(5.0)
+            deadline = time.monotonic() + STOP_WAIT_S
+            for thread in threads:  # each ends within the scope's grace (SIGTERM, then SIGKILL); a plugin's may not
+                thread.join(max(0.0, deadline - time.monotonic()))
             return True
         if threads and not any(t.is_alive() for t in threads) and not done.is_set():
             return False  # every started thread ended, but _start stopped starting them (stop): the rest are stopped
