@@ -147,3 +147,18 @@ def test_poprun_killed_during_a_check_leaves_nothing_on_the_host(test_hosts: Tes
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+
+
+def test_the_mpirun_backend_checks_its_hosts_as_the_ssh_backend_reaches_them(test_hosts: TestHosts, env):
+    """The registry's mpirun backend, asked for four hosts at once, checks each over one ssh connection."""
+    from poprun.backends.registry import default_registry
+
+    registry = default_registry(environ={"POPRUN_NO_PLUGINS": "1"})
+    before = {name: accepted(test_hosts, name) for name in ("h1", "h2", "h3", "h4")}
+    try:
+        checks = check_hosts(registry.get("mpirun"), plan("hostname"), ["h1", "h2", "h3", "h4"], environ=env)
+    finally:
+        registry.close()
+
+    assert [(h, "passed", (h,)) for h in ("h1", "h2", "h3", "h4")] == [(c.host, c.outcome, c.tail) for c in checks.checks]
+    assert {name: count + 1 for name, count in before.items()} == {name: accepted(test_hosts, name) for name in before}
