@@ -230,12 +230,14 @@ def _check(backend: object, host: str, command: str, timeout_s: float, *, enviro
     lines = _lines(tail, mask)
     if status is None:  # no answer within the deadline and the time to send it back
         return HealthCheck(host=host, outcome=TIMED_OUT, ms=ms, tail=lines)
-    if status == TIMEOUT_STATUS and ms >= timeout_s * 1000:
+    if status in TIMEOUT_STATUSES and ms >= timeout_s * 1000:
         return HealthCheck(host=host, outcome=TIMED_OUT, ms=ms, tail=lines)
     return HealthCheck(host=host, outcome=PASSED if status == 0 else FAILED, status=status, ms=ms, tail=lines)
 
 
-TIMEOUT_STATUS = 124  # coreutils timeout's status when the deadline ended the check
+# coreutils timeout's status when the deadline ended the check: 124, or 137 when the check outlived SIGTERM and
+# timeout's SIGKILL a second later took timeout (its group's leader) with it
+TIMEOUT_STATUSES = (124, 137)
 
 # The host-side script: $__poprun_hk marks every process of the check (its environment), and
 # __poprun_kill kills each that carries it (a few rounds: one may fork meanwhile). The heartbeat

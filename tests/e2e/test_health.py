@@ -123,6 +123,16 @@ def test_a_hanging_check_is_killed_at_its_deadline_with_nothing_left():
     assert {"localhost": "its health check timed out after 1 s"} == checks.lost()
 
 
+def test_a_check_that_ignores_sigterm_is_killed_a_second_later_and_timed_out():
+    """A check that traps SIGTERM outlives the deadline by a second at most: SIGKILL, timed out, nothing left."""
+    check = check_hosts(LocalBackend(), plan("trap '' TERM; echo stubborn; sleep 3170; sleep 3170", 1), ["localhost"],
+                        environ=os.environ).checks[0]
+
+    assert ("timed out", None, "stubborn") == (check.outcome, check.status, check.tail[0])
+    assert check.ms < 6000
+    assert [] == settled("sleep 3170")
+
+
 def test_megabytes_of_output_stay_on_the_host():
     """A check that prints 50 MB sends back only the last few kilobytes, its last line among them."""
     script = health.host_script("yes 0123456789 | head -c 50000000; echo; echo last-line", 30, begin="b", end="e", mark="m")
