@@ -55,7 +55,7 @@ from poprun.core.events import HealthChecked
 from poprun.core.record import record
 from poprun.core.secret import mask_text, printable
 from poprun.core.span import SourceSpan
-from poprun.process.hostscript import Cancelled, Scope, scope
+from poprun.process.hostscript import CancelledError, Scope, scope
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up)
 if TYPE_CHECKING:
@@ -216,7 +216,7 @@ def _check(backend: object, host: str, command: str, timeout_s: float, *, enviro
     try:
         with scope(cancel):
             answer = run_script(backend, host, script, environ=environ, timeout_s=timeout_s + ANSWER_S)
-    except Cancelled:
+    except CancelledError:
         answer = None
     except Exception as exc:  # noqa: BLE001 - a plugin's run_on_host that fails otherwise (PR461): this host's reason
         answer = " ".join(str(getattr(exc, "message", "") or exc or type(exc).__name__).split())
@@ -264,7 +264,7 @@ $__poprun_hc"' </dev/null 2>&1 3>&-
   __poprun_r=$?
   kill -KILL $__poprun_b 2>/dev/null; __poprun_kill
   printf '\\n%s\\n' "$__poprun_m1" >&3
-  printf '\\n%s %d\\n' "$__poprun_m2" "$__poprun_r"; } 3>&3 | tail -c __POPRUN_TAIL__ &
+  printf '\\n%s %d\\n' "$__poprun_m2" "$__poprun_r"; } 3>&3 | tail -c @TAIL@ &
 wait $!
 __poprun_kill"""
 
@@ -280,7 +280,7 @@ def host_script(command: str, timeout_s: float, *, begin: str, end: str, mark: s
     seconds = f"{max(0.001, timeout_s):.3f}".rstrip("0").rstrip(".")
     head = (f"__poprun_hc={shlex.quote(command)}\n__poprun_hk={mark}\n__poprun_m1=poprun-health-{begin}\n"
             f"__poprun_m2=poprun-health-{end}\n__poprun_s={seconds}\n")
-    return head + _SCRIPT.replace("__POPRUN_TAIL__", str(TAIL_BYTES))
+    return head + _SCRIPT.replace("@TAIL@", str(TAIL_BYTES))
 
 
 def _parse(out: bytes, begin: str, end: str) -> tuple[int | None, bytes]:

@@ -24,6 +24,8 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
      ├── ValueError ── HostlistError, InvalidValueError, PlacementError, ShapeError,
      │                 RawBytesError: internal, each turned into a diagnostic where it is caught
      ├── AttributeError ── FrozenRecordError    a programmer's error: records are frozen
+     ├── CancelledError                         a host command ended by its cancelled Scope: the health
+     │                                          check's stop (poprun.process.hostscript)
      └── Refusal                                the V-IPU emulator's HTTP answer, not a failure
 
 - :class:`DiagnosticError` is what a stage raises once, at its end, with every problem it

@@ -15,7 +15,7 @@ A caller that must end such scripts early from another thread (poprun stopped wh
 checks run on every host) runs them inside a :class:`Scope` (:func:`scope`): :meth:`Scope.cancel`
 sends SIGTERM to the process group of every command running in it (the local ``sh``, an ``ssh``
 or ``srun`` client), gives it :data:`CANCEL_GRACE_S` to end (a host-side script that traps TERM
-cleans up), then SIGKILL; :func:`run_script` then raises :class:`Cancelled`. The protocol's
+cleans up), then SIGKILL; :func:`run_script` then raises :class:`CancelledError`. The protocol's
 ``run_on_host`` keeps its signature: the scope is the calling thread's.
 """
 
@@ -39,11 +39,11 @@ LOCAL_SHELL = ("/bin/sh", "-s")
 CANCEL_GRACE_S = 1.0  # after SIGTERM, how long a cancelled command has to end before SIGKILL
 _TICK_S = 0.1  # how often a running script looks whether its scope was cancelled
 
-__all__ = ["CANCEL_GRACE_S", "LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "Cancelled", "Scope", "bounded_shell",
+__all__ = ["CANCEL_GRACE_S", "LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "CancelledError", "Scope", "bounded_shell",
            "run_here", "run_script", "scope"]
 
 
-class Cancelled(Exception):  # noqa: N818 - what happened, as Stopped: not a failure of the script
+class CancelledError(Exception):
     """A script's command was ended because its :class:`Scope` was cancelled (nothing of it is left here)."""
 
 
@@ -127,7 +127,7 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
 
     Raises:
         OSError: when ``argv`` cannot be started.
-        Cancelled: when the calling thread's :class:`Scope` was cancelled meanwhile.
+        CancelledError: when the calling thread's :class:`Scope` was cancelled meanwhile.
     """
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603 - the caller's command
                             stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL, env=dict(env),
@@ -147,7 +147,7 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
             within._remove(proc)  # noqa: SLF001 - the scope's own module
     if within is not None and within.cancelled:
         _end(proc)
-        raise Cancelled
+        raise CancelledError
     if late:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)

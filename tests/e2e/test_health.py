@@ -225,8 +225,8 @@ def test_the_diagnostics_match_their_golden_text(case, command, timeout_s, host)
 
 
 def test_a_cancelled_scope_ends_its_scripts_and_those_started_after():
-    """run_script in a Scope: cancel() from another thread ends it promptly (Cancelled); a later one ends at once."""
-    from poprun.process.hostscript import Cancelled, Scope, run_script, scope
+    """run_script in a Scope: cancel() from another thread ends it promptly (CancelledError); a later one ends at once."""
+    from poprun.process.hostscript import CancelledError, Scope, run_script, scope
 
     cancel, raised = Scope(), []
 
@@ -234,7 +234,7 @@ def test_a_cancelled_scope_ends_its_scripts_and_those_started_after():
         with scope(cancel):
             try:
                 run_script(["/bin/sh", "-s"], "exec sleep 3178", env=os.environ, timeout_s=60)
-            except Cancelled:
+            except CancelledError:
                 raised.append(time.monotonic())
 
     runner = threading.Thread(target=hang)
