@@ -1,7 +1,8 @@
 """
 The plan's health check, run on every host before an attempt starts: each host's outcome, its events and diagnostics.
 
-Layer: ``poprun.apply``; imports ``poprun.core``, :mod:`poprun.process.hostscript` and
+Layer: ``poprun.apply``; imports ``poprun.core``, :mod:`poprun.process.hostscript`,
+:mod:`poprun.apply.hostrun`, the ssh fan-out's window (:mod:`poprun.backends.ssh.fanout`) and
 :mod:`poprun.planner.plan` (types only); never the planner's solving, and nothing of a
 backend but its optional ``run_on_host``. Imported only for a plan with a health check.
 
