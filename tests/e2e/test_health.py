@@ -129,7 +129,7 @@ def test_a_check_that_ignores_sigterm_is_killed_a_second_later_and_timed_out():
                         environ=os.environ).checks[0]
 
     assert ("timed out", None, "stubborn") == (check.outcome, check.status, check.tail[0])
-    assert check.ms < 6000
+    assert check.ms < 15_000  # the deadline (1 s) and the second before SIGKILL, not the sleeps (2 x 3170 s)
     assert [] == settled("sleep 3170")
 
 
@@ -248,5 +248,5 @@ def test_a_cancelled_scope_ends_its_scripts_and_those_started_after():
     hang()
 
     assert 2 == len(raised)
-    assert raised[0] - begun < 3
+    assert raised[0] - begun < 6  # SIGTERM, at most a second of grace, SIGKILL: far less than the 60 s bound
     assert [] == settled("sleep 3178")
