@@ -269,7 +269,7 @@ class Attempts:
         """
         members = self.members
         assert members is not None
-        unhealthy = members.unhealthy(stop=lambda: bool(self.control.signals))
+        unhealthy = members.unhealthy(stop=self.control.woken)
         if self.control.signals:
             raise Stopped(self.control.signals[-1])
         if unhealthy:
@@ -552,7 +552,7 @@ class Attempts:
         self._hosts_lost = {}
         lost |= {h: why for h, why in members.unavailable().items() if h not in lost}
         try:
-            lost |= {h: why for h, why in members.unhealthy(stop=lambda: bool(self.control.signals)).items()
+            lost |= {h: why for h, why in members.unhealthy(stop=self.control.woken).items()
                      if h not in lost}
             if self.control.signals or self.limits.ended:
                 return self.stopped_by(ApplyResult(statuses=())) or "stopped"

@@ -1,275 +1,355 @@
 """
-The health check of a membership policy, on every host before a start (docs/membership.md).
+The plan's health check, run on every host before an attempt starts: each host's outcome, its events and diagnostics.
 
-Layer: ``poprun.apply``; imports :mod:`poprun.apply.hostrun` (a script on a host, through the
-backend's ``run_on_host``: the ssh backend's own connection, srun inside an allocation, here for
-local) and ``poprun.core``. Standard library otherwise.
+Layer: ``poprun.apply``; imports ``poprun.core``, :mod:`poprun.process.hostscript`,
+:mod:`poprun.apply.hostrun`, the ssh fan-out's window (:mod:`poprun.backends.ssh.fanout`) and
+:mod:`poprun.planner.plan` (types only); never the planner's solving, and nothing of a
+backend but its optional ``run_on_host``. Imported only for a plan with a health check.
 
-:func:`check_hosts` runs ``plan.membership.health_check`` on each host it is given, in
-parallel, each within ``plan.membership.health_check_timeout_ms``, and returns
-:class:`HealthChecks`: per host whether it passed, failed (its status), timed out or could not
-be reached, how long it took and the last lines of its output; each result is told as a
-``health-check`` event. The apply step (:mod:`poprun.apply.members`) leaves the hosts that did
-not pass out of the next attempt.
+The API the apply step calls, before the first start and before each restart::
 
-On the host, the check is what ``sh -c CMD`` would run, with its standard input empty and its
-standard output and error together, in a session of its own. The command travels inside the
-script, on the standard input of ``sh -s`` (never in an argv, which ``ps`` shows): the script
-writes it to a file of a private temporary directory and runs ``sh FILE``. Its output goes
-through ``tail -c`` (only the last :data:`KEPT` bytes are ever held, there or here). Every
-process the check starts carries a random token in its environment; when the check ends, or at
-its deadline, or when the script is stopped (the connection cut: SIGHUP), each process carrying
-it is killed (daemons it started included, unless they cleared their environment) and the
-directory is removed. Only that directory is ever removed: the one ``mktemp -d`` made.
+    checks = check_hosts(backend, plan, [*hosts, *plan.membership.spares], environ=env_source,
+                         emit=relay.event, stop=stopping)       # -> HealthChecks
+    problems = health_problems(checks)                          # -> tuple[Diagnostic, ...]: PR445, PR446
+    lost = checks.lost()                                        # -> {host: why}, for poprun.planner.replan
+
+:func:`check_hosts` runs ``plan.membership.health_check`` on every host given, through the
+backend's ``run_on_host`` (the ssh backend's shared connection, ``srun`` inside the allocation,
+``/bin/sh`` here), at most :func:`window` hosts at once, each bounded by
+``plan.membership.health_check_timeout_ms``. It returns a :class:`HealthChecks`: per host
+(in the order given) passed, failed (its status), timed out, unreachable (the backend's one line), or
+stopped; the milliseconds it took; the last lines of its output (standard output and error
+together). It emits one :class:`~poprun.core.events.HealthChecked` per host as each ends.
+Setting ``stop`` (a :class:`threading.Event`: Ctrl-C) ends every check still running within
+about two seconds, on every host, and returns at once with those marked stopped. It never
+raises for a host.
+
+How a check runs on a host (:func:`host_script`, plain POSIX sh on ``sh -s``'s standard input:
+the command is in no process's argv, here or there, only in the environment of the check's own
+shell, read by the user that runs it):
+
+- the command runs as ``sh -c`` would run it (``eval`` in a shell of its own), with standard
+  input /dev/null and standard error joined to standard output, under coreutils' ``timeout``
+  at the deadline (SIGTERM, SIGKILL a second later);
+- its output goes through ``tail -c`` on the host: only the last :data:`TAIL_BYTES` are kept
+  there and sent back, however much it prints;
+- every process of the check carries a random mark in its environment; when the check ends
+  (its own exit, its deadline, poprun going away), every process that carries it is killed,
+  a daemon that left its session and holds the output open included (found through
+  ``/proc/*/environ``);
+- the host-side script writes a byte to poprun every second; when it cannot (the connection
+  is gone: poprun was stopped or SIGKILLed, whose watchdog ends its ssh connections), it kills
+  the check's processes and ends. Known limit: a process that both leaves the session and
+  clears its environment is not found (as the watchdog's own limits in
+  :mod:`poprun.process.watchdog`).
 """
 
 from __future__ import annotations
 
-import os
+import secrets
+import shlex
 import threading
 import time
 
 from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.events import HealthChecked
 from poprun.core.record import record
-from poprun.core.secret import printable
+from poprun.core.secret import mask_text, printable
 from poprun.core.span import SourceSpan
-from poprun.process.hostscript import cancelled_by
+from poprun.process.hostscript import CancelledError, Scope, scope
 
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up)
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable, Mapping
+    from collections.abc import Callable, Iterable, Mapping, Sequence
 
-    from poprun.core.events import Event
     from poprun.planner.plan import LaunchPlan
 
-__all__ = ["KEPT", "HealthChecks", "HostHealth", "check_hosts", "host_script"]
+TAIL_BYTES = 8192  # of a check's output, kept on its host and sent back
+TAIL_LINES = 10  # of those, shown in a diagnostic and an event
+LINE_CHARS = 300  # of each such line
+STOP_WAIT_S = 5.0  # after a stop, how long poprun waits for the cancelled checks, all together
+ANSWER_S = 10.0  # beyond the deadline, how long poprun waits for a host's answer (connecting, sending it back)
+PASSED, FAILED, TIMED_OUT, UNREACHABLE, STOPPED = "passed", "failed", "timed out", "unreachable", "stopped"
 
-KEPT = 4096  # bytes of a check's output kept (its last ones)
-TAIL_LINES = 10  # lines of it shown and told
-_MARGIN_S = 10.0  # beyond the check's deadline, for the script's own clean-up and the connection
-_AT_ONCE = 16  # hosts checked at a time
-_STOPPED = "not checked: poprun was stopped"
-_CLEAN_UP_S = 5.0  # the longest a stop waits for the commands under way to end
-_SCRIPT = r"""umask 077
-tok=@TOKEN@
-d=$(mktemp -d "${TMPDIR:-/tmp}/poprun-health.XXXXXX") || { echo "@MARK@ none cannot make a temporary directory"; exit 0; }
-stray() {
-  for f in $(grep -lsz "^POPRUN_HEALTH_TOKEN=$tok\$" /proc/[0-9]*/environ 2>/dev/null); do
-    p=${f#/proc/}; p=${p%/environ}
-    [ "$p" = "$$" ] || kill -9 "$p" 2>/dev/null
-  done
-}
-trap 'stray; rm -rf "$d"; exit 129' HUP
-trap 'stray; rm -rf "$d"; exit 141' PIPE
-trap 'stray; rm -rf "$d"; exit 143' TERM INT
-cat >"$d/check" <<'@END@'
-@COMMAND@
-@END@
-{ POPRUN_HEALTH_TOKEN=$tok setsid -w sh "$d/check" </dev/null 2>&1; echo $? >"$d/status"; } | tail -c @KEPT@ >"$d/out" &
-i=0
-while [ ! -s "$d/status" ] && [ "$i" -lt @TICKS@ ]; do
-  sleep 0.05; i=$((i + 1))
-  [ $((i % 10)) -ne 0 ] || printf '\n'  # a closed connection ends the script here (SIGPIPE), and its trap cleans up
-done
-if [ -s "$d/status" ]; then how=$(cat "$d/status"); else how=timeout; fi
-stray
-wait
-echo "@MARK@ $how"
-cat "$d/out" 2>/dev/null
-rm -rf "$d"
-"""
+__all__ = ["HealthCheck", "HealthChecks", "check_hosts", "health_problems", "host_script", "window"]
 
 
 @record
-class HostHealth:
+class HealthCheck:
     """
-    How the health check went on ``host``.
+    How the health check went on ``host``: ``outcome`` is passed, failed, timed out, unreachable or stopped.
 
-    ``ok``: it exited with 0 in time. Else ``status`` is its exit status, ``timed_out`` says
-    it ran past the deadline (killed), or ``reason`` why it could not run there at all (the
-    host could not be reached: ``status`` is None). ``tail``: the last lines of its output.
+    ``status`` is the check's exit status (None unless it passed or failed); ``ms`` how long it
+    took, seen from here; ``tail`` its output's last lines (printable-escaped, masked, at most
+    :data:`TAIL_LINES`); ``reason`` one line: why the host could not be reached.
     """
 
     host: str
-    ok: bool
-    ms: int
+    outcome: str
     status: int | None = None
-    timed_out: bool = False
-    reason: str = ""
+    ms: int = 0
     tail: tuple[str, ...] = ()
+    reason: str = ""
 
     @property
-    def why(self) -> str:
-        """Return, in one line, why the host did not pass ("" when it did)."""
-        if self.ok:
-            return ""
-        if self.reason:
-            return f"its health check could not run ({self.reason})"
-        if self.timed_out:
-            return f"its health check timed out after {self.ms / 1000:g} s"
-        return f"its health check failed (status {self.status})"
+    def ok(self) -> bool:
+        """Whether the host passed."""
+        return self.outcome == PASSED
 
 
 @record
 class HealthChecks:
-    """The health check's result on each host checked, in the order given."""
+    """Every host's :class:`HealthCheck`, in the order the hosts were given; ``timeout_ms``: the deadline; ``stopped``: a stop ended them."""
 
-    hosts: tuple[HostHealth, ...]
+    checks: tuple[HealthCheck, ...] = ()
+    timeout_ms: int = 0
+    stopped: bool = False
 
-    def failed(self) -> dict[str, str]:
-        """Return the hosts that did not pass, with why (one line each), in order."""
-        return {h.host: h.why for h in self.hosts if not h.ok}
+    @property
+    def ok(self) -> bool:
+        """Whether every host passed (true when there was no check)."""
+        return all(c.ok for c in self.checks)
 
-    def diagnostics(self) -> dict[str, Diagnostic]:
-        """Return PR445 (the check failed or timed out) or PR446 (it could not run) for each host that did not pass."""
-        return {h.host: diagnostic(h) for h in self.hosts if not h.ok}
+    def of(self, host: str) -> HealthCheck | None:
+        """Return ``host``'s check, or None when it was not checked."""
+        return next((c for c in self.checks if c.host == host), None)
 
-
-def diagnostic(health: HostHealth) -> Diagnostic:
-    """Return the coded diagnostic of a host that did not pass its health check."""
-    span = SourceSpan.environment(f"host {health.host}")
-    if health.reason:
-        return error("PR446", f"health check could not run on '{health.host}'", detail=printable(health.reason),
-                     span=span, hint=f"check that {health.host} is up and reachable; a spare (--spare-host) takes "
-                                     "its place, or a smaller --min-hosts lets the run go on without it")
-    how = f"timed out after {health.ms / 1000:g} s" if health.timed_out else f"exited with {health.status}"
-    lines = " | ".join(printable(line) for line in health.tail[-TAIL_LINES:] if line.strip())
-    return error("PR445", f"host '{health.host}' failed its health check",
-                 detail=f"the check {how} on {health.host}" + (f"; its last lines: {lines}" if lines else
-                                                               " and printed nothing"),
-                 span=span, hint=f"mend {health.host} (or the check), give a spare with --spare-host, "
-                                 "or a smaller --min-hosts so that the run goes on without it")
+    def lost(self) -> dict[str, str]:
+        """Return the hosts that did not pass (stopped ones aside) and why, in one line each: the ``lost`` of a re-plan."""
+        return {c.host: _why(c, self.timeout_ms) for c in self.checks if c.outcome not in (PASSED, STOPPED)}
 
 
-def host_script(command: str, timeout_s: float, token: str) -> str:
-    """
-    Return the POSIX sh script that runs the check ``command`` on a host (see the module docstring).
+def window(environ: Mapping[str, str]) -> int:
+    """Return how many hosts are checked at once: ``POPRUN_SSH_FANOUT`` when valid, else the ssh fan-out's default."""
+    from poprun.backends.ssh.fanout import default_window
+    from poprun.backends.ssh.fanout import window as fanout
 
-    Its first line of output that holds the mark and ``token`` says how the check ended: its
-    exit status, ``timeout`` or ``none`` (with why); the check's last output follows.
-    """
-    end = "POPRUN_HEALTH_END_" + token
-    while end in command:  # the here-document's end never appears in the command
-        end += "_"
-    return (_SCRIPT.replace("@COMMAND@", command.rstrip("\n")).replace("@END@", end)
-            .replace("@TOKEN@", token).replace("@MARK@", _mark(token)).replace("@KEPT@", str(KEPT))
-            .replace("@TICKS@", str(max(1, round(timeout_s / 0.05)))))
-
-
-def _mark(token: str) -> str:
-    return f"POPRUN-HEALTH-{token}"
-
-
-def check_hosts(backend: object, plan: LaunchPlan, hosts: Iterable[str], *, environ: Mapping[str, str],
-                emit: Callable[[Event], None], stop: Callable[[], bool] = lambda: False) -> HealthChecks:
-    """
-    Run the plan's health check on each of ``hosts`` through ``backend``; return each host's result.
-
-    Up to :data:`_AT_ONCE` hosts at a time, each within the plan's deadline (and a margin for the
-    connection). ``stop()`` is asked while they run: once it says so, the hosts not answered yet
-    are reported as not checked (a stop: the caller ends the run), and their scripts end at their
-    own deadline, cleaning up. Each result is told to ``emit`` (a ``health-check`` event).
-    """
-    policy = plan.membership
-    timeout_s = policy.health_check_timeout_ms / 1000
-    names = list(dict.fromkeys(hosts))
-    results: dict[str, HostHealth] = {}
-    lock = threading.Lock()
-    pending = list(names)
-
-    cancel = threading.Event()
-
-    def work() -> None:
-        with cancelled_by(cancel):  # a stop ends the commands under way (their scripts clean up on the hosts)
-            while not cancel.is_set():
-                with lock:
-                    if not pending:
-                        return
-                    host = pending.pop(0)
-                found = _check(backend, host, policy.health_check, timeout_s, environ)
-                if cancel.is_set():
-                    found = HostHealth(host=host, ok=False, ms=found.ms, reason=_STOPPED)
-                with lock:
-                    results[host] = found
-
-    threads = _start([threading.Thread(target=work, name="poprun-health", daemon=True)
-                      for _ in range(min(_AT_ONCE, len(names)))])
-    told: set[str] = set()
-    while any(t.is_alive() for t in threads) and not stop():
-        _tell(names, results, told, emit, lock)
-        for thread in threads:
-            thread.join(0.05)
-    if any(t.is_alive() for t in threads):  # stopped: end the commands under way, and let them clean up
-        cancel.set()
-        deadline = time.monotonic() + _CLEAN_UP_S
-        for thread in threads:
-            thread.join(max(0.0, deadline - time.monotonic()))
-    _tell(names, results, told, emit, lock, last=True)
-    with lock:
-        return HealthChecks(hosts=tuple(results.get(h) or HostHealth(host=h, ok=False, ms=0, reason=_STOPPED)
-                                           for h in names))
-
-
-def _start(threads: list[threading.Thread]) -> list[threading.Thread]:
-    """Start ``threads`` with the stop signals blocked in them: they reach the main thread, whose handlers stop the run."""
-    import signal
-
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
     try:
-        for thread in threads:
-            thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+        return fanout(environ)
+    except ValueError:  # the ssh backend says so at its launch; here, the default
+        return default_window()
+
+
+def check_hosts(backend: object, plan: LaunchPlan, hosts: Sequence[str], *, environ: Mapping[str, str],
+                emit: Callable[[HealthChecked], None] | None = None,
+                stop: threading.Event | None = None) -> HealthChecks:
+    """
+    Run the plan's health check on each of ``hosts`` (duplicates once), in parallel; return how each went.
+
+    ``environ`` is the launching environment (what ``run_on_host`` is given); ``emit`` gets one
+    :class:`~poprun.core.events.HealthChecked` per host as its check ends (from a worker thread:
+    it must return quickly); ``stop``, once set, ends every check still running (see the module).
+    Without a health check in the plan, returns an empty :class:`HealthChecks` at once.
+    """
+    command = plan.membership.health_check
+    timeout_ms = plan.membership.health_check_timeout_ms
+    if not command:
+        return HealthChecks(timeout_ms=timeout_ms)
+    order = list(dict.fromkeys(hosts))
+    if not order:
+        return HealthChecks(timeout_ms=timeout_ms)
+    results: dict[str, HealthCheck] = {}
+    cancel, lock, done = Scope(), threading.Lock(), threading.Event()
+    slots = threading.BoundedSemaphore(max(1, min(window(environ), len(order))))
+
+    def one(host: str) -> None:
+        try:
+            check = _check(backend, host, command, timeout_ms / 1000, environ=environ, cancel=cancel,
+                           mask=plan.mask)
+        finally:
+            slots.release()
+        with lock:
+            results[host] = check
+            finished = len(results) == len(order)
+        if emit is not None and check.outcome != STOPPED:
+            emit(HealthChecked(host=host, ok=check.ok, outcome=check.outcome, status=check.status, ms=check.ms,
+                               tail=check.tail, reason=check.reason))
+        if finished:
+            done.set()
+
+    threads = _start(order, one, slots, stop)
+    stopped = _await(done, stop, cancel, threads)
+    with lock:
+        checks = tuple(results.get(h) or HealthCheck(host=h, outcome=STOPPED) for h in order)
+    return HealthChecks(checks=checks, timeout_ms=timeout_ms, stopped=stopped)
+
+
+def _start(order: Sequence[str], one: Callable[[str], None], slots: threading.BoundedSemaphore,
+           stop: threading.Event | None) -> list[threading.Thread]:
+    """Start a thread per host, at most ``slots`` at once (none more once ``stop`` is set); return them."""
+    threads: list[threading.Thread] = []
+    for host in order:
+        while not slots.acquire(timeout=0.1):
+            if stop is not None and stop.is_set():
+                return threads
+        if stop is not None and stop.is_set():
+            slots.release()
+            return threads
+        thread = threading.Thread(target=one, args=(host,), name=f"poprun-health-{host}", daemon=True)
+        thread.start()
+        threads.append(thread)
     return threads
 
 
-def _tell(names: list[str], results: Mapping[str, HostHealth], told: set[str], emit: Callable[[Event], None],
-          lock: threading.Lock, *, last: bool = False) -> None:
-    """Tell each result not told yet, in the hosts' order (from the main thread): those before the first host still checked, or all once ``last``."""
-    ready = []
-    with lock:
-        for host in names:
-            if host not in results:
-                if last:
-                    continue
-                break
-            if host not in told:
-                ready.append(results[host])
-    for health in ready:
-        told.add(health.host)
-        emit(HealthChecked(host=health.host, ok=health.ok, status=-1 if health.status is None else health.status,
-                           ms=health.ms, timed_out=health.timed_out, reason=health.reason, tail=health.tail))
+def _await(done: threading.Event, stop: threading.Event | None, cancel: Scope,
+           threads: Sequence[threading.Thread]) -> bool:
+    """Wait for every check, or for ``stop``: then cancel those running and wait for them to end; return whether stopped."""
+    while not done.wait(0.1):
+        if stop is not None and stop.is_set():
+            cancel.cancel()
+            deadline = time.monotonic() + STOP_WAIT_S
+            for thread in threads:  # each ends within the scope's grace (SIGTERM, then SIGKILL); a plugin's may not
+                thread.join(max(0.0, deadline - time.monotonic()))
+            return True
+        if threads and not any(t.is_alive() for t in threads) and not done.is_set():
+            return False  # every started thread ended, but _start stopped starting them (stop): the rest are stopped
+    return False
 
 
-def _check(backend: object, host: str, command: str, timeout_s: float, environ: Mapping[str, str]) -> HostHealth:
-    """Run ``command`` on ``host``; return how it went."""
+def _check(backend: object, host: str, command: str, timeout_s: float, *, environ: Mapping[str, str],
+           cancel: Scope, mask: tuple[str, ...]) -> HealthCheck:
+    """Run the check on ``host`` through ``backend`` within ``cancel``; return how it went (never raises for the host)."""
     from poprun.apply.hostrun import run_script
 
-    token = os.urandom(8).hex()
+    begin_mark, status_mark = secrets.token_hex(8), secrets.token_hex(8)
+    script = host_script(command, timeout_s, begin=begin_mark, end=status_mark, mark=secrets.token_hex(8))
     began = time.monotonic()
-    answer = run_script(backend, host, host_script(command, timeout_s, token), environ=environ,
-                        timeout_s=timeout_s + _MARGIN_S)
-    ms = round((time.monotonic() - began) * 1000)
+    try:
+        with scope(cancel):
+            answer = run_script(backend, host, script, environ=environ, timeout_s=timeout_s + ANSWER_S)
+    except CancelledError:
+        answer = None
+    except Exception as exc:  # noqa: BLE001 - a plugin's run_on_host that fails otherwise (PR461): this host's reason
+        answer = " ".join(str(getattr(exc, "message", "") or exc or type(exc).__name__).split())
+    ms = int((time.monotonic() - began) * 1000)
+    if answer is None or cancel.cancelled:
+        return HealthCheck(host=host, outcome=STOPPED, ms=ms)
     if isinstance(answer, str):
-        return HostHealth(host=host, ok=False, ms=ms, reason=answer)
+        return HealthCheck(host=host, outcome=UNREACHABLE, ms=ms, reason=printable(mask_text(answer, mask)))
     _, out = answer
-    return _read(host, out, token, ms)
+    status, tail = _parse(out, begin_mark, status_mark)
+    lines = _lines(tail, mask)
+    if status is None:  # no answer within the deadline and the time to send it back
+        return HealthCheck(host=host, outcome=TIMED_OUT, ms=ms, tail=lines)
+    if status in TIMEOUT_STATUSES and ms >= timeout_s * 1000:
+        return HealthCheck(host=host, outcome=TIMED_OUT, ms=ms, tail=lines)
+    return HealthCheck(host=host, outcome=PASSED if status == 0 else FAILED, status=status, ms=ms, tail=lines)
 
 
-def _read(host: str, out: bytes, token: str, ms: int) -> HostHealth:
-    """Return the result the script's output ``out`` says (its mark line, then the check's last output)."""
-    mark = _mark(token).encode()
-    at = out.find(mark)
+# coreutils timeout's status when the deadline ended the check: 124, or 137 when the check outlived SIGTERM and
+# timeout's SIGKILL a second later took timeout (its group's leader) with it
+TIMEOUT_STATUSES = (124, 137)
+
+# The host-side script: $__poprun_hk marks every process of the check (its environment), and
+# __poprun_kill kills each that carries it (a few rounds: one may fork meanwhile). The heartbeat
+# writes a byte a second; when it cannot (the connection is gone), it kills the check's processes and
+# the script. The check runs under timeout (when the host has it) with its output through tail -c;
+# once it has ended, the begin mark goes to the connection (fd 3), then the kept tail, which ends
+# with the status mark and the check's status. TERM (poprun ending it) kills the check's processes too.
+_SCRIPT = """\
+__poprun_kill() {
+  __poprun_i=0
+  while [ $__poprun_i -lt 5 ]; do
+    __poprun_f=; for __poprun_p in $(grep -l -s -a -F -e "__poprun_hk=$__poprun_hk" /proc/[0-9]*/environ 2>/dev/null); do
+      __poprun_p=${__poprun_p#/proc/}; kill -KILL "${__poprun_p%/environ}" 2>/dev/null && __poprun_f=1; done
+    [ -n "$__poprun_f" ] || return 0; __poprun_i=$((__poprun_i + 1))
+  done
+}
+trap '__poprun_kill; exit 143' TERM
+__poprun_t=; command -v timeout >/dev/null 2>&1 && __poprun_t="timeout -k 1 $__poprun_s"
+exec 3>&1
+{ trap '' PIPE; while printf . 2>/dev/null; do __poprun_hk=$__poprun_hk sleep 1; done; __poprun_kill; kill -TERM $$; } </dev/null &
+__poprun_b=$!
+{ __poprun_hk=$__poprun_hk __poprun_hc=$__poprun_hc $__poprun_t sh -c 'eval "unset __poprun_hc
+$__poprun_hc"' </dev/null 2>&1 3>&-
+  __poprun_r=$?
+  kill -KILL $__poprun_b 2>/dev/null; __poprun_kill
+  printf '\\n%s\\n' "$__poprun_m1" >&3
+  printf '\\n%s %d\\n' "$__poprun_m2" "$__poprun_r"; } 3>&3 | tail -c @TAIL@ &
+wait $!
+__poprun_kill"""
+
+
+def host_script(command: str, timeout_s: float, *, begin: str, end: str, mark: str) -> str:
+    """
+    Return the POSIX sh script (for ``sh -s``) that runs ``command`` as a health check, bounded by ``timeout_s``.
+
+    ``begin`` and ``end`` are random marks (hexadecimal) poprun finds in its output: after
+    ``begin`` comes the kept tail, ending with ``end`` and the status; ``mark`` is put in the
+    environment of every process of the check. ``command`` travels single-quoted, as data.
+    """
+    seconds = f"{max(0.001, timeout_s):.3f}".rstrip("0").rstrip(".")
+    head = (f"__poprun_hc={shlex.quote(command)}\n__poprun_hk={mark}\n__poprun_m1=poprun-health-{begin}\n"
+            f"__poprun_m2=poprun-health-{end}\n__poprun_s={seconds}\n")
+    return head + _SCRIPT.replace("@TAIL@", str(TAIL_BYTES))
+
+
+def _parse(out: bytes, begin: str, end: str) -> tuple[int | None, bytes]:
+    """Return the check's status (None: no answer) and its output's tail, from the host script's output ``out``."""
+    start = out.find(f"\npoprun-health-{begin}\n".encode())
+    if start < 0:
+        return None, b""
+    tail = out[start + len(begin) + len("\npoprun-health-\n"):]
+    marker = f"\npoprun-health-{end} ".encode()
+    at = tail.rfind(marker)
     if at < 0:
-        return HostHealth(host=host, ok=False, ms=ms, reason="no answer from the check's script (its connection or "
-                                                             "shell ended first)")
-    line, _, rest = out[at + len(mark):].partition(b"\n")
-    how = line.decode(errors="replace").strip()
-    tail = tuple(text for text in rest.decode(errors="replace").splitlines()[-TAIL_LINES:])
-    if how.startswith("none"):
-        return HostHealth(host=host, ok=False, ms=ms, reason=how[4:].strip() or "the check could not start")
-    if how == "timeout":
-        return HostHealth(host=host, ok=False, ms=ms, timed_out=True, tail=tail)
-    status = int(how) if how.isdigit() else -1
-    return HostHealth(host=host, ok=status == 0, ms=ms, status=status, tail=tail)
+        return None, tail
+    word = tail[at + len(marker):].split(b"\n", 1)[0]
+    return (int(word) if word.isdigit() else None), tail[:at]
+
+
+def _lines(tail: bytes, mask: tuple[str, ...]) -> tuple[str, ...]:
+    """Return the last :data:`TAIL_LINES` non-empty lines of ``tail``, each masked, printable-escaped and cut."""
+    text = mask_text(tail.decode(errors="replace").replace("\r\n", "\n"), mask)
+    lines = [line for line in text.split("\n") if line.strip()][-TAIL_LINES:]
+    return tuple(_cut(printable(line)) for line in lines)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= LINE_CHARS else line[:LINE_CHARS - 3] + "..."
+
+
+def _why(check: HealthCheck, timeout_ms: int) -> str:
+    """Return one line: why ``check``'s host did not pass."""
+    if check.outcome == UNREACHABLE:
+        return f"the health check could not reach it: {check.reason}"
+    if check.outcome == TIMED_OUT:
+        return f"its health check timed out after {_seconds(timeout_ms)} s"
+    return f"its health check failed with status {check.status}"
+
+
+def _seconds(ms: int) -> str:
+    return f"{ms / 1000:.3f}".rstrip("0").rstrip(".")
+
+
+def health_problems(checks: HealthChecks, *, spares_left: Iterable[str] = ()) -> tuple[Diagnostic, ...]:
+    """
+    Return a diagnostic per host that did not pass: PR445 (failed, timed out), PR446 (unreachable).
+
+    ``spares_left``: the spares that could still replace a host (named in the hint).
+
+    Diagnostics: PR445 (a host failed its health check), PR446 (the check could not reach a host).
+    """
+    spares = ", ".join(spares_left)
+    hint_spare = f"a spare ({spares}) replaces it" if spares else "give a spare with --spare-host"
+    problems = []
+    for check in checks.checks:
+        if check.outcome in (FAILED, TIMED_OUT):
+            ended = (f"timed out after {_seconds(checks.timeout_ms)} s" if check.outcome == TIMED_OUT
+                     else f"exited with status {check.status}")
+            shown = f"its last lines: {' | '.join(check.tail)}" if check.tail else "it printed nothing"
+            problems.append(error(
+                "PR445", "host failed its health check",
+                detail=f"on {check.host}, the health check {ended}; {shown}",
+                span=SourceSpan.environment(f"host {check.host}"),
+                hint=f"fix {check.host} (run the check there by hand to see why), {hint_spare}, or allow fewer "
+                     "hosts with a smaller --min-hosts"))
+        elif check.outcome == UNREACHABLE:
+            problems.append(error(
+                "PR446", "health check could not reach a host",
+                detail=f"the health check could not run on {check.host}: {check.reason}",
+                span=SourceSpan.environment(f"host {check.host}"),
+                hint=f"check that {check.host} is up and reachable as the backend reaches it, {hint_spare}, or "
+                     "allow fewer hosts with a smaller --min-hosts"))
+    return tuple(problems)
+

@@ -18,6 +18,8 @@ changes no host: the next attempt runs where the last one did.
 
 from __future__ import annotations
 
+import threading
+
 from poprun.core.diagnostic import DiagnosticError, PreflightError
 from poprun.core.events import Replan
 from poprun.core.record import evolve
@@ -86,22 +88,27 @@ class Members:
         said = ask(self.plan.topology.hosts, environ=self._environ)
         return {h: str(said[h]) for h in self.plan.topology.hosts if h in said}
 
-    def unhealthy(self, *, stop: Callable[[], bool]) -> dict[str, str]:
+    def unhealthy(self, *, stop: threading.Event) -> dict[str, str]:
         """
         Run the health check on the plan's hosts and its spares not used yet; return the hosts that failed, with why.
 
-        Spares that fail join :attr:`unusable`. Nothing when the plan has no health check.
+        Spares that fail join :attr:`unusable`. Nothing when the plan has no health check. ``stop``
+        (set by a stop signal) ends the checks under way; the hosts not checked then are not lost.
         """
         policy = self.plan.membership
         if not policy.health_check:
             return {}
-        from poprun.apply.health import check_hosts
+        from poprun.apply.health import HealthChecks, check_hosts, health_problems
 
         spares = tuple(h for h in policy.spares if h not in self.unusable)
         checked = check_hosts(self._backend, self.plan, (*self.plan.topology.hosts, *spares), environ=self._environ,
                               emit=self._emit, stop=stop)
-        failed = checked.failed()
-        self._found.update(checked.diagnostics())
+        failed = checked.lost()
+        left = [h for h in spares if h not in failed]
+        for check in checked.checks:
+            if check.host in failed:
+                one = HealthChecks(checks=(check,), timeout_ms=checked.timeout_ms)
+                self._found[check.host] = health_problems(one, spares_left=left)[0]
         self.unusable.update(h for h in failed if h in spares)
         return {h: why for h, why in failed.items() if h in self.plan.topology.hosts}
 

@@ -25,6 +25,8 @@ The exceptions poprun raises, all of them (the model is httpx's ``_exceptions.py
      ├── ValueError ── HostlistError, InvalidValueError, PlacementError, ShapeError,
      │                 RawBytesError: internal, each turned into a diagnostic where it is caught
      ├── AttributeError ── FrozenRecordError    a programmer's error: records are frozen
+     ├── CancelledError                         a host command ended by its cancelled Scope: the health
+     │                                          check's stop (poprun.process.hostscript)
      └── Refusal                                the V-IPU emulator's HTTP answer, not a failure
 
 - :class:`DiagnosticError` is what a stage raises once, at its end, with every problem it
@@ -164,7 +166,7 @@ CODES: dict[str, str] = {
     "PR443": "SSH key could not be made",
     "PR444": "ssh-copy-id refused",
     "PR445": "host failed its health check",
-    "PR446": "health check could not run on a host",
+    "PR446": "health check could not reach a host",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",

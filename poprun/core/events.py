@@ -96,6 +96,27 @@ class HostChecked:
 
 
 @record
+class HealthChecked:
+    """
+    The plan's health check ended on ``host`` (before an attempt starts): ``outcome`` passed, failed, timed out or unreachable.
+
+    ``status``: the check's exit status (None when it timed out or could not run); ``ms``: how
+    long it took; ``tail``: its output's last lines (standard output and error together,
+    printable-escaped, secrets masked); ``reason``: why the host could not be reached.
+    """
+
+    kind: ClassVar[str] = "health-check"
+
+    host: str
+    ok: bool
+    outcome: str = ""
+    status: int | None = None
+    ms: int = 0
+    tail: tuple[str, ...] = ()
+    reason: str = ""
+
+
+@record
 class HostConnected:
     """
     The ssh backend's shared connection to a host is up: how long it took (from the moment it was opened, in the fan-out window) and in how many attempts.
@@ -307,27 +328,6 @@ class Replan:
 
 
 @record
-class HealthChecked:
-    """
-    The membership policy's health check ran on ``host`` (docs/membership.md): ``ok`` when it exited with 0 in time.
-
-    Else ``status`` is its exit status (-1: none), ``timed_out`` that it ran past its deadline,
-    or ``reason`` why it could not run there; ``ms`` how long it took; ``tail`` the last lines of
-    its output (standard output and error together).
-    """
-
-    kind: ClassVar[str] = "health-check"
-
-    host: str
-    ok: bool
-    status: int = 0
-    ms: int = 0
-    timed_out: bool = False
-    reason: str = ""
-    tail: tuple[str, ...] = ()
-
-
-@record
 class LimitReached:
     """
     A time limit was reached: ``limit`` ``timeout`` (the run's), ``stall`` (no output) or ``signal`` (``--signal``'s).
@@ -353,13 +353,13 @@ class StacksCollected:
     how: str = ""
 
 
-Event = (RunStarted | HostChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
+Event = (RunStarted | HostChecked | HealthChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
-         | AttemptStarted | AttemptEnded | Replan | HealthChecked | LimitReached | StacksCollected | MpiWithoutLauncher)
+         | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
-    RunStarted, HostChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
+    RunStarted, HostChecked, HealthChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, Replan, HealthChecked, LimitReached, StacksCollected, MpiWithoutLauncher)}
+    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:

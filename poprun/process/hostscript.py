@@ -11,11 +11,12 @@ Its standard output is kept up to :data:`MAX_OUTPUT` bytes (more is read and dro
 script never blocks on a full pipe); after ``timeout_s`` the command's whole process group is
 killed and the status is :data:`TIMED_OUT`.
 
-A caller may cancel the commands its thread runs (a stop while health checks run on many hosts):
-within :func:`cancelled_by`, once the event is set, the command's process group is sent SIGHUP
-(a script's traps clean up; a closed ssh session ends the remote script at its next write) and,
-a moment later, SIGKILL; the status is :data:`TIMED_OUT`. The event travels in the thread's
-context (a :class:`~contextvars.ContextVar`), so no backend's ``run_on_host`` has to pass it on.
+A caller that must end such scripts early from another thread (poprun stopped while health
+checks run on every host) runs them inside a :class:`Scope` (:func:`scope`): :meth:`Scope.cancel`
+sends SIGTERM to the process group of every command running in it (the local ``sh``, an ``ssh``
+or ``srun`` client), gives it :data:`CANCEL_GRACE_S` to end (a host-side script that traps TERM
+cleans up), then SIGKILL; :func:`run_script` then raises :class:`CancelledError`. The protocol's
+``run_on_host`` keeps its signature: the scope is the calling thread's.
 """
 
 from __future__ import annotations
@@ -26,36 +27,76 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
-from collections.abc import Mapping, Sequence
-from contextvars import ContextVar
+from collections.abc import Iterator, Mapping, Sequence
 
 from poprun.core.exitstatus import TIMED_OUT  # timeout(1)'s status
-
-TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
-if TYPE_CHECKING:
-    import threading
-    from collections.abc import Iterator
 
 MAX_OUTPUT = 1 << 20  # bytes of standard output kept (HostCommands' promise)
 MAX_ERROR = 1 << 14  # bytes of the command's own standard error kept (ssh's or srun's words)
 LOCAL_SHELL = ("/bin/sh", "-s")
+CANCEL_GRACE_S = 1.0  # after SIGTERM, how long a cancelled command has to end before SIGKILL
+_TICK_S = 0.1  # how often a running script looks whether its scope was cancelled
 
-__all__ = ["LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "bounded_shell", "cancelled_by", "run_here", "run_script"]
+__all__ = ["CANCEL_GRACE_S", "LOCAL_SHELL", "MAX_OUTPUT", "TIMED_OUT", "CancelledError", "Scope", "bounded_shell",
+           "run_here", "run_script", "scope"]
 
-_CANCEL: ContextVar[threading.Event | None] = ContextVar("poprun_host_command_cancel", default=None)
-_HANGUP_GRACE_S = 2.0  # between SIGHUP and SIGKILL of a cancelled command (its traps clean up)
-_POLL_S = 0.1  # how often a cancellable command's wait looks at its event
+
+class CancelledError(Exception):
+    """A script's command was ended because its :class:`Scope` was cancelled (nothing of it is left here)."""
+
+
+class Scope:
+    """
+    Commands started by :func:`run_script` in the threads that entered this scope, which :meth:`cancel` ends.
+
+    Thread-safe. A command started after :meth:`cancel` is ended at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._running: set[subprocess.Popen[bytes]] = set()
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        """Send SIGTERM to the process group of every command running in the scope; :func:`run_script` does the rest."""
+        with self._lock:
+            self.cancelled = True
+            running = list(self._running)
+        for proc in running:
+            _signal_group(proc, signal.SIGTERM)
+
+    def _add(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._running.add(proc)
+            cancelled = self.cancelled
+        if cancelled:
+            _signal_group(proc, signal.SIGTERM)
+
+    def _remove(self, proc: subprocess.Popen[bytes]) -> None:
+        with self._lock:
+            self._running.discard(proc)
+
+
+_CURRENT = threading.local()  # .scope: the Scope the calling thread runs its scripts in (none: not cancellable)
 
 
 @contextlib.contextmanager
-def cancelled_by(event: threading.Event) -> Iterator[None]:
-    """Within this block, the commands this thread runs (:func:`run_script`) end once ``event`` is set."""
-    token = _CANCEL.set(event)
+def scope(cancel: Scope) -> Iterator[Scope]:
+    """Run the calling thread's scripts (:func:`run_script`, through any backend's ``run_on_host``) in ``cancel``."""
+    before = getattr(_CURRENT, "scope", None)
+    _CURRENT.scope = cancel
     try:
-        yield
+        yield cancel
     finally:
-        _CANCEL.reset(token)
+        _CURRENT.scope = before
+
+
+def _signal_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    if proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, sig)  # its own session: the group id is its pid until it is reaped
 
 
 def wrapped(script: str) -> bytes:
@@ -86,21 +127,27 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
 
     Raises:
         OSError: when ``argv`` cannot be started.
+        CancelledError: when the calling thread's :class:`Scope` was cancelled meanwhile.
     """
     proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603 - the caller's command
                             stderr=subprocess.PIPE if keep_stderr else subprocess.DEVNULL, env=dict(env),
                             start_new_session=True)
-    cancel = _CANCEL.get()
+    within: Scope | None = getattr(_CURRENT, "scope", None)
+    if within is not None:
+        within._add(proc)  # noqa: SLF001 - the scope's own module
     try:
-        out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s, cancel)
+        out, err, late = _pump(proc, wrapped(script), time.monotonic() + timeout_s, within)
     except BaseException:  # an interrupt (poprun stopped while it waits): nothing of the command is left
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         raise
-    if cancel is not None and cancel.is_set():
-        _hang_up(proc)
-        return TIMED_OUT, out, err
+    finally:
+        if within is not None:
+            within._remove(proc)  # noqa: SLF001 - the scope's own module
+    if within is not None and within.cancelled:
+        _end(proc)
+        raise CancelledError
     if late:
         with contextlib.suppress(OSError):
             os.killpg(proc.pid, signal.SIGKILL)
@@ -115,20 +162,19 @@ def run_script(argv: Sequence[str], script: str, *, env: Mapping[str, str], time
         return TIMED_OUT, out, err
 
 
-def _hang_up(proc: subprocess.Popen[bytes]) -> None:
-    """End a cancelled command: SIGHUP to its process group, SIGKILL if it is still there a moment later."""
-    with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGHUP)
+def _end(proc: subprocess.Popen[bytes]) -> None:
+    """End ``proc``'s group: SIGTERM, :data:`CANCEL_GRACE_S` to go (a script's trap cleans up), then SIGKILL; reap it."""
+    _signal_group(proc, signal.SIGTERM)
     with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(_HANGUP_GRACE_S)
+        proc.wait(CANCEL_GRACE_S)
     with contextlib.suppress(OSError):
-        os.killpg(proc.pid, signal.SIGKILL)
+        os.killpg(proc.pid, signal.SIGKILL)  # what is left of its group (the leader may be gone: its pid is not reused yet)
     proc.wait()
 
 
 def _pump(proc: subprocess.Popen[bytes], data: bytes, deadline: float,
-          cancel: threading.Event | None = None) -> tuple[bytes, bytes, bool]:
-    """Write ``data`` to ``proc``'s input and read its outputs until both end (or ``cancel``); return them and whether time ran out."""
+          within: Scope | None = None) -> tuple[bytes, bytes, bool]:
+    """Write ``data`` to ``proc``'s input and read its outputs until both end (or ``within`` is cancelled); return them and whether time ran out."""
     assert proc.stdin is not None
     assert proc.stdout is not None
     out, err = proc.stdout.fileno(), proc.stderr.fileno() if proc.stderr is not None else -1
@@ -141,10 +187,11 @@ def _pump(proc: subprocess.Popen[bytes], data: bytes, deadline: float,
                 selector.register(fd, selectors.EVENT_READ)
         os.set_blocking(stdin, False)
         selector.register(stdin, selectors.EVENT_WRITE)
-        while selector.get_map() and not late and not (cancel is not None and cancel.is_set()):
+        while selector.get_map() and not late and not (within is not None and within.cancelled):
             left = deadline - time.monotonic()
             late = left <= 0
-            for key, _ in selector.select(max(0.0, min(left, _POLL_S) if cancel is not None else left)):
+            wait = max(0.0, left) if within is None else min(max(0.0, left), _TICK_S)
+            for key, _ in selector.select(wait):
                 if key.fd == stdin:
                     view = _write(proc, selector, view)
                     continue

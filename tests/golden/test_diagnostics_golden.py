@@ -18,7 +18,8 @@ CASE_DIRS = case_dirs(Path(__file__).parent / "diagnostics")
 HOST_CASE_DIRS = [*case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden"),
                   *case_dirs(Path(__file__).parents[1] / "e2e" / "hosts" / "golden_mpirun"),
                   *case_dirs(Path(__file__).parents[1] / "e2e" / "runs_golden"),
-                  *case_dirs(Path(__file__).parents[1] / "e2e" / "ports_golden")]
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "ports_golden"),
+                  *case_dirs(Path(__file__).parents[1] / "e2e" / "health_golden")]
 
 
 def stderr_of(case: Path, monkeypatch: pytest.MonkeyPatch) -> str:

@@ -20,11 +20,12 @@ EVERY_EVENT = [
     events.RunStarted(run="20261125-000000-abcdef", backend="ssh", instances=2, hosts=("h1", "h2")),
     events.InstanceOutputTruncated(index=0, kept=10), events.Teardown(), events.RunEnded(status=3, root_cause=1),
     events.HostChecked(host="h1", ok=True),
+    events.HealthChecked(host="h1", ok=True, outcome="passed", status=0, ms=12, tail=("fine",)),
+    events.HealthChecked(host="h2", ok=False, outcome="unreachable", reason="PR405: host name not known"),
     events.HostConnected(host="h1", ms=120),
     events.PhaseEnded(phase="first-output", ms=310),
     events.AttemptStarted(attempt=0), events.AttemptEnded(attempt=0, status=0),
     events.Replan(attempt=1, removed=("h2",)),
-    events.HealthChecked(host="h2", ok=True),
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
 ]

@@ -46,6 +46,7 @@ import os
 import selectors
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -425,6 +426,7 @@ class MpirunBackend:
         self.grace_s = grace_s
         self._remote = remote  # how other hosts are reached for run_on_host (the registry's: the ssh backend's way)
         self._reach: HostCommands | None = None
+        self._reach_lock = threading.Lock()  # commands run at once on several hosts (the health check) make it once
 
     def run_on_host(self, host: str, script: str, *, environ: Mapping[str, str],
                     timeout_s: float) -> tuple[int, bytes]:
@@ -444,9 +446,11 @@ class MpirunBackend:
                                       "to reach other hosts", span=SourceSpan.environment(f"host {host}"),
                                hint="make the backend with remote= (the registry's mpirun backend reaches other "
                                     "hosts as the ssh backend does)")
-        if self._reach is None:
-            self._reach = self._remote()
-        return self._reach.run_on_host(host, script, environ=environ, timeout_s=timeout_s)
+        with self._reach_lock:
+            if self._reach is None:
+                self._reach = self._remote()
+            reach = self._reach
+        return reach.run_on_host(host, script, environ=environ, timeout_s=timeout_s)
 
     def describe(self, plan: LaunchPlan) -> str:
         """Return the ``mpirun command: ...`` line of ``poprun plan``: the command as it runs, secrets masked."""

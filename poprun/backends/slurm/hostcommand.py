@@ -9,7 +9,9 @@ Layer: ``poprun.backends``; imports :mod:`poprun.process`, :mod:`poprun.backends
 the launch's step (``--overlap``: it takes no CPU from the instances, and does not wait for
 them), with the script on its standard input; bounded here (srun's group is killed) and
 there (:func:`~poprun.process.hostscript.bounded_shell`). On this machine, when it is
-the node, the script runs here.
+the node, the script runs here. ``srun`` starts under ``setpriv --pdeathsig TERM`` (util-linux)
+where there is one: should poprun die while it runs, even by SIGKILL, srun gets SIGTERM and
+ends its step (without setpriv, it runs on until the script's own bound there).
 """
 
 from __future__ import annotations
@@ -77,9 +79,12 @@ def run_on_host(host: str, script: str, *, environ: Mapping[str, str], timeout_s
     if "/" in host or host.startswith("-") or not host.strip():
         raise _unreachable(host, f"{host!r} is not a node name",
                            'name a node of the allocation (scontrol show hostnames "$SLURM_JOB_NODELIST")')
+    argv = host_command(srun, host, timeout_s)
+    setpriv = which("setpriv", environ.get("PATH", os.defpath))
+    if setpriv is not None:  # srun (a session of its own) ends its step should poprun die meanwhile, even by SIGKILL
+        argv = [setpriv, "--pdeathsig", "TERM", "--", *argv]
     try:
-        status, out, err = run_script(host_command(srun, host, timeout_s), script, env=env, timeout_s=timeout_s,
-                                      keep_stderr=True)
+        status, out, err = run_script(argv, script, env=env, timeout_s=timeout_s, keep_stderr=True)
     except OSError as exc:
         raise helper_failed(exc, "srun", f"cannot start srun: {exc.strerror}") from exc
     words = [line.strip() for line in err.decode(errors="replace").splitlines() if line.strip()]

@@ -149,16 +149,31 @@ class SshBackend:
         # before a launch (the port plan): through a client kept for the launch that follows (its connection is
         # the launch's), guarded by a watchdog of its own, so that a poprun killed meanwhile leaves no control
         # directory and no connection behind
+        # (commands run at once on several hosts, the health check's, share that one client: one launch takes it)
         settings = self._settings(environ)
         try:
-            kept = self._take_kept(settings) or SshClient(config=settings[0], host_timeout_s=settings[2],
-                                                          connect_timeout_s=settings[3], guarded=dict(environ))
+            kept = self._kept_for(settings, environ)
         except WatchdogError:  # no watchdog: a connection of its own, that leaves nothing behind
             return run_once(host, script, environ=environ, timeout_s=timeout_s, settings=settings)
-        try:
-            return run_on_host(lambda _source: kept, host, script, environ=environ, timeout_s=timeout_s)
-        finally:
-            self._keep(kept)
+        return run_on_host(lambda _source: kept, host, script, environ=environ, timeout_s=timeout_s)
+
+    def _kept_for(self, settings: tuple[str | None, str, float, float], environ: Mapping[str, str]) -> SshClient:
+        """
+        Return the client kept for the next launch with ``settings``, made and kept now when there is none.
+
+        Commands before a launch, one after another or at once from several threads, go through
+        this one client (each host's connection opened once); the one kept before with other
+        settings is closed. Raises :class:`WatchdogError` when the new client's watchdog cannot start.
+        """
+        with self._kept_lock:
+            old = self._kept
+            if old is not None and not old.closed and old.settings == settings:
+                return old
+            self._kept = client = SshClient(config=settings[0], host_timeout_s=settings[2],
+                                            connect_timeout_s=settings[3], guarded=dict(environ))
+        if old is not None:
+            old.close()
+        return client
 
     @staticmethod
     def _settings(source: Mapping[str, str]) -> tuple[str | None, str, float, float]:
