@@ -122,7 +122,9 @@ class Members:
         replanned = replan(self.plan, lost, self.context(), unusable=self.unusable)
         self.plan = replanned.plan
         topology = replanned.plan.topology
-        self.changes[attempt] = replanned.why
+        # the same attempt re-planned again (a spare that joined failed its preflight): it still lost the hosts before
+        before = self.changes.get(attempt)
+        self.changes[attempt] = f"{before}; then {replanned.why}" if before else replanned.why
         self._told = Replan(attempt=attempt, removed=replanned.removed, added=replanned.added, shrunk=replanned.shrunk,
                             hosts=topology.hosts, instances=topology.num_instances, replicas=topology.num_replicas,
                             reason=replanned.why)

@@ -1,0 +1,91 @@
+"""
+The apply step with a membership policy, under hostile turns of events (docs/membership.md).
+
+Hosts lost two at once, one after another across attempts (spares used up, then shrinking), a
+spare that is down when it joins, instance 0's host lost, an edited saved plan: each attempt's
+hosts, environment, ``replan`` event and record must say exactly what happened. The scripted
+backend of :mod:`test_apply_membership` stands in for ssh.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from poprun.core import events
+from poprun.core.record import evolve
+from tests.unit.test_apply_membership import Scripted, fail_preflight, hosts_of, lose, planned, run, succeed
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_two_hosts_lost_at_once_one_spare_replaces_the_first_and_the_plan_shrinks_by_the_other(tmp_path: Path) -> None:
+    """h2 and h3 lost in attempt 0, one spare, --min-hosts 3: h5 takes h2's place, h3's goes; WORLD_SIZE 3."""
+    def lose_two(plan):  # type: ignore[no-untyped-def]
+        ended = lose("h2")(plan)
+        failures = tuple(evolve(f, lost=f.host in ("h2", "h3"), stopped=f.host not in ("h2", "h3"))
+                         for f in ended.failures)
+        return evolve(ended, failures=failures)
+
+    plan = planned("--host", "h1,h2,h3,h4", "--spare-host", "h5", "--min-hosts", "3", "--max-restarts", "1",
+                   "--restart-backoff", "0")
+    backend = Scripted(lose_two, succeed)
+    result, sink, _ = run(plan, backend, tmp_path)
+
+    assert result.error is None, result.error
+    assert ["h1", "h5", "h4"] == hosts_of(backend.plans[1])
+    assert {"3"} == {i.env.get("WORLD_SIZE") for i in backend.plans[1].instances}
+    (replan,) = sink.of(events.Replan)
+    assert (("h2", "h3"), ("h5",), True) == (replan.removed, replan.added, replan.shrunk)  # type: ignore[attr-defined]
+    assert replan.reason.startswith("h5 replaces h2; h3 left out: 4 -> 3 hosts")  # type: ignore[attr-defined]
+
+
+def test_hosts_lost_one_after_another_use_up_the_spares_then_shrink_then_end_with_pr310(tmp_path: Path) -> None:
+    """h2 lost (h5 joins), then h5 lost (no spare: 3 hosts), then h4 lost (below --min-hosts 3): PR310, nothing more starts."""
+    plan = planned("--host", "h1,h2,h3,h4", "--spare-host", "h5", "--min-hosts", "3", "--max-restarts", "5",
+                   "--restart-backoff", "0", "--crash-loop", "9")  # each loss is quick here: not a crash loop
+    backend = Scripted(lose("h2"), lose("h5"), lose("h4"), succeed)
+    result, sink, _ = run(plan, backend, tmp_path)
+
+    assert [["h1", "h2", "h3", "h4"], ["h1", "h5", "h3", "h4"], ["h1", "h3", "h4"]] == [hosts_of(p) for p in backend.plans]
+    assert result.error is not None and 125 == result.error.status
+    assert ["PR310"] == [d.code for d in result.error.diagnostics], result.error
+    assert [(("h2",), ("h5",)), (("h5",), ())] == [(e.removed, e.added) for e in sink.of(events.Replan)]  # type: ignore[attr-defined]
+    assert [("h1", "h2", "h3", "h4"), ("h1", "h5", "h3", "h4"), ("h1", "h3", "h4")] == [a.hosts for a in result.attempts]
+    assert "not restarted" in result.attempts[-1].next and "PR310" in result.attempts[-1].next
+
+
+def test_losing_instance_0s_host_moves_master_addr_to_the_new_first_host(tmp_path: Path) -> None:
+    """h1 (instance 0's) lost, spare h3: every instance of attempt 1 has MASTER_ADDR h3, RANK 0 is on h3."""
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    backend = Scripted(lose("h1"), succeed)
+    result, _, _ = run(plan, backend, tmp_path)
+
+    assert result.error is None, result.error
+    second = backend.plans[1]
+    assert [("h3", "0"), ("h2", "1")] == [(i.host, i.env.get("RANK")) for i in second.instances]
+    assert {"h3"} == {i.env.get("MASTER_ADDR") for i in second.instances}
+
+
+def test_a_spare_down_when_it_joins_the_attempt_says_every_host_it_lost(tmp_path: Path) -> None:
+    """
+    h3 lost, then spare h4's preflight fails as it joins: attempt 1 runs on h1, h2 (--min-hosts 2).
+
+    Attempt 1's record and report must still name h3 (the host attempt 0 lost), not only h4 (a
+    spare that never ran anything): the reader compares attempt 1 with attempt 0.
+    """
+    plan = planned("--host", "h1,h2,h3", "--spare-host", "h4", "--min-hosts", "2", "--max-restarts", "1",
+                   "--restart-backoff", "0")
+    backend = Scripted(lose("h3"), fail_preflight("h4"), succeed)
+    result, sink, record = run(plan, backend, tmp_path)
+
+    assert result.error is None, result.error
+    assert [["h1", "h2", "h3"], ["h1", "h2", "h4"], ["h1", "h2"]] == [hosts_of(p) for p in backend.plans]
+    assert ("h1", "h2") == result.attempts[1].hosts
+    assert "h3" in result.attempts[1].replan and "h4" in result.attempts[1].replan, result.attempts[1].replan
+    reasons = [e.reason for e in sink.of(events.Replan)]  # type: ignore[attr-defined]
+    assert any("h3" in r for r in reasons), reasons
+    kept = json.loads(Path(record.path, "attempts", "1", "plan.json").read_text())
+    assert ["h1", "h2"] == kept["topology"]["hosts"]
