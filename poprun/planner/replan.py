@@ -83,16 +83,19 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
     Raise PR312 unless the spec ``plan`` keeps, solved on the plan's own hosts, runs what the plan runs.
 
     A saved plan is untrusted input, and what a reviewer reads in it (each instance's program,
-    directory and environment) is what every attempt must run: a kept spec that would run
-    anything else after a re-plan (edited by hand, or written by another tool) is refused.
+    directory and environment, and the plan's settings: mpirun's options, the cache, the keys,
+    the backend's settings, recovery, the health check) is what every attempt must run: a kept
+    spec that would run anything else after a re-plan (edited by hand, or written by another
+    tool) is refused.
     """
     again = resolved(plan, plan.topology.hosts, plan.membership.spares, ctx, why="checking the kept spec",
                      resolve=_solve)
-    if _program(again) != _program(plan):
+    if _program(again) != _program(plan) or _settings(again) != _settings(plan):
         raise DiagnosticError([error(
             "PR312", "the plan's kept spec does not make the plan",
             detail="membership.spec, solved on the plan's own hosts, runs another program, directory or environment "
-                   "than the plan's instances: a re-planned attempt would not run what the plan shows",
+                   "than the plan's instances, or with other settings than the plan's: a re-planned attempt would not "
+                   "run what the plan shows",
             span=SourceSpan.environment("the plan's membership.spec"),
             hint="make the plan again with 'poprun plan ... --format json' rather than editing it, then apply it")])
 
@@ -100,6 +103,21 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
 def _program(plan: p.LaunchPlan) -> tuple[object, ...]:
     """Return what each instance of ``plan`` runs: program, directory and environment (not where, nor bound to what)."""
     return tuple((i.argv, i.cwd, i.env, i.mpi_local_args) for i in plan.instances)
+
+
+def _settings(plan: p.LaunchPlan) -> tuple[object, ...]:
+    """
+    Return the settings ``plan`` runs with besides its hosts and instances: all a re-plan must keep.
+
+    Not compared: why the backend was chosen (the re-plan names it itself), whether mpirun may
+    run as root (read from the process that solves: a plan applied by another user), the
+    membership's spares and minimum (what a re-plan changes) and its kept spec.
+    """
+    backend = plan.backend
+    return (plan.offline, plan.offline_target, plan.output, plan.cache, plan.ssh_keys, plan.partition, plan.mask,
+            plan.recovery, (backend.name, backend.traits, backend.settings),
+            (plan.mpi.global_args, plan.mpi.host_subnet, plan.mpi.srun_plugin),
+            (plan.membership.health_check, plan.membership.health_check_timeout_ms))
 
 
 def _solve(spec: Spec, ctx: Context) -> p.LaunchPlan:

@@ -89,3 +89,47 @@ def test_a_spare_down_when_it_joins_the_attempt_says_every_host_it_lost(tmp_path
     assert any("h3" in r for r in reasons), reasons
     kept = json.loads(Path(record.path, "attempts", "1", "plan.json").read_text())
     assert ["h1", "h2"] == kept["topology"]["hosts"]
+
+
+@pytest.mark.parametrize(("section", "added"), [
+    ("[membership]\n", 'health_check = "touch /tmp/poprun-pwned"\n'),
+    ("[run]\n", 'mpi_global_args_placeholder\n'),
+    ("[recovery]\n", 'pre_restart = "touch /tmp/poprun-pwned"\n'),
+    ("[recovery]\n", "max_restarts = 100\n"),
+])
+def test_a_kept_spec_edited_to_change_the_plans_settings_is_refused(tmp_path: Path, section: str, added: str) -> None:
+    """
+    A saved plan whose membership.spec adds a health check, mpirun options or a pre-restart command the plan lacks.
+
+    The re-planned attempt would run with settings no reviewer of the plan saw: PR312, and
+    nothing more starts (the edited spec's settings never reach a launch).
+    """
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    spec = plan.membership.spec
+    if added == "mpi_global_args_placeholder\n":
+        section, added = "[run]\n", '[mpi]\nglobal_args = "--mca plm_rsh_agent evil"\n\n'
+        edited = spec.replace(section, added + section)
+    else:
+        assert section in spec
+        key = added.split(" = ")[0] + " = "
+        lines = [ln for ln in spec.splitlines(keepends=True) if not ln.startswith(key)]
+        edited = "".join(lines).replace(section, section + added)
+    assert edited != spec
+    tampered = evolve(plan, membership=evolve(plan.membership, spec=edited))
+    backend = Scripted(lose("h2"), succeed)
+    result, sink, _ = run(tampered, backend, tmp_path)
+
+    assert (1, []) == (len(backend.plans), sink.of(events.Replan))
+    assert result.error is not None and ["PR312"] == [d.code for d in result.error.diagnostics], result.error
+
+
+@pytest.mark.parametrize("spec", ["[[[ not toml", "[topology]\nhosts = \"h1\x00\"\n"])
+def test_a_kept_spec_that_is_not_toml_ends_the_run_with_one_coded_diagnostic(tmp_path: Path, spec: str) -> None:
+    """A saved plan whose membership.spec is not TOML (or holds a NUL): a coded diagnostic, status 125, no traceback."""
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    backend = Scripted(lose("h2"), succeed)
+    result, sink, _ = run(evolve(plan, membership=evolve(plan.membership, spec=spec)), backend, tmp_path)
+
+    assert (1, []) == (len(backend.plans), sink.of(events.Replan))
+    assert result.error is not None and 125 == result.error.status
+    assert ["PR100"] == [d.code for d in result.error.diagnostics], result.error
