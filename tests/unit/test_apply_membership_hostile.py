@@ -16,9 +16,16 @@ import pytest
 
 from poprun.core import events
 from poprun.core.record import evolve
+from poprun.backends.base import RESTARTS_INSTANCES
 from tests.unit.test_apply_membership import Scripted, fail_preflight, hosts_of, lose, planned, run, succeed
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class Restarting(Scripted):
+    """The scripted ssh backend, declaring (as ssh does) that it restarts one instance alone."""
+
+    capabilities = frozenset({RESTARTS_INSTANCES})
 
 
 def test_two_hosts_lost_at_once_one_spare_replaces_the_first_and_the_plan_shrinks_by_the_other(tmp_path: Path) -> None:
@@ -133,3 +140,35 @@ def test_a_kept_spec_that_is_not_toml_ends_the_run_with_one_coded_diagnostic(tmp
     assert (1, []) == (len(backend.plans), sink.of(events.Replan))
     assert result.error is not None and 125 == result.error.status
     assert ["PR100"] == [d.code for d in result.error.diagnostics], result.error
+
+
+def test_restart_scope_instance_with_spares_is_explained_and_a_host_lost_while_running_ends_the_run(tmp_path: Path) -> None:
+    """
+    --restart-scope instance restarts an instance where it ran: a host lost mid-run ends the run, the spare unused.
+
+    The plan says so before anything runs (``membership.case.running``), rather than promising a spare.
+    """
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "2", "--restart-backoff", "0",
+                   "--restart-scope", "instance")
+    (said,) = [d for d in plan.explanation if d.key == "membership.case.running"]
+    assert "a host lost while the run runs ends it (PR411)" in said.reason
+    backend = Restarting(lose("h2"), succeed)
+    result, sink, _ = run(plan, backend, tmp_path)
+
+    assert (1, []) == (len(backend.plans), sink.of(events.Replan))
+    assert result.attempts[-1].next == "not restarted: its host stopped answering"
+
+
+def test_restart_scope_instance_still_replaces_a_host_that_fails_its_preflight(tmp_path: Path) -> None:
+    """What ``membership.case.running`` keeps: a host that fails the preflight before the start is replaced."""
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "2", "--restart-backoff", "0",
+                   "--restart-scope", "instance")
+    backend = Restarting(fail_preflight("h2"), succeed)
+    result, _, _ = run(plan, backend, tmp_path)
+
+    assert ([["h1", "h2"], ["h1", "h3"]], None) == ([hosts_of(p) for p in backend.plans], result.error)
+
+
+def test_without_instance_scope_the_plan_promises_no_such_case() -> None:
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "2")
+    assert not [d for d in plan.explanation if d.key == "membership.case.running"]
