@@ -14,9 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from poprun.backends.base import RESTARTS_INSTANCES, ApplyResult
 from poprun.core import events
 from poprun.core.record import evolve
-from poprun.backends.base import RESTARTS_INSTANCES
+from poprun.planner.plan import LaunchPlan
 from tests.unit.test_apply_membership import Scripted, fail_preflight, hosts_of, lose, planned, run, succeed
 
 pytestmark = pytest.mark.timeout(60)
@@ -30,7 +31,7 @@ class Restarting(Scripted):
 
 def test_two_hosts_lost_at_once_one_spare_replaces_the_first_and_the_plan_shrinks_by_the_other(tmp_path: Path) -> None:
     """h2 and h3 lost in attempt 0, one spare, --min-hosts 3: h5 takes h2's place, h3's goes; WORLD_SIZE 3."""
-    def lose_two(plan):  # type: ignore[no-untyped-def]
+    def lose_two(plan: LaunchPlan) -> ApplyResult:
         ended = lose("h2")(plan)
         failures = tuple(evolve(f, lost=f.host in ("h2", "h3"), stopped=f.host not in ("h2", "h3"))
                          for f in ended.failures)
@@ -100,7 +101,7 @@ def test_a_spare_down_when_it_joins_the_attempt_says_every_host_it_lost(tmp_path
 
 @pytest.mark.parametrize(("section", "added"), [
     ("[membership]\n", 'health_check = "touch /tmp/poprun-pwned"\n'),
-    ("[run]\n", 'mpi_global_args_placeholder\n'),
+    ("[run]\n", "mpi_global_args_placeholder\n"),
     ("[recovery]\n", 'pre_restart = "touch /tmp/poprun-pwned"\n'),
     ("[recovery]\n", "max_restarts = 100\n"),
 ])
@@ -130,7 +131,7 @@ def test_a_kept_spec_edited_to_change_the_plans_settings_is_refused(tmp_path: Pa
     assert result.error is not None and ["PR312"] == [d.code for d in result.error.diagnostics], result.error
 
 
-@pytest.mark.parametrize("spec", ["[[[ not toml", "[topology]\nhosts = \"h1\x00\"\n"])
+@pytest.mark.parametrize("spec", ["[[[ not toml", '[topology]\nhosts = "h1\x00"\n'])
 def test_a_kept_spec_that_is_not_toml_ends_the_run_with_one_coded_diagnostic(tmp_path: Path, spec: str) -> None:
     """A saved plan whose membership.spec is not TOML (or holds a NUL): a coded diagnostic, status 125, no traceback."""
     plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
@@ -172,3 +173,15 @@ def test_restart_scope_instance_still_replaces_a_host_that_fails_its_preflight(t
 def test_without_instance_scope_the_plan_promises_no_such_case() -> None:
     plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "2")
     assert not [d for d in plan.explanation if d.key == "membership.case.running"]
+
+
+def test_an_attempt_whose_spare_fails_its_preflight_is_told_again_with_the_same_number(tmp_path: Path) -> None:
+    """The events of docs/runs.md: attempt 1 re-planned, its preflight fails on the spare, re-planned and begun again."""
+    plan = planned("--host", "h1,h2,h3", "--spare-host", "h4", "--min-hosts", "2", "--max-restarts", "1",
+                   "--restart-backoff", "0")
+    _, sink, _ = run(plan, Scripted(lose("h3"), fail_preflight("h4"), succeed), tmp_path)
+
+    told = [(type(e).__name__, e.attempt) for e in sink.events  # type: ignore[attr-defined]
+            if isinstance(e, events.AttemptEnded | events.Replan | events.AttemptStarted)]
+    assert [("AttemptStarted", 0), ("AttemptEnded", 0), ("Replan", 1), ("AttemptStarted", 1), ("Replan", 1),
+            ("AttemptStarted", 1), ("AttemptEnded", 1)] == told
