@@ -185,3 +185,23 @@ def test_an_attempt_whose_spare_fails_its_preflight_is_told_again_with_the_same_
             if isinstance(e, events.AttemptEnded | events.Replan | events.AttemptStarted)]
     assert [("AttemptStarted", 0), ("AttemptEnded", 0), ("Replan", 1), ("AttemptStarted", 1), ("Replan", 1),
             ("AttemptStarted", 1), ("AttemptEnded", 1)] == told
+
+
+def test_a_lost_host_that_is_no_host_of_the_plan_ends_the_run_with_pr411_not_a_traceback(tmp_path: Path) -> None:
+    """
+    mpirun names a lost host by an address no host of the plan matches: nothing to leave out, so PR411 ends the run.
+
+    Before, the re-plan raised ValueError ("needs a host of the plan to leave out") out of apply().
+    """
+    from poprun.core.diagnostic import HostLostError, error
+    from poprun.core.span import SourceSpan
+
+    lost = HostLostError([error("PR411", "host 10.9.9.9 stopped answering", detail="gone",
+                                span=SourceSpan.environment("host 10.9.9.9"), hint="check it")], hosts=["10.9.9.9"])
+    plan = planned("--host", "h1,h2", "--spare-host", "h3", "--max-restarts", "1", "--restart-backoff", "0")
+    backend = Scripted(lambda _: lost, succeed)
+    result, sink, _ = run(plan, backend, tmp_path)
+
+    assert (1, []) == (len(backend.plans), sink.of(events.Replan))
+    assert result.error is not None and (125, ["PR411"]) == (result.error.status,
+                                                              [d.code for d in result.error.diagnostics])
