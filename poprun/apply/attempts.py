@@ -586,9 +586,7 @@ def cause(result: ApplyResult) -> str:
     if result.error is not None:
         return result.error.message or "; ".join(d.summary for d in result.error.diagnostics)
     failure = result.failure(result.root_cause)
-    if failure is None:
-        return ""
-    return ended_text(failure.index, failure.host, failure.signal, failure.exit_code)
+    return "" if failure is None else ended_text(failure.index, failure.host, failure.signal, failure.exit_code)
 
 
 def _members(attempts: Attempts) -> Members | None:
