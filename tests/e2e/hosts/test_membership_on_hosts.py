@@ -313,3 +313,28 @@ def test_when_no_smaller_plan_holds_the_run_ends_with_pr311_not_a_restart(five: 
     assert (125, "") == (proc.returncode, "".join(line for line in out.splitlines() if line.startswith("attempt 1"))), err
     assert "error[PR311]: no plan on the hosts left" in err and "error[PR302]" in err, err
     assert not any(e["event"] in ("replan", "attempt-started") and e["attempt"] == 1 for e in events(tmp_path))
+
+
+def test_a_spare_down_at_the_start_and_up_again_when_needed_takes_the_lost_hosts_place(
+        five: TestHosts, tmp_path: Path, link_down: list[str]) -> None:
+    """
+    h5 (the spare) is down while the run starts, then comes back; h3 is lost later: attempt 1 runs on h5.
+
+    The ssh backend connects the spares at the start: a spare that did not answer then is tried
+    again when it joins, never refused on that old failure alone.
+    """
+    link_down.append("h5")
+    five.set_link("h5", up=False)
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--min-hosts", "3",
+                 "--num-replicas", "4", "--max-restarts", "2", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    five.set_link("h5", up=True)
+    assert wait_for(lambda: five.ssh("h5", "true", timeout=10).returncode == 0, within_s=20)
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=120)
+
+    assert 0 == proc.returncode, err
+    hosts = sorted(line.split()[6] for line in out.splitlines() if line.startswith("attempt 1:"))
+    assert ["h1", "h2", "h4", "h5"] == hosts, (out, err)
+    assert [(["h3"], ["h5"])] == [(e["removed"], e["added"]) for e in events(tmp_path) if e["event"] == "replan"]
