@@ -11,6 +11,7 @@ else a coded diagnostic. The apply step imports this module, never the solver.
 from __future__ import annotations
 
 from poprun.core.diagnostic import DiagnosticError, error
+from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner.membership import Replanned, change, placed, resolved
 
@@ -45,7 +46,7 @@ def replan(plan: p.LaunchPlan, lost: Mapping[str, str], ctx: Context, *, unusabl
         raise ValueError(msg)
     kept, added, free = placed(plan, lost, unusable)
     why = "; ".join(f"{h}: {lost[h]}" for h in gone)
-    _check_kept_spec(plan, ctx)
+    _check_kept_spec(plan, ctx, gone=gone)
     solved, left_out = _largest(plan, kept, tuple(free), ctx, why=why)
     if left_out:
         why += f"; {', '.join(left_out)}: left out too, as no plan holds on {len(kept)} hosts"
@@ -78,9 +79,13 @@ def _largest(plan: p.LaunchPlan, kept: list[str], spares: tuple[str, ...], ctx: 
     raise first
 
 
-def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
+def _check_kept_spec(plan: p.LaunchPlan, ctx: Context, *, gone: tuple[str, ...] = ()) -> None:
     """
     Raise PR312 unless the spec ``plan`` keeps, solved on the plan's own hosts, runs what the plan runs.
+
+    The hosts ``gone`` (lost) are not probed again: their CPUs are unknown now, so the placement
+    and the thread variables the solver derives from the hosts' CPUs (``OMP_NUM_THREADS``,
+    ``MKL_DYNAMIC``) are not compared (a lost host of 64 cores is no edited plan).
 
     A saved plan is untrusted input, and what a reviewer reads in it (each instance's program,
     directory and environment, and the plan's settings: mpirun's options, the cache, the keys,
@@ -88,9 +93,9 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
     spec that would run anything else after a re-plan (edited by hand, or written by another
     tool) is refused.
     """
-    again = resolved(plan, plan.topology.hosts, plan.membership.spares, ctx, why="checking the kept spec",
+    again = resolved(plan, plan.topology.hosts, plan.membership.spares, _unprobed(ctx, gone), why="checking the kept spec",
                      resolve=_solve)
-    if _program(again) != _program(plan) or _settings(again) != _settings(plan):
+    if _program(again, gone) != _program(plan, gone) or _settings(again) != _settings(plan):
         raise DiagnosticError([error(
             "PR312", "the plan's kept spec does not make the plan",
             detail="membership.spec, solved on the plan's own hosts, runs another program, directory or environment "
@@ -100,9 +105,35 @@ def _check_kept_spec(plan: p.LaunchPlan, ctx: Context) -> None:
             hint="make the plan again with 'poprun plan ... --format json' rather than editing it, then apply it")])
 
 
-def _program(plan: p.LaunchPlan) -> tuple[object, ...]:
-    """Return what each instance of ``plan`` runs: program, directory and environment (not where, nor bound to what)."""
-    return tuple((i.argv, i.cwd, i.env, i.mpi_local_args) for i in plan.instances)
+def _program(plan: p.LaunchPlan, gone: tuple[str, ...] = ()) -> tuple[object, ...]:
+    """
+    Return what each instance of ``plan`` runs: program, directory and environment (not where, nor bound to what).
+
+    With hosts ``gone``, the thread variables (derived from the hosts' CPUs, unknown on those) are left out.
+    """
+    def env(instance: p.Instance) -> object:
+        if not gone:
+            return instance.env
+        return evolve(instance.env, set=tuple(kv for kv in instance.env.set if kv[0] not in _THREADS))
+
+    return tuple((i.argv, i.cwd, env(i), i.mpi_local_args) for i in plan.instances)
+
+
+_THREADS = ("OMP_NUM_THREADS", "MKL_DYNAMIC")  # poprun.planner.binding's, from a host's CPUs
+
+
+def _unprobed(ctx: Context, gone: tuple[str, ...]) -> Context:
+    """Return ``ctx`` whose probe of other hosts never reaches the hosts ``gone`` (they stopped answering)."""
+    probe = ctx.remote_probe
+    if probe is None or not gone:
+        return ctx
+
+    def without(hosts: tuple[str, ...]) -> Mapping[str, object]:
+        asked = tuple(h for h in hosts if h not in gone)
+        found: dict[str, object] = dict(probe(asked)) if asked else {}
+        return found | {h: "left the launch: not probed again" for h in hosts if h in gone}
+
+    return evolve(ctx, remote_probe=without)
 
 
 def _settings(plan: p.LaunchPlan) -> tuple[object, ...]:

@@ -205,3 +205,38 @@ def test_a_lost_host_that_is_no_host_of_the_plan_ends_the_run_with_pr411_not_a_t
     assert (1, []) == (len(backend.plans), sink.of(events.Replan))
     assert result.error is not None and (125, ["PR411"]) == (result.error.status,
                                                               [d.code for d in result.error.diagnostics])
+
+
+def test_a_lost_host_of_a_plan_bound_to_many_cpus_is_replaced_not_refused_as_edited(tmp_path: Path) -> None:
+    """
+    Four instances on two 80-CPU hosts (spreadnuma: 20 threads each), h2 lost: attempt 1 runs on h1 and the spare.
+
+    The kept-spec check (PR312) solved the spec again on the plan's own hosts, probing the lost h2
+    too: its CPUs unknown, every instance's OMP_NUM_THREADS came out 1, not 20, and a plan
+    poprun itself made was refused as edited. The lost host is never probed again either.
+    """
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.machine import load
+    from poprun.planner.solve import solve
+
+    topology = load("xeon-2s-2numa")
+    probed: list[tuple[str, ...]] = []
+
+    class Probing(Scripted):
+        def probe_topologies(self, hosts: tuple[str, ...], *, environ: object) -> dict[str, object]:  # noqa: ARG002
+            probed.append(tuple(hosts))
+            return {h: "no route to host" if h == "h2" else topology for h in hosts}
+
+    command = parse_flags(["--host", "h1,h2", "--spare-host", "h3", "--num-instances", "4", "--num-replicas", "4",
+                           "--max-restarts", "1", "--restart-backoff", "0", "--backend", "ssh", "--offline-mode=1",
+                           "sh", "-c", "true"], environ={})
+    plan = solve(command.spec, Context(environ={}, cwd="/work", remote_probe=lambda hosts: dict.fromkeys(hosts, topology))).plan
+    assert {"20"} == {i.env.get("OMP_NUM_THREADS") for i in plan.instances}
+    backend = Probing(lose("h2"), succeed)
+    result, _, _ = run(plan, backend, tmp_path)
+
+    assert result.error is None, result.error
+    assert ["h1", "h1", "h3", "h3"] == hosts_of(backend.plans[1])
+    assert {"20"} == {i.env.get("OMP_NUM_THREADS") for i in backend.plans[1].instances}
+    assert not [hosts for hosts in probed if "h2" in hosts], probed
