@@ -137,7 +137,7 @@ class Members:
             self._emit(told)
 
     def context(self) -> Context:
-        """Return the context a re-plan solves in: this process's, the environment the run was given, the plan's settings."""
+        """Return the context a re-plan solves in: this process's, the environment the run was given, the plan's settings and user."""
         if self._context is None:
             from poprun.planner.context import Context
 
@@ -147,7 +147,9 @@ class Members:
             bound = callable(probe) and any(i.placement.cpus for i in self.plan.instances)
             made = Context.from_process(probe_hosts=bound, remote_probe=probe if bound else None)
             environ = {**self._environ, **self.plan.backend.given_settings()}
-            self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/")
+            # mpirun's --allow-run-as-root as the plan has it: a saved plan applied by root (or made by it) keeps its own
+            self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/",
+                                   is_root=self.plan.mpi.allow_run_as_root)
         return self._context
 
 

@@ -240,3 +240,26 @@ def test_a_lost_host_of_a_plan_bound_to_many_cpus_is_replaced_not_refused_as_edi
     assert ["h1", "h1", "h3", "h3"] == hosts_of(backend.plans[1])
     assert {"20"} == {i.env.get("OMP_NUM_THREADS") for i in backend.plans[1].instances}
     assert not [hosts for hosts in probed if "h2" in hosts], probed
+
+
+@pytest.mark.parametrize("as_root", [False, True])
+def test_a_replanned_attempt_keeps_the_plans_allow_run_as_root_whoever_applies_it(tmp_path: Path, as_root: bool) -> None:
+    """
+    A plan made by one user and applied by another (root): the re-planned attempt keeps mpirun's --allow-run-as-root.
+
+    Before, the re-plan read it from the applying process, and ``plan --diff`` between the
+    attempts showed ``mpi.allow_run_as_root: no -> yes``, a change no host loss explains.
+    """
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.solve import solve
+
+    command = parse_flags(["--host", "h1,h2", "--spare-host", "h3", "--num-replicas", "2", "--max-restarts", "1",
+                           "--restart-backoff", "0", "--backend", "ssh", "--offline-mode=1", "sh", "-c", "true"],
+                          environ={})
+    plan = solve(command.spec, Context(environ={}, cwd="/work", is_root=as_root)).plan
+    backend = Scripted(lose("h2"), succeed)
+    result, _, _ = run(plan, backend, tmp_path)
+
+    assert result.error is None, result.error
+    assert [as_root, as_root] == [p.mpi.allow_run_as_root for p in backend.plans]
