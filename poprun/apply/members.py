@@ -143,9 +143,13 @@ class Members:
 
             # hosts' topologies are read as the plan's were: a plan whose instances are bound to CPUs was made
             # with them (a launch), one unbound without (``poprun plan``), and a re-plan must bind as it did
+            # and host names are resolved as they were: a MASTER_ADDR that is not instance 0's host name was resolved
+            # (a Slurm node's address, ssh_config's HostName: a launch), and a re-plan must resolve it too
             probe = getattr(self._backend, "probe_topologies", None)
             bound = callable(probe) and any(i.placement.cpus for i in self.plan.instances)
-            made = Context.from_process(probe_hosts=bound, remote_probe=probe if bound else None)
+            first = self.plan.instances[0] if self.plan.instances else None
+            addressed = first is not None and first.env.get("MASTER_ADDR") not in (None, first.host)
+            made = Context.from_process(probe_hosts=bound or addressed, remote_probe=probe if bound else None)
             environ = {**self._environ, **self.plan.backend.given_settings()}
             # mpirun's --allow-run-as-root as the plan has it: a saved plan applied by root (or made by it) keeps its own
             self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/",
