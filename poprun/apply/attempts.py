@@ -412,8 +412,8 @@ class Attempts:
                 self.record.prune_old()
             result = launch.wait()
         except HostLostError as exc:  # the launch has ended: its hosts stopped answering (mpirun lost its daemons)
-            if self.members is None:
-                raise
+            if self.members is None or not set(exc.hosts) & set(plan.topology.hosts):
+                raise  # no policy, or no host of the plan to leave out (a name mpirun gave that none matches): PR411
             self._hosts_lost = dict.fromkeys(exc.hosts, LOST)
             result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=str(exc),
                                                                diagnostics=tuple(exc.diagnostics)))

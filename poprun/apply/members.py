@@ -129,7 +129,9 @@ class Members:
         replanned = replan(self.plan, lost, self.context(), unusable=self.unusable)
         self.plan = replanned.plan
         topology = replanned.plan.topology
-        self.changes[attempt] = replanned.why
+        # the same attempt re-planned again (a spare that joined failed its preflight): it still lost the hosts before
+        before = self.changes.get(attempt)
+        self.changes[attempt] = f"{before}; then {replanned.why}" if before else replanned.why
         self._told = Replan(attempt=attempt, removed=replanned.removed, added=replanned.added, shrunk=replanned.shrunk,
                             hosts=topology.hosts, instances=topology.num_instances, replicas=topology.num_replicas,
                             reason=replanned.why)
@@ -142,18 +144,23 @@ class Members:
             self._emit(told)
 
     def context(self) -> Context:
-        """Return the context a re-plan solves in: this process's, the environment the run was given, the plan's settings."""
+        """Return the context a re-plan solves in: this process's, the environment the run was given, the plan's settings and user."""
         if self._context is None:
             from poprun.planner.context import Context
 
-            # as a launch plans (addresses as the hosts reach each other: ssh_config, Slurm's NodeAddr), but the
-            # hosts' topologies are read as the plan's were: a plan whose instances are bound to CPUs was made with
-            # them (a launch), one unbound without (``poprun plan``), and a re-plan binds as it did
+            # hosts' topologies are read as the plan's were: a plan whose instances are bound to CPUs was made
+            # with them (a launch), one unbound without (``poprun plan``), and a re-plan must bind as it did;
+            # and host names are resolved as they were: a MASTER_ADDR that is not instance 0's host name was resolved
+            # (a Slurm node's address, ssh_config's HostName: a launch), and a re-plan must resolve it too
             probe = getattr(self._backend, "probe_topologies", None)
             bound = callable(probe) and any(i.placement.cpus for i in self.plan.instances)
-            made = Context.from_process(probe_hosts=True, remote_probe=probe if bound else None)
+            first = self.plan.instances[0] if self.plan.instances else None
+            addressed = first is not None and first.env.get("MASTER_ADDR") not in (None, first.host)
+            made = Context.from_process(probe_hosts=bound or addressed, remote_probe=probe if bound else None)
             environ = {**self._environ, **self.plan.backend.given_settings()}
-            self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/")
+            # mpirun's --allow-run-as-root as the plan has it: a saved plan applied by root (or made by it) keeps its own
+            self._context = evolve(made, environ=environ, cwd=self.plan.instances[0].cwd if self.plan.instances else "/",
+                                   is_root=self.plan.mpi.allow_run_as_root)
         return self._context
 
 

@@ -324,6 +324,11 @@ def cases(s: Solver, plan: p.LaunchPlan, resolve: Resolve) -> None:
     if smallest > 1:
         s.decide(PREFIX + "case.fewer", "ends", SourceSpan.derived(PREFIX + "case"),
                  f"fewer than {smallest} hosts left: the run ends (PR310)")
+    if plan.recovery.scope == "instance" and plan.recovery.max_restarts > 0:
+        s.decide(PREFIX + "case.running", "ends", SourceSpan.derived(PREFIX + "case"),
+                 "--restart-scope instance starts a failed instance again alone, where it ran: a host lost while "
+                 "the run runs ends it (PR411); the cases above hold for hosts that fail their preflight or "
+                 "health check before the start")
 
 
 def _shape(plan: p.LaunchPlan) -> str:

@@ -400,3 +400,28 @@ def test_a_host_the_health_check_cannot_reach_is_named_before_anything_starts(fi
     text = done.stderr.replace(five.subnet.rsplit(".", 1)[0] + ".", "10.77.X.")  # the hosts' subnet varies
     text = re.sub("Connection timed out|No route to host", "<timed out or no route>", text)  # ARP or ssh: a race
     assert_golden(GOLDEN / "PR446_a_host_the_health_check_cannot_reach", f"{text}exit {done.returncode}\n")
+
+
+def test_a_spare_down_at_the_start_and_up_again_when_needed_takes_the_lost_hosts_place(
+        five: TestHosts, tmp_path: Path, link_down: list[str]) -> None:
+    """
+    h5 (the spare) is down while the run starts, then comes back; h3 is lost later: attempt 1 runs on h5.
+
+    The ssh backend connects the spares at the start: a spare that did not answer then is tried
+    again when it joins, never refused on that old failure alone.
+    """
+    link_down.append("h5")
+    five.set_link("h5", up=False)
+    proc = start(five, tmp_path, "--host", "h1,h2,h3,h4", "--spare-host", "h5", "--min-hosts", "3",
+                 "--num-replicas", "4", "--max-restarts", "2", "--restart-backoff", "0.1", "sh", "-c", PROGRAM)
+    await_ready(proc, 4)
+    five.set_link("h5", up=True)
+    assert wait_for(lambda: five.ssh("h5", "true", timeout=10).returncode == 0, within_s=20)
+    link_down.append("h3")
+    five.set_link("h3", up=False)
+    out, err = proc.communicate(timeout=120)
+
+    assert 0 == proc.returncode, err
+    hosts = sorted(line.split()[6] for line in out.splitlines() if line.startswith("attempt 1:"))
+    assert ["h1", "h2", "h4", "h5"] == hosts, (out, err)
+    assert [(["h3"], ["h5"])] == [(e["removed"], e["added"]) for e in events(tmp_path) if e["event"] == "replan"]
