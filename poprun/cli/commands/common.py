@@ -71,9 +71,15 @@ def reject_plan_options(command: CommandLine, where: str, *, allowed: tuple[str,
                                      hint=f"use 'poprun plan {first.value} ...' to see the plan")])
 
 
-def solve_spec(session: Session, spec: Spec, ctx: Context, *, require_program: bool, ignore: tuple[str, ...] = ()) -> Solution:
-    """Solve ``spec`` and print its warnings, but those whose codes are in ``ignore``."""
-    solution = solve(spec, ctx, require_program=require_program)
+def solve_spec(session: Session, spec: Spec, ctx: Context, *, require_program: bool, ignore: tuple[str, ...] = (),
+               explain_cases: bool = False) -> Solution:
+    """
+    Solve ``spec`` and print its warnings, but those whose codes are in ``ignore``.
+
+    ``explain_cases``: explain what a membership policy's plan becomes in each case (``poprun
+    plan``: each case is a plan solved again; a launch does not spend that time on it).
+    """
+    solution = solve(spec, ctx, require_program=require_program, explain_cases=explain_cases)
     session.warn(tuple(w for w in solution.warnings if w.code not in ignore))
     return solution
 

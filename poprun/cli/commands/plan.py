@@ -61,7 +61,7 @@ def _plan(args: list[str], session: Session, registry: OnDemand) -> int:
     check_format(command, PLAN_FORMATS if command.diff is None else DIFF_FORMATS,
                  "'poprun plan --diff'" if command.diff else "'poprun plan'")
     old = read_plan(command.diff.value, key="--diff") if command.diff is not None else None
-    solution = solve_spec(session, spec, ctx, require_program=False)
+    solution = solve_spec(session, spec, ctx, require_program=False, explain_cases=True)
     check_plugin_backend(session, spec, registry)
     from poprun.apply import partition
 
