@@ -103,3 +103,18 @@ def mask_text(text: str, mask: tuple[str, ...] = (), *, same_length: bool = Fals
 def printable(text: str) -> str:
     """Return ``text`` as text output shows it: control characters (a newline) escaped, so that it is one line."""
     return text if text.isprintable() else text.encode("unicode_escape").decode("ascii")
+
+
+def controls_escaped(text: str) -> str:
+    r"""
+    Return ``text`` with its control and format characters escaped (``\x1b``, ``\u202e``, a newline), so that no terminal runs them.
+
+    Not :func:`printable`, which escapes a whole value once any character needs it (its
+    non-ASCII letters too): here only those characters are escaped, so that ``café`` stays as
+    written, and a byte that was not UTF-8 (a surrogate escape) stays for the output layer to
+    show as ``\xHH``, as everywhere else (diagnostics, ``plan --diff``).
+    """
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else c.encode("unicode_escape").decode("ascii")
+                   for c in text)

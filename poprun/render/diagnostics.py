@@ -18,6 +18,7 @@ import json
 from collections.abc import Iterable, Mapping
 
 from poprun.core.diagnostic import Diagnostic
+from poprun.core.secret import controls_escaped
 from poprun.core.span import COMMAND_LINE, ENVIRONMENT, SourceSpan
 
 
@@ -28,22 +29,22 @@ def render_diagnostic(diag: Diagnostic, sources: Mapping[str, str] | None = None
     ``sources`` maps a span's file (``<command line>`` included) to its text, for the caret
     line; files not in it are read from disk.
     """
-    lines = [f"{diag.severity.value}[{diag.code}]: {_escaped(diag.summary)}", f"  --> {_escaped(_where(diag.span))}"]
+    lines = [f"{diag.severity.value}[{diag.code}]: {controls_escaped(diag.summary)}", f"  --> {controls_escaped(_where(diag.span))}"]
     source = diag.source_line if diag.source_line is not None else _source_line(diag.span, sources or {})
-    detail = _escaped(diag.detail)
+    detail = controls_escaped(diag.detail)
     if source is not None and diag.span.column is not None:
         number = str(diag.span.line or 1) if diag.span.file != COMMAND_LINE else ""
         gutter = " " * len(number)
         start = diag.span.column - 1
         end = diag.span.end_column - 1 if diag.span.end_column and diag.span.end_line in (None, diag.span.line) else start + 1
         # control characters are shown escaped (a terminal never runs what a file or argv holds), the carets under them
-        start, end = len(_escaped(source[:start])), len(_escaped(source[:max(end, start + 1)]))
+        start, end = len(controls_escaped(source[:start])), len(controls_escaped(source[:max(end, start + 1)]))
         carets = "^" * max(end - start, 1)
-        lines += [f"{gutter} |", f"{number} | {_escaped(source)}", f"{gutter} | {' ' * start}{carets} {detail}",
+        lines += [f"{gutter} |", f"{number} | {controls_escaped(source)}", f"{gutter} | {' ' * start}{carets} {detail}",
                   f"{gutter} |"]
     else:
         lines.append(f"   = {detail}")
-    lines.append(f"   = hint: {_escaped(diag.hint)}")
+    lines.append(f"   = hint: {controls_escaped(diag.hint)}")
     return "\n".join(lines) + "\n"
 
 
@@ -90,18 +91,3 @@ def _source_line(span: SourceSpan, sources: Mapping[str, str]) -> str | None:
         return None
     lines = text.split("\n")
     return lines[span.line - 1] if 0 < span.line <= len(lines) else None
-
-
-def _escaped(text: str) -> str:
-    r"""
-    Return ``text`` with its control and format characters escaped (``\x1b``, ``\u202e``), so that no terminal runs them.
-
-    Not :func:`poprun.core.secret.printable`, which escapes a whole value once any character
-    needs it (its non-ASCII letters too): here only those characters are escaped, so that a
-    diagnostic keeps ``café`` as written, and a byte that was not UTF-8 (a surrogate escape)
-    stays for the output layer to show as ``\xHH``, as everywhere else.
-    """
-    if text.isprintable():
-        return text
-    return "".join(c if c.isprintable() or "\udc80" <= c <= "\udcff" else c.encode("unicode_escape").decode("ascii")
-                   for c in text)

@@ -221,11 +221,11 @@ def _shown(change: Change, value: Value, mask: tuple[str, ...]) -> str:
         return _MASK
     if isinstance(value, bool):
         return "yes" if value else "no"
-    from poprun.core.secret import printable  # one line per change: a newline or an escape sequence shows escaped
+    from poprun.core.secret import controls_escaped  # one line per change: a newline or an escape sequence escaped
 
     if isinstance(value, tuple):
-        return " ".join(printable(v) for v in value) if value else "(none)"
-    return printable(str(value)) if value != "" else '""'
+        return " ".join(controls_escaped(v) for v in value) if value else "(none)"
+    return controls_escaped(str(value)) if value != "" else '""'
 
 
 def to_diff_dict(diff: Diff, *, old_name: str, new_name: str) -> dict[str, object]:
