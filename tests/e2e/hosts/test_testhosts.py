@@ -70,7 +70,10 @@ def test_processes_sees_a_process_only_on_its_host(test_hosts: TestHosts) -> Non
     started = test_hosts.ssh("h2", "nohup sleep 271.828 >/dev/null 2>&1 </dev/null &")
     assert 0 == started.returncode, started.stderr
     try:
-        # WHEN
+        # WHEN (nohup execs sleep a moment after ssh returned: on a busy machine, later)
+        deadline = time.monotonic() + 10
+        while not test_hosts.processes("h2", r"^sleep 271\.828") and time.monotonic() < deadline:
+            time.sleep(0.05)
         on_h1 = test_hosts.processes("h1", r"^sleep 271\.828")
         on_h2 = test_hosts.processes("h2", r"^sleep 271\.828")
 
