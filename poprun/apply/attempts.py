@@ -58,8 +58,6 @@ if TYPE_CHECKING:
 
     from poprun.apply.members import Members
 
-LOST = "stopped answering (PR411)"  # why a host is left out of the next attempt when its launch lost it
-
 __all__ = ["Attempts", "Run", "RunState"]
 
 
@@ -414,6 +412,8 @@ class Attempts:
         except HostLostError as exc:  # the launch has ended: its hosts stopped answering (mpirun lost its daemons)
             if self.members is None or not set(exc.hosts) & set(plan.topology.hosts):
                 raise  # no policy, or no host of the plan to leave out (a name mpirun gave that none matches): PR411
+            from poprun.apply.members import LOST
+
             self._hosts_lost = dict.fromkeys(exc.hosts, LOST)
             result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=str(exc),
                                                                diagnostics=tuple(exc.diagnostics)))

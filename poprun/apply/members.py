@@ -36,7 +36,9 @@ if TYPE_CHECKING:
     from poprun.planner.plan import LaunchPlan
     from poprun.runs.record import RunRecord
 
-__all__ = ["Members", "no_plan_left"]
+__all__ = ["LOST", "Members", "no_plan_left"]
+
+LOST = "stopped answering (PR411)"  # why a host its launch lost is left out of the next attempt
 
 
 class Members:
@@ -69,7 +71,7 @@ class Members:
         lost: dict[str, str] = {}
         for failure in result.failures:
             if failure.lost:
-                lost.setdefault(failure.via or failure.host, "stopped answering (PR411)")
+                lost.setdefault(failure.via or failure.host, LOST)
         return lost
 
     def failed_preflight(self, exc: BaseException) -> dict[str, str]:
