@@ -155,7 +155,8 @@ def _added(plan: LaunchPlan, variables: Mapping[str, str], cache: str | None, ru
     planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
     added = {k: v for k, v in variables.items() if k not in planned}
     added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
-    limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
+    r = plan.recovery
+    limited = r.timeout_ms or r.stall_timeout_ms or r.heartbeat_timeout_ms  # stacks find instances by their id
     added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if recorded or limited else {})
     return added
 
