@@ -259,6 +259,8 @@ SAMPLES = [
     events.Straggler(index=1, host="h2", attempt=0, ratio=4.02, step_time_ms=402, run_median_ms=100),
     events.StacksCollected(instances=(0, 2), how="py-spy"),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/x86_64-linux-gnu/libmpi.so.40"),
+    events.InstanceProgressed(index=3, host="h3", attempt=1, step=120, total=200, step_time_ms=20.5, eta_ms=1640,
+                              metrics=(("loss", 0.25), ("lr", None), ("phase", "warm-up"))),
 ]
 
 
