@@ -207,7 +207,9 @@ class Watch:
                     continue
                 raw = heard(index)
                 if raw is not None and raw >= state.started and raw != state.heard:
-                    state.heard = state.since = raw
+                    # heard again; never before a pause's credit (the receiver may stamp a datagram it read after a
+                    # pause with a time taken before it)
+                    state.heard, state.since = raw, raw if state.since is None else max(raw, state.since)
                 if state.since is None or self.heartbeat_s <= 0 or now - state.since < self.heartbeat_s:
                     continue
                 self._ended = True

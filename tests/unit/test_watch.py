@@ -276,3 +276,17 @@ def test_a_hung_host_is_replaced_only_where_a_spare_is_left():
 
     assert "its instance 1 hung (--heartbeat-timeout)" == replaced(verdict, plan, set())
     assert "" == replaced(verdict, plan, {"h3"})
+
+
+def test_a_datagram_stamped_before_a_pause_does_not_take_the_pause_back():
+    """Read after a pause but stamped with a time before it (the receiver's batch clock): the pause still counts."""
+    watch, board, clock, _ = watched(heartbeat_s=5.0)
+    progress(board, clock, 0, 1)
+    assert ticks(watch, clock, clock.now + 3.0) is None
+    before = clock.now
+
+    clock.now += 600.0
+    assert watch.tick(clock.now) is None
+    board.feed(Update(index=0, attempt=0, step=2, total=200, time=clock.now), before)  # stamped before the pause
+
+    assert ticks(watch, clock, clock.now + 1.0) is None
