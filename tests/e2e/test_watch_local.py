@@ -228,7 +228,7 @@ for step in range(1, 81):
     popdist.progress(step, 80)
     time.sleep(0.05)
 """
-    proc = subprocess.Popen(  # noqa: S603
+    proc = subprocess.Popen(
         [sys.executable, "-m", "poprun.cli.main", "--events", str(tmp_path / "events.jsonl"), "--num-instances", "2",
          "--num-replicas", "2", "--heartbeat-timeout", "2", sys.executable, program(tmp_path, text)],
         cwd=tmp_path, env=environ(tmp_path), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
