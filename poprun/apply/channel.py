@@ -230,6 +230,7 @@ class Channel:
             self._wake = wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() writes to it: select ends at once
             self._socket = _open(remote=self._remote)
             self.port = self._socket.getsockname()[1]
+            _probe(self._socket, self.port)
         except OSError as exc:
             self.error = exc
             return
@@ -327,6 +328,20 @@ def _open(*, remote: bool) -> socket.socket:
         sock.close()
         raise
     return sock
+
+
+def _probe(sock: socket.socket, port: int) -> None:
+    """
+    Send an empty datagram to ``sock`` over loopback and read it back: raise OSError when this machine cannot.
+
+    Binding 127.0.0.1 works even while the loopback interface is down (a network namespace
+    of its own); sending there does not, and neither would the instances of this machine.
+    """
+    import socket
+
+    sock.sendto(b"", ("::ffff:127.0.0.1" if sock.family == socket.AF_INET6 else _LOOPBACK, port))
+    with contextlib.suppress(BlockingIOError):
+        sock.recv(1)  # loopback delivers within sendto: it never counts as a datagram of a stranger
 
 
 def _setup(sock: socket.socket) -> None:
