@@ -145,8 +145,10 @@ def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None) -> Channe
     """Return the run's progress channel, its socket being made in its own thread (docs/progress.md)."""
     from poprun.apply.channel import Channel, here
     from poprun.apply.progress import Board
+    from poprun.planner.setting import straggler_rule
 
-    board = Board(tuple(i.host for i in plan.instances))
+    window, _ = straggler_rule({s.name: s.value for s in plan.backend.settings})  # W: the straggler rule's window
+    board = Board(tuple(i.host for i in plan.instances), window=window)
     channel = Channel(board, remote=not all(here(plan)), emit=relay.event,
                       write=record.write_progress if record is not None else None)
     channel.start()
@@ -202,7 +204,8 @@ def _added(plan: LaunchPlan, variables: Mapping[str, str], cache: str | None, ru
     planned = {name for i in plan.instances for name in (*dict(i.env.set), *i.env.forward)}
     added = {k: v for k, v in variables.items() if k not in planned}
     added |= {EXECUTABLE_CACHE_PATH: cache} if cache is not None else {}
-    limited = plan.recovery.timeout_ms or plan.recovery.stall_timeout_ms  # stacks find instances by their id
+    r = plan.recovery
+    limited = r.timeout_ms or r.stall_timeout_ms or r.heartbeat_timeout_ms  # stacks find instances by their id
     added |= {names.TORCHELASTIC_RUN_ID: run_id} | ({RUN_ID: run_id} if recorded or limited else {})
     return added
 

@@ -4,8 +4,8 @@ The attempts of one run: each launched and waited for, restarted as the plan's r
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.control`, :mod:`~poprun.apply.limits`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.restarts`,
 :mod:`~poprun.apply.errorfile`, :mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt) and
-:mod:`~poprun.apply.members` (lazily: with a membership policy), ``poprun.backends.base``,
-``poprun.planner.plan``, ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
+:mod:`~poprun.apply.members` (lazily: with a membership policy), :mod:`~poprun.apply.watch` (lazily: a run
+that listens for progress), ``poprun.backends.base``, ``poprun.planner.plan``, ``poprun.planner.setting`` (lazily), ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
 which makes the attempts object and runs it.
 
 The run's state is one value, :class:`RunState`, held by :class:`Run` for the attempts object
@@ -16,6 +16,11 @@ alone (:class:`~poprun.apply.restarts.InstanceRestarts`); the time limits
 (:class:`~poprun.apply.limits.Limits`) span them all. With a membership policy, each attempt
 runs on the hosts of its own plan (:class:`~poprun.apply.members.Members`): one that lost hosts,
 or whose hosts failed their preflight or health check, is followed by a re-planned one.
+
+Length: the run's state and the one loop of its attempts, whose steps (launch, end, restart or
+not, re-plan, the verdicts of the time limits and of the instance watch) share the attempts'
+budget, ports and plan; the parts that need no such state live beside it (restarts, limits,
+members, watch).
 """
 
 from __future__ import annotations
@@ -45,7 +50,7 @@ from poprun.backends.base import (
 )
 from poprun.core.diagnostic import Diagnostic, DiagnosticError, HostLostError, error
 from poprun.core.events import AttemptEnded, AttemptStarted, LaunchEnded, LaunchRunning, LaunchStarting
-from poprun.core.exitstatus import CANNOT_LAUNCH
+from poprun.core.exitstatus import CANNOT_LAUNCH, TIMED_OUT
 from poprun.core.outcome import ApplyError, ApplyResult, Attempt, exit_status, signal_name
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
@@ -58,6 +63,8 @@ if TYPE_CHECKING:
 
     from poprun.apply.channel import Channel
     from poprun.apply.members import Members
+    from poprun.apply.progress import Board
+    from poprun.apply.watch import Verdict, Watch
 
 __all__ = ["Attempts", "Run", "RunState"]
 
@@ -203,17 +210,26 @@ class Attempts:
         self._launch_failure: LaunchError | None = None  # why the last launch could not start
         self._no_plan: tuple[Diagnostic, ...] = ()  # why a re-plan found no plan: the run ends with them
         self._hosts_lost: dict[str, str] = {}  # the hosts the last launch lost, when it could not tell its instances'
+        self.board: Board | None = channel.board if channel is not None else None  # when the run listens for progress
+        self.health: Watch | None = None  # its heartbeat limit and straggler rule (poprun.apply.watch), with a board
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
         self.limits.start(lambda: read_stacks(self.backend, self.plan, self.run_id, self.environ))
         self.relay.limits = self.limits
+        if self.board is not None:  # the run listens for progress: its heartbeats and stragglers are watched
+            from poprun.apply.watch import watch_of
+
+            self.health = self.relay.health = watch_of(self.board, self.plan, emit=self.relay.event,
+                                                       end=self.limits.instance_limit)
         try:
             return self._run()
         finally:
             self.run_state.attempts_over()
             self.relay.restarted = None
             self.limits.close()
+            if self.health is not None:
+                self.health.close()
 
     def _run(self) -> ApplyResult:
         number = 0
@@ -333,6 +349,10 @@ class Attempts:
             self.relay.event(AttemptStarted(attempt=number, master_port=port, chosen=chosen and self.port_checked))
         if self.limits.watch is not None:
             self.limits.watch.attempt()
+        self.limits.next_attempt()
+        if self.health is not None:
+            self.health.hosts([i.host for i in self.plan.instances])
+            self.health.attempt(number)
         return applied, variables
 
     def _attempt_ended(self, result: ApplyResult, number: int, port: int,
@@ -340,11 +360,20 @@ class Attempts:
         """Note how attempt ``number`` ended; return the run's result, and whether the run starts again."""
         # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
         status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limits.limit))
+        verdict = self.limits.verdict  # an instance hung, or was a straggler: the attempt's failure is its
+        if verdict is not None and not self.limits.limit and not self.control.signals:
+            status = TIMED_OUT
+        else:
+            verdict = None
         delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self.stopped_by(result))
-        self.attempts.append(Attempt(number=number, status=status, root_cause=result.root_cause,
+        self.attempts.append(Attempt(number=number, status=status,
+                                     root_cause=verdict.index if verdict is not None else result.root_cause,
                                      seconds=round(time.monotonic() - began, 3), master_port=port,
-                                     next="" if delay is None and status == 0 else why, cause=cause(result),
+                                     next="" if delay is None and status == 0 else why,
+                                     cause=verdict.cause if verdict is not None else cause(result),
                                      **self._hosts_of(number)))
+        if verdict is not None:
+            self._after_verdict(verdict, restarts=delay is not None)
         if delay is not None:
             stopped = self._between(delay, number + 1, result)
             if stopped is None:  # the restart begins: told and counted now, never before
@@ -427,6 +456,8 @@ class Attempts:
             raise
         finally:
             clock.lap("run")
+            if self.health is not None:
+                self.health.attempt_ended()
             # until the next launch a stop ends the wait before a restart (or the restart's start), it raises nothing
             run.launch_ended(restarts=self.budget.enabled)
         if relay.failed is not None:
@@ -435,6 +466,15 @@ class Attempts:
             self.channel.attempt_ended()
         relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
         return result
+
+    def _after_verdict(self, verdict: Verdict, *, restarts: bool) -> None:
+        """End the run with ``verdict`` (an instance hung, or was a straggler), or leave its host out of the restart if a spare can take its place."""
+        from poprun.apply.watch import replaced
+
+        if not restarts:
+            self.limits.end_run(verdict)
+        elif self.members is not None and (why := replaced(verdict, self.plan, self.members.unusable)):
+            self._hosts_lost.setdefault(verdict.host, why)
 
     def tell_ended(self, attempt: Attempt, why: str, *, delay: float | None = None) -> None:
         """Tell that ``attempt`` ended and ``why``; ``delay``: it was restarted, after that wait (call as the restart begins)."""

@@ -26,6 +26,7 @@ from poprun.planner.plan import LaunchPlan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from poprun.apply.watch import Verdict
     from poprun.backends.base import Backend, Launch
 
 STACKS_TIMEOUT_S = 10.0
@@ -92,6 +93,7 @@ class Limits:
         self._waiting = False  # between attempts: the back-off and the pre-restart command
         self._lock = threading.Lock()
         self._reader: Callable[[], dict[int, str]] | None = None
+        self.verdict: Verdict | None = None  # the instance that ended this attempt (hung, a straggler), if one did
 
     def start(self, read_stacks: Callable[[], dict[int, str]]) -> LimitWatch | None:
         """Start watching the limits, if the plan has any; return the watch. ``read_stacks`` reads every instance's."""
@@ -124,6 +126,41 @@ class Limits:
         self._forward(sig)
         self._woken.set()  # a wait to restart ends: an attempt now would only meet the limit
 
+    def instance_limit(self, verdict: Verdict) -> None:
+        """
+        End the attempt at ``verdict``: an instance hung (its stacks and the others' are read first) or a straggler.
+
+        From the instance watch's thread (:class:`~poprun.apply.watch.Watch`). The attempts
+        decide after the launch ends whether this restarts the run or ends it (:meth:`end_run`).
+        """
+        with self._lock:
+            if self.limit or self.verdict is not None or self._waiting:
+                return
+            self.verdict = verdict
+        self._emit(LimitReached(limit=verdict.limit, after_ms=verdict.after_ms, instance=verdict.index,
+                                host=verdict.host))
+        self._stopping(verdict.text)
+        launch = self._launch()
+        if launch is None:
+            return
+        if verdict.limit == "heartbeat":
+            self.captured = {}
+            self._read_stacks_then_stop(launch)
+        else:
+            launch.terminate(self._grace_s)
+
+    def end_run(self, verdict: Verdict) -> None:
+        """Make ``verdict`` the run's limit (no restart follows it): the run ends with 124, the report says why."""
+        with self._lock:
+            self.limit, self.limit_text = verdict.limit, verdict.text
+
+    def next_attempt(self) -> None:
+        """Forget the verdict and stacks of the attempt before (they were its own): an attempt begins after a restart."""
+        with self._lock:
+            self.verdict = None
+            if not self.limit:
+                self.stacks, self.captured = {}, None
+
     def reached(self, kind: str, after_ms: int) -> None:
         """End the run at a time limit: tell it, collect where each instance was, then stop every instance."""
         with self._lock:
@@ -140,21 +177,25 @@ class Limits:
         self.captured = {}
         launch = self._launch()
         if launch is not None:
-            # No teardown (the backend's at a failure, this step's) until the stacks are read and each process
-            # sent SIGABRT for faulthandler has had time to write its dump: a SIGTERM that arrives before such
-            # a process runs its handler ends it first (the kernel delivers the pending SIGABRT, then the fatal
-            # SIGTERM before the handler's first instruction), and its stack is lost.
-            self._gate.close_until(time.monotonic() + STACKS_TIMEOUT_S + 5)
-            try:
-                self._collect_stacks()
-            finally:
-                from poprun.apply.stacks import FAULTHANDLER
-
-                dumped = any(FAULTHANDLER in text for text in self.stacks.values())
-                self._gate.close_until(time.monotonic() + (DUMP_WAIT_S if dumped else 0))
-            self._gate.wait()
-            launch.terminate(self._grace_s)
+            self._read_stacks_then_stop(launch)
         self._woken.set()  # a wait between attempts ends
+
+    def _read_stacks_then_stop(self, launch: Launch) -> None:
+        """Read every instance's stack, the teardown gate closed meanwhile; then stop ``launch``."""
+        # No teardown (the backend's at a failure, this step's) until the stacks are read and each process
+        # sent SIGABRT for faulthandler has had time to write its dump: a SIGTERM that arrives before such
+        # a process runs its handler ends it first (the kernel delivers the pending SIGABRT, then the fatal
+        # SIGTERM before the handler's first instruction), and its stack is lost.
+        self._gate.close_until(time.monotonic() + STACKS_TIMEOUT_S + 5)
+        try:
+            self._collect_stacks()
+        finally:
+            from poprun.apply.stacks import FAULTHANDLER
+
+            dumped = any(FAULTHANDLER in text for text in self.stacks.values())
+            self._gate.close_until(time.monotonic() + (DUMP_WAIT_S if dumped else 0))
+        self._gate.wait()
+        launch.terminate(self._grace_s)
 
     def _collect_stacks(self) -> None:
         """Read where each instance is (:mod:`poprun.apply.stacks`), bounded in time; nothing when it fails."""

@@ -1,7 +1,7 @@
 """
 Apply's relay: the sink a backend writes to, passing output and events on (and into the run record).
 
-Layer: ``poprun.apply``; imports :mod:`poprun.apply.limits` (types), :mod:`poprun.apply.mpicheck`
+Layer: ``poprun.apply``; imports :mod:`poprun.apply.limits` and :mod:`poprun.apply.watch` (types), :mod:`poprun.apply.mpicheck`
 and ``poprun.runs.verify`` (lazily), ``poprun.backends.base`` (types), ``poprun.core``,
 ``poprun.planner.plan`` and ``poprun.runs.record``; never the attempts or :func:`~poprun.apply.apply`.
 It decides nothing and never waits: what must wait before a teardown is the launch's gate
@@ -30,6 +30,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from poprun.apply.limits import Limits
     from poprun.apply.recovery import LimitWatch
+    from poprun.apply.watch import Watch
     from poprun.backends.base import EventSink, Stream
     from poprun.core.diagnostic import Diagnostic
     from poprun.runs.record import RunRecord
@@ -66,9 +67,11 @@ class Relay(InstanceSink):
         self._running: set[int] = set()  # instances running now (none: the stall clock stops)
         self._waiting: set[int] = set()  # instances waiting to start again alone (--restart-scope instance)
         self.limits: Limits | None = None  # the run's time limits, while they are watched
+        self.health: Watch | None = None  # the instances' heartbeats and stragglers, when the run listens for progress
         self.notes: list[Diagnostic] = []  # warnings told as the run went on (PR425), for the report
         self.restarted: Callable[[int], None] | None = None  # told first when an instance starts again alone
-        self._keeps = bool(record is not None or plan.recovery.stall_timeout_ms or plan.recovery.timeout_ms)
+        r = plan.recovery
+        self._keeps = bool(record is not None or r.stall_timeout_ms or r.timeout_ms or r.heartbeat_timeout_ms)
         self._stalls = bool(plan.recovery.stall_timeout_ms)  # any output is a sign of life (instance_output)
 
     def observe(self) -> None:
@@ -110,6 +113,10 @@ class Relay(InstanceSink):
                 self.started()
         if self._watch() is not None and isinstance(event, InstanceStarted | InstanceEnded):
             self._alive(event)
+        if self.health is not None and isinstance(event, InstanceStarted):
+            self.health.started(event.index)  # its heartbeat clock waits for its first report
+        elif self.health is not None and isinstance(event, InstanceEnded):
+            self.health.ended(event.index)  # an instance that ended is never hung
         with self._calls:
             if self._telling:  # a signal handler interrupted this thread's telling: after it
                 self._pending.append(event)

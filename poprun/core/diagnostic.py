@@ -110,6 +110,7 @@ CODES: dict[str, str] = {
     "PR232": "a variable poprun sets itself",
     "PR233": "-x replaces a value of the layout",
     "PR234": "executable cache not a fixed path for the run",
+    "PR235": "heartbeat limit not below the time limit",
     "PR300": "replicas do not divide across instances",
     "PR301": "instances do not divide across hosts",
     "PR302": "instances do not divide across IPU-Link domains",

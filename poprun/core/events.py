@@ -330,10 +330,15 @@ class Replan:
 @record
 class LimitReached:
     """
-    A time limit was reached: ``limit`` ``timeout`` (the run's), ``stall`` (no output) or ``signal`` (``--signal``'s).
+    A limit was reached: ``limit`` ``timeout``, ``stall``, ``signal``, ``heartbeat`` or ``straggler``.
 
-    ``after_ms``: since the run started (timeout, signal) or since the last output (stall);
-    ``signal``: the signal sent to every instance (``signal`` only), else 0.
+    ``timeout``: the run's (``--timeout``); ``stall``: no output (``--stall-timeout``); ``signal``:
+    ``--signal``'s moment; ``heartbeat``: an instance silent for ``--heartbeat-timeout``;
+    ``straggler``: a straggler under ``--straggler-policy restart``.
+    ``after_ms``: since the run started (timeout, signal), since the last output (stall), since
+    the instance was last heard from (heartbeat), or since the attempt started (straggler);
+    ``signal``: the signal sent to every instance (``signal`` only), else 0. ``instance`` and
+    ``host``: the hung instance or the straggler (-1 and "" for the run's limits).
     """
 
     kind: ClassVar[str] = "limit-reached"
@@ -341,6 +346,8 @@ class LimitReached:
     limit: str
     after_ms: int
     signal: int = 0
+    instance: int = -1
+    host: str = ""
 
 
 @record
@@ -376,14 +383,34 @@ class InstanceProgressed:
     metrics: tuple[tuple[str, float | str | None], ...] = ()
 
 
+@record
+class Straggler:
+    """
+    Instance ``index`` on ``host`` became a straggler in ``attempt`` (docs/progress.md, Stragglers).
+
+    ``step_time_ms``: its median step time over its last W steps; ``run_median_ms``: the median
+    of every reporting instance's median; ``ratio``: the first over the second (above k). Told
+    again only after it was below k for a whole window.
+    """
+
+    kind: ClassVar[str] = "straggler"
+
+    index: int
+    host: str
+    attempt: int
+    ratio: float
+    step_time_ms: int
+    run_median_ms: int
+
+
 Event = (RunStarted | HostChecked | HealthChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
          | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher
-         | InstanceProgressed)
+         | InstanceProgressed | Straggler)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, HealthChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher, InstanceProgressed)}
+    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher, InstanceProgressed, Straggler)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:
@@ -447,6 +474,7 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "str | None": lambda v: v is None or type(v) is str,
     "tuple[int, ...]": lambda v: type(v) is tuple and all(_is_int(i) for i in v),
     "tuple[str, ...]": lambda v: type(v) is tuple and all(type(i) is str for i in v),
+    "float": _is_number,
     "float | None": lambda v: v is None or _is_number(v),
     "tuple[tuple[str, float | str | None], ...]": lambda v: type(v) is tuple and all(
         type(p) is tuple and len(p) == len(("name", "value")) and type(p[0]) is str

@@ -139,9 +139,9 @@ def _check_resolves(s: Solver, first: str, address: str, traits: Traits) -> None
 
 
 def fault_handler(s: Solver, env: dict[str, str], recovery: p.Recovery) -> None:
-    """Set PYTHONFAULTHANDLER=1 under a time limit, unless the user set it (here or in the launching shell)."""
+    """Set PYTHONFAULTHANDLER=1 under a time limit (or a heartbeat limit), unless the user set it (here or in the launching shell)."""
     name = names.PYTHON_FAULT_HANDLER
-    if not (recovery.timeout_ms or recovery.stall_timeout_ms) or name in s.ctx.environ:
+    if not (recovery.timeout_ms or recovery.stall_timeout_ms or recovery.heartbeat_timeout_ms) or name in s.ctx.environ:
         return
     if any(var.name == name for var in [e.value for e in s.spec.env]
            + [v for a in s.spec.instance_args for v in a.value.env]):

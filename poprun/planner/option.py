@@ -25,6 +25,7 @@ ROUTING_TYPES = ("DEFAULT", "DNC", "RINGSWNC", "RINGSWNC_ALL", "SWNC")
 BACKENDS = NAMES  # the built-ins (poprun.planner.trait.BUILTIN), in the order --backend lists them
 VERSION_FORMATS = ("text", "full-json", "full-text")
 SCOPES = ("all", "instance")
+STRAGGLER_POLICIES = ("warn", "restart")
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 
@@ -231,6 +232,14 @@ OPTIONS: tuple[Option, ...] = (
        "many seconds (0: no limit)", "recovery.stall_timeout", default="0", group="Recovery", dsl="stall timeout"),
     _o("--signal", "signal", "signal", "SIG@SECONDS: send signal SIG (a name such as USR1, or a number) to every "
        "instance SECONDS before --timeout ends the run", "recovery.signal", group="Recovery", dsl="signal"),
+    _o("--heartbeat-timeout", "heartbeat_timeout", "seconds", "An instance that has reported progress or a "
+       "heartbeat (popdist) and then is silent for this many seconds is hung: its stack is read and the run stopped "
+       "(status 124) or restarted (0: no limit)", "recovery.heartbeat_timeout", default="0", group="Recovery",
+       dsl="heartbeat timeout"),
+    _o("--straggler-policy", "straggler_policy", "choice", "What a straggler (an instance much slower than the "
+       "others; docs/progress.md) does: warn (an event) or restart (ends the attempt as its failure)",
+       "recovery.straggler_policy", default="warn", choices=STRAGGLER_POLICIES, group="Recovery",
+       dsl="straggler policy"),
     _o("--spare-host --spare-hosts", "spare_hosts", "hosts", "Hosts that may take the place of a host that is lost, "
        "fails its preflight or its health check, on a restart (e.g. pod[9-10]); repeats add; '' for none",
        "membership.spare_hosts", group="Membership"),

@@ -192,6 +192,12 @@ class Recovery:
     ``signal`` (a signal number; 0: none) is sent to every instance ``signal_before_ms`` milliseconds
     before ``timeout_ms`` ends the run (a chance to checkpoint).
 
+    Instance health (docs/progress.md; added later: older plans load with the defaults):
+    ``heartbeat_timeout_ms`` (0: none): an instance that has reported progress or a heartbeat
+    (popdist) in the current attempt and then is silent for that long is hung: its stack is read
+    and the attempt ends as its failure (status 124; restarted within the budget). ``straggler_policy``
+    ``warn`` tells of a straggler (an event), ``restart`` ends the attempt as the straggler's failure.
+
     ``choose_port``: MASTER_PORT is not in the plan; the apply step picks a free port (and the
     next one, popdist's hub) on instance 0's host for each attempt. False: the plan sets
     MASTER_PORT (the user's), which the apply step checks is free before starting.
@@ -210,6 +216,8 @@ class Recovery:
     signal: int = 0
     signal_before_ms: int = 0
     choose_port: bool = False
+    heartbeat_timeout_ms: int = 0
+    straggler_policy: str = "warn"
 
 
 NO_RECOVERY = Recovery()

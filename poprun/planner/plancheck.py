@@ -25,7 +25,7 @@ from poprun.core.diagnostic import Diagnostic, error
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
 from poprun.planner.constraint import LIMITS
-from poprun.planner.option import PLACEMENTS, SCOPES, SSH_KEY_TYPES
+from poprun.planner.option import PLACEMENTS, SCOPES, SSH_KEY_TYPES, STRAGGLER_POLICIES
 from poprun.planner.recovery import MAX_COMMAND, MAX_RESTARTS
 from poprun.planner.value import MAX_SECONDS, MAX_SIGNAL, MAX_STATUS
 
@@ -288,8 +288,11 @@ class _Checker:
             self.fail(f"{where}.scope", f"is {r.scope!r}, not one of {', '.join(SCOPES)}")
         self.nonneg(f"{where}.max_restarts", r.max_restarts, MAX_RESTARTS + 1)
         self.positive(f"{where}.crash_loop", r.crash_loop, MAX_RESTARTS)
+        if r.straggler_policy not in STRAGGLER_POLICIES:
+            self.fail(f"{where}.straggler_policy",
+                      f"is {r.straggler_policy!r}, not one of {', '.join(STRAGGLER_POLICIES)}")
         for name in ("backoff_ms", "backoff_max_ms", "min_uptime_ms", "timeout_ms", "stall_timeout_ms",
-                     "signal_before_ms"):
+                     "signal_before_ms", "heartbeat_timeout_ms"):
             self.nonneg(f"{where}.{name}", getattr(r, name), MAX_SECONDS * 1000 + 1)
         for k, status in enumerate(r.never_retry):
             self.nonneg(f"{where}.never_retry[{k}]", status, MAX_STATUS + 1)

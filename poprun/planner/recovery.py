@@ -51,11 +51,13 @@ def recovery(s: Solver, hosts: tuple[str, ...]) -> p.Recovery:
     stall = _seconds(s, "stall_timeout", s.spec.stall_timeout, 0, "default: no limit on time without output")
     signal, before = _signal(s, timeout)
     _stall_beyond_timeout(s, stall, timeout)
+    heartbeat = _heartbeat(s, timeout, stall)
+    stragglers = _straggler_policy(s, restarts)
     choose = _choose_port(s, hosts[0])
     return p.Recovery(max_restarts=restarts, scope=scope, backoff_ms=backoff, backoff_max_ms=backoff_max,
                       min_uptime_ms=uptime, crash_loop=crash_loop, never_retry=never, pre_restart=command,
                       timeout_ms=timeout, stall_timeout_ms=stall, signal=signal, signal_before_ms=before,
-                      choose_port=choose)
+                      choose_port=choose, heartbeat_timeout_ms=heartbeat, straggler_policy=stragglers)
 
 
 def _restarts(s: Solver) -> int:
@@ -175,6 +177,47 @@ def _stall_beyond_timeout(s: Solver, stall: int, timeout: int) -> None:
            detail=f"--stall-timeout {conv.seconds_text(stall)} is not less than --timeout "
                   f"{conv.seconds_text(timeout)}: the time limit always ends the run first", span=given.origin,
            hint=f"give a --stall-timeout below {conv.seconds_text(timeout)}, or drop it")
+
+
+def _heartbeat(s: Solver, timeout: int, stall: int) -> int:
+    """Decide ``--heartbeat-timeout`` (PR235, a warning: not below the run's time limit)."""
+    given = s.spec.heartbeat_timeout
+    if given is None or not given.value:
+        s.decide(PREFIX + "heartbeat_timeout", "none", given.origin if given else SourceSpan.default("heartbeat_timeout"),
+                 "default: an instance's silence is not limited (--stall-timeout watches the output of all)"
+                 if given is None else "no limit on an instance's silence")
+        return 0
+    millis = given.value
+    also = (f"; --stall-timeout {conv.seconds_text(stall)} s still ends the run when no instance writes output"
+            if stall else "")
+    s.decide(PREFIX + "heartbeat_timeout", _shown(millis), given.origin,
+             "an instance silent this long after its first report in an attempt (popdist.progress or heartbeat) "
+             "is hung; one that never reports is not watched" + also)
+    if timeout and millis >= timeout:
+        s.warn("PR235", "heartbeat limit not below the time limit",
+               detail=f"--heartbeat-timeout {conv.seconds_text(millis)} is not less than --timeout "
+                      f"{conv.seconds_text(timeout)}: the time limit always ends the run first", span=given.origin,
+               hint=f"give a --heartbeat-timeout below {conv.seconds_text(timeout)}, or drop it")
+    return millis
+
+
+def _straggler_policy(s: Solver, restarts: int) -> str:
+    """Decide ``--straggler-policy``; the reason states the rule with the plan's window and factor."""
+    from poprun.planner.setting import straggler_rule
+
+    window, factor = straggler_rule(s.ctx.environ)
+    rule = (f"an instance whose median step time over its last {window} steps is more than {factor} x the median "
+            "of all reporting instances' (2 or more) is a straggler")
+    given = s.spec.straggler_policy
+    if given is None or given.value == "warn":
+        s.decide(PREFIX + "straggler_policy", "warn", given.origin if given else SourceSpan.default("straggler_policy"),
+                 f"{'as given' if given else 'default'}: {rule}; it is told (an event), nothing more")
+        return "warn"
+    then = (f"restarted within the budget (--max-restarts {restarts})" if restarts
+            else "not restarted (--max-restarts 0): the run ends (status 124) naming it")
+    s.decide(PREFIX + "straggler_policy", "restart", given.origin,
+             f"{rule}; it ends the attempt as its failure: {then}; with spare hosts, its host is replaced")
+    return "restart"
 
 
 def user_setting(s: Solver, name: str) -> SourceSpan | None:

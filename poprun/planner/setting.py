@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from poprun.planner.plan import BackendSetting
 
 DEFAULT = DEFAULT_SOURCE  # the source of a setting not set in the planning shell
+EVERY = ("*",)  # a row's backends: planned for every backend, plugins' too (what apply itself reads)
 
 
 @positional_record
@@ -36,11 +37,12 @@ class Setting:
     One ``POPRUN_*`` setting.
 
     ``kind`` says how its text is read: ``count`` (a whole number in ``range``, ``lo-hi``),
-    ``seconds`` (a number of seconds in ``range``), ``choice`` (one of ``range``, ``a|b|c``,
+    ``seconds`` (a number of seconds in ``range``), ``number`` (a decimal number in ``range``), ``choice`` (one of ``range``, ``a|b|c``,
     any case), ``path`` (a file; empty: none), ``switch`` (``0`` turns it off), ``flag``
     (set: on), ``text``. ``default`` is the text a backend reads when the variable is unset
     (``auto``: computed where it runs). ``owner``: what reads it. ``backends``: the built-in
-    backends whose plans record it (empty: not planned).
+    backends whose plans record it (empty: not planned; :data:`EVERY`: every backend's plans,
+    plugins' too: settings that apply itself reads).
     """
 
     name: str
@@ -80,6 +82,15 @@ class Setting:
             if not lo <= value <= hi:
                 raise ValueError(f"{self.name}={text!r} is not a number of seconds from {lo} to {hi}")
             return text
+        if self.kind == "number":
+            low, high = (float(n) for n in self.range.split("-"))
+            try:
+                number = float(text)
+            except ValueError:
+                number = float("nan")
+            if not low <= number <= high:  # NaN fails too
+                raise ValueError(f"{self.name}={text!r} is not a number from {self.range.replace('-', ' to ')}")
+            return str(number).removesuffix(".0")
         if self.kind == "choice":
             choices = self.range.split("|")
             if text.lower() not in choices:
@@ -105,6 +116,12 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("POPRUN_SSH_RELAY", "choice", "auto|on|off", "auto", "ssh backend",
             "how remote hosts are started: through relay hosts above 256 hosts (auto), from 3 (on), never (off)",
             ("ssh",)),
+    Setting("POPRUN_STRAGGLER_WINDOW", "count", "2-10000", "20", "apply (stragglers)",
+            "W: an instance's median step time is taken over its last W steps (docs/progress.md, Stragglers)",
+            EVERY, "steps"),
+    Setting("POPRUN_STRAGGLER_FACTOR", "number", "1.05-1000", "1.5", "apply (stragglers)",
+            "k: an instance whose median step time is more than k x the run's median is a straggler",
+            EVERY),
     Setting("POPRUN_CGROUP", "switch", "0", "", "local backend",
             "0: make no cgroup for the instances of a launch"),
     Setting("POPRUN_HOST_TOPOLOGY", "path", "", "", "planner",
@@ -147,9 +164,25 @@ def setting_value(name: str, environ: Mapping[str, str]) -> str | None:
 
 def backend_rows(backend: str, declared: Iterable[Setting] = ()) -> tuple[Setting, ...]:
     """Return the settings a plan for ``backend`` records: the built-in rows for it, and a plugin's ``declared`` rows."""
-    rows = [s for s in SETTINGS if backend in s.backends]
+    rows = [s for s in SETTINGS if backend in s.backends or s.backends == EVERY]
     rows += [s for s in declared if s.name not in {r.name for r in rows}]
     return tuple(sorted(rows, key=lambda s: s.name))
+
+
+def straggler_rule(environ: Mapping[str, str]) -> tuple[int, float]:
+    """
+    Return the straggler rule's window W and factor k as ``environ`` sets them (a bad value: the default).
+
+    What the plan records is checked where the backend's settings are (PR225); this is for the
+    explanation, and for apply reading a plan's recorded values (``environ``: the plan's settings).
+    """
+    def value(name: str) -> str:
+        try:
+            return setting(name).check(environ.get(name, ""), recorded=True)
+        except ValueError:
+            return setting(name).default
+
+    return int(value("POPRUN_STRAGGLER_WINDOW")), float(value("POPRUN_STRAGGLER_FACTOR"))
 
 
 def default_settings(rows: Iterable[Setting]) -> tuple[BackendSetting, ...]:
@@ -191,6 +224,8 @@ def _takes(row: Setting) -> str:
         return f"a whole number from {lo} to {hi}" if hi else f"a whole number, {lo} or more"
     if row.kind == "seconds":
         return f"a number of seconds from {lo} to {hi}"
+    if row.kind == "number":
+        return f"a number from {lo} to {hi}"
     if row.kind == "choice":
         return _join_or(row.range.split("|"))
     return "a value"
@@ -268,7 +303,7 @@ def render_settings_doc() -> str:
         "|---|---|---|---|---|---|---|",
     ]
     for s in SETTINGS:
-        takes = _takes(s) if s.kind in ("count", "seconds", "choice") else s.kind
-        planned = ", ".join(s.backends) or "-"
+        takes = _takes(s) if s.kind in ("count", "seconds", "number", "choice") else s.kind
+        planned = "every backend" if s.backends == EVERY else ", ".join(s.backends) or "-"
         out.append(f"| `{s.name}` | {s.kind} | {takes} | {describe_default(s)} | {s.owner} | {planned} | {s.help} |")
     return "\n".join(out) + "\n"

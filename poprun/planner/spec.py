@@ -121,6 +121,9 @@ class Spec:
     min_hosts: SI | None = None
     health_check: SS | None = None
     health_check_timeout: SI | None = None  # milliseconds
+    # Instance health (docs/progress.md): a silent instance is hung; what a straggler does.
+    heartbeat_timeout: SI | None = None  # milliseconds
+    straggler_policy: SS | None = None
 
 
 def overlay(base: Spec, top: Spec) -> Spec:

@@ -47,8 +47,9 @@ def render_summary(plan: LaunchPlan) -> str:
 
 def _policy_set(recovery: Recovery) -> bool:
     """Whether the plan restarts or limits the run (the port plan is not a policy of the user's)."""
-    return (recovery.max_restarts, recovery.timeout_ms, recovery.stall_timeout_ms) != (
-        NO_RECOVERY.max_restarts, NO_RECOVERY.timeout_ms, NO_RECOVERY.stall_timeout_ms)
+    r, no = recovery, NO_RECOVERY
+    return (r.max_restarts, r.timeout_ms, r.stall_timeout_ms, r.heartbeat_timeout_ms, r.straggler_policy) != (
+        no.max_restarts, no.timeout_ms, no.stall_timeout_ms, no.heartbeat_timeout_ms, no.straggler_policy)
 
 
 def _seconds(millis: int) -> str:
@@ -80,6 +81,10 @@ def describe_recovery(r: Recovery) -> str:
         parts.append(f"time limit {_seconds(r.timeout_ms)}{signal}")
     if r.stall_timeout_ms:
         parts.append(f"stall limit {_seconds(r.stall_timeout_ms)}")
+    if r.heartbeat_timeout_ms:
+        parts.append(f"heartbeat limit {_seconds(r.heartbeat_timeout_ms)} per instance")
+    if r.straggler_policy != NO_RECOVERY.straggler_policy:
+        parts.append(f"a straggler ends its attempt ({r.straggler_policy})")
     return "; ".join(parts)
 
 

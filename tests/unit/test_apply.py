@@ -255,6 +255,8 @@ SAMPLES = [
     events.Replan(attempt=1, removed=("h3",), added=("h5",), hosts=("h1", "h2", "h5", "h4"), instances=4, replicas=8,
                   reason="h5 replaces h3 (h3: stopped answering (PR411))"),
     events.LimitReached(limit="signal", after_ms=50_000, signal=10),
+    events.LimitReached(limit="heartbeat", after_ms=5_012, instance=2, host="h3"),
+    events.Straggler(index=1, host="h2", attempt=0, ratio=4.02, step_time_ms=402, run_median_ms=100),
     events.StacksCollected(instances=(0, 2), how="py-spy"),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/x86_64-linux-gnu/libmpi.so.40"),
     events.InstanceProgressed(index=3, host="h3", attempt=1, step=120, total=200, step_time_ms=20.5, eta_ms=1640,

@@ -28,6 +28,7 @@ EVERY_EVENT = [
     events.Replan(attempt=1, removed=("h2",)),
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
+    events.Straggler(index=1, host="h", attempt=0, ratio=1.5, step_time_ms=15, run_median_ms=10),
 ]
 
 

@@ -102,7 +102,7 @@ def test_explain_has_a_recovery_section_with_the_policy() -> None:
                               "(doubling, at most 60 s); 4 failures within 2.25 s of start in a row end the run; "
                               "never retried: 1,2; before each: ./check.sh --all; time limit 600 s, SIGUSR1 60 s "
                               "before it; stall limit 120 s\n")
-    assert "  pre_restart    ./check.sh --all" in section
+    assert "  pre_restart        ./check.sh --all" in section
 
 
 def test_a_first_wait_longer_than_the_default_longest_raises_the_longest() -> None:

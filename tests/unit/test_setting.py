@@ -46,6 +46,8 @@ def test_every_poprun_variable_read_in_the_code_is_a_setting_or_not_one_on_purpo
     ("POPRUN_SSH_FANOUT", "", "auto"), ("POPRUN_SSH_FANOUT", " 016 ", "16"), ("POPRUN_SSH_FANOUT", "1024", "1024"),
     ("POPRUN_SSH_RELAY", "ON", "on"), ("POPRUN_SSH_RELAY", "", "auto"),
     ("POPRUN_HOST_TIMEOUT", "3", "3"), ("POPRUN_HOST_TIMEOUT", "2.5e1", "2.5e1"), ("POPRUN_SSH_CONFIG", "cfg", "cfg"),
+    ("POPRUN_STRAGGLER_FACTOR", " 2 ", "2"), ("POPRUN_STRAGGLER_FACTOR", "1.25", "1.25"),
+    ("POPRUN_STRAGGLER_FACTOR", "4.0", "4"), ("POPRUN_STRAGGLER_WINDOW", "050", "50"),
 ])
 def test_a_setting_reads_what_its_backend_took_from_the_environment(name, text, expected):
     """A planned setting's value is the text its backend read before (blank: the default)."""
@@ -60,6 +62,11 @@ def test_a_setting_reads_what_its_backend_took_from_the_environment(name, text, 
     ("POPRUN_SSH_RELAY", "sometimes", "POPRUN_SSH_RELAY='sometimes' is not one of auto, on, off"),
     ("POPRUN_HOST_TIMEOUT", "nan", "POPRUN_HOST_TIMEOUT='nan' is not a number of seconds from 3 to 3600"),
     ("POPRUN_HOST_TIMEOUT", "3601", "POPRUN_HOST_TIMEOUT='3601' is not a number of seconds from 3 to 3600"),
+    ("POPRUN_STRAGGLER_FACTOR", "1", "POPRUN_STRAGGLER_FACTOR='1' is not a number from 1.05 to 1000"),
+    ("POPRUN_STRAGGLER_FACTOR", "nan", "POPRUN_STRAGGLER_FACTOR='nan' is not a number from 1.05 to 1000"),
+    ("POPRUN_STRAGGLER_FACTOR", "inf", "POPRUN_STRAGGLER_FACTOR='inf' is not a number from 1.05 to 1000"),
+    ("POPRUN_STRAGGLER_WINDOW", "1", "POPRUN_STRAGGLER_WINDOW='1' is not a whole number of steps from 2 to 10000"),
+    ("POPRUN_STRAGGLER_WINDOW", "1e3", "POPRUN_STRAGGLER_WINDOW='1e3' is not a whole number of steps from 2 to 10000"),
 ])
 def test_a_bad_value_says_what_the_setting_takes(name, text, message):
     """A value a setting does not take raises with the message the backend gave at launch before."""
@@ -69,7 +76,7 @@ def test_a_bad_value_says_what_the_setting_takes(name, text, message):
     assert message == str(raised.value)
 
 
-def test_the_ssh_backend_plans_its_four_settings_with_their_sources():
+def test_the_ssh_backend_plans_its_four_settings_and_the_straggler_rule_with_their_sources():
     """The ssh backend's settings come from the environment when set, else their defaults, sorted by name."""
     values, problems = plan_settings(backend_rows("ssh"), {"POPRUN_SSH_FANOUT": "16", "POPRUN_SSH_RELAY": " "})
 
@@ -77,15 +84,20 @@ def test_the_ssh_backend_plans_its_four_settings_with_their_sources():
     assert (BackendSetting(name="POPRUN_HOST_TIMEOUT", value="15", source="default"),
             BackendSetting(name="POPRUN_SSH_CONFIG", value="", source="default"),
             BackendSetting(name="POPRUN_SSH_FANOUT", value="16", source="environment variable POPRUN_SSH_FANOUT"),
-            BackendSetting(name="POPRUN_SSH_RELAY", value="auto", source="default")) == values
+            BackendSetting(name="POPRUN_SSH_RELAY", value="auto", source="default"),
+            BackendSetting(name="POPRUN_STRAGGLER_FACTOR", value="1.5", source="default"),
+            BackendSetting(name="POPRUN_STRAGGLER_WINDOW", value="20", source="default")) == values
 
 
-def test_backends_without_settings_plan_none_and_a_plugin_plans_its_own():
-    """The local backend reads no planned setting; a plugin's declared rows are planned for it."""
+STRAGGLER_ROWS = ("POPRUN_STRAGGLER_FACTOR", "POPRUN_STRAGGLER_WINDOW")
+
+
+def test_backends_without_settings_plan_only_the_straggler_rule_and_a_plugin_plans_its_own():
+    """The local backend reads no planned setting (apply's straggler rule is planned for all); a plugin's declared rows are planned for it."""
     row = Setting("POPRUN_DEMO_SLOTS", "count", "1-8", "2", "demo plugin", "slots per host", unit="slots")
 
-    assert () == backend_rows("local")
-    assert (row,) == backend_rows("demo", (row,))
+    assert STRAGGLER_ROWS == tuple(r.name for r in backend_rows("local"))
+    assert (row, *(setting(n) for n in STRAGGLER_ROWS)) == backend_rows("demo", (row,))
     values, problems = plan_settings((row,), {"POPRUN_DEMO_SLOTS": "9"})
     assert () == values
     assert ["PR225"] == [d.code for d in problems]
