@@ -121,6 +121,11 @@ class Spec:
     min_hosts: SI | None = None
     health_check: SS | None = None
     health_check_timeout: SI | None = None  # milliseconds
+    # Observe (docs/progress.md): a notifier for chosen events, the metrics file.
+    notify: SS | None = None
+    notify_on: SS | None = None  # comma-separated event kinds, or all
+    notify_timeout: SI | None = None  # milliseconds
+    metrics_file: SS | None = None
 
 
 def overlay(base: Spec, top: Spec) -> Spec:
