@@ -68,6 +68,8 @@ __all__ = [
     "OMPI_SIZE",
     "POPLAR_ENGINE_OPTIONS",
     "POPLAR_TARGET_OPTIONS",
+    "PROGRESS",
+    "PROGRESS_TOKEN",
     "PYTHON_FAULT_HANDLER",
     "REPLICA_INDEX_OFFSET",
     "RESTART_COUNT",
@@ -159,6 +161,11 @@ TORCHELASTIC_MAX_RESTARTS = "TORCHELASTIC_MAX_RESTARTS"
 # how many restarts came before this attempt (0 for the first), as poprun and as torchrun name
 # it, and the run's id in torchrun's name.
 RESTART_COUNT = "POPRUN_RESTART_COUNT"
+# Where an instance sends its progress datagrams (HOST:PORT, [ADDR]:PORT, or :PORT when the launcher
+# could not know its own address as the instance's host reaches it) and the run's token that each
+# datagram carries: set for each attempt only when the launcher listens (docs/progress.md).
+PROGRESS = "POPRUN_PROGRESS"
+PROGRESS_TOKEN = "POPRUN_PROGRESS_TOKEN"  # noqa: S105 - the name of the variable, not its value
 TORCHELASTIC_RESTART_COUNT = "TORCHELASTIC_RESTART_COUNT"
 TORCHELASTIC_RUN_ID = "TORCHELASTIC_RUN_ID"
 # The run's id as poprun names it (with a run record or a time limit: how poprun finds its instances' processes).
