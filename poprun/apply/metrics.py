@@ -36,22 +36,10 @@ from poprun.core.span import SourceSpan
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
-    from typing import Protocol
 
     from poprun.core.diagnostic import Diagnostic
     from poprun.core.events import Event
-
-    class Progress(Protocol):
-        """What the metrics read of one instance's progress (``poprun.core.progress.InstanceProgress``)."""
-
-        index: int
-        host: str
-        step: float | None
-        total: int | None
-        step_time_s: float | None
-        eta_s: float | None
-        heard_s: float
-        straggler_ratio: float | None
+    from poprun.core.progress import InstanceProgress as Progress
 
 __all__ = ["INTERVAL_S", "STATES", "MetricsFile", "render"]
 

@@ -290,7 +290,8 @@ def _seconds(s: float) -> str:
     return f"{s:.3f}".rstrip("0").rstrip(".") + " s"
 
 
-_HINT = "run the command by hand with an event's line on its standard input: poprun logs RUN shows the run's events"
+_HINT = ("run the command by hand with a line of the run's events (events.jsonl in its run record, or --events) on its "
+         "standard input")
 _HINTS = {
     "timeout": "make the command end sooner (send in the background what may take long), or give a longer "
                "--notify-timeout",

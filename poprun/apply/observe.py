@@ -22,9 +22,10 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
-    from poprun.apply.metrics import MetricsFile, Progress
+    from poprun.apply.metrics import MetricsFile
     from poprun.apply.notify import Notifier
     from poprun.apply.relay import Relay
+    from poprun.core.progress import InstanceProgress as Progress
     from poprun.planner.plan import LaunchPlan
 
 __all__ = ["Observers"]

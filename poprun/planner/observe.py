@@ -20,8 +20,7 @@ from poprun.planner import plan as p
 from poprun.planner import value as conv
 from poprun.planner.state import Solver
 
-__all__ = ["ALL", "KINDS", "MAX_COMMAND", "MAX_TIMEOUT_S", "PREFIX", "describe", "observe", "parse_kinds",
-           "path_problem"]
+__all__ = ["ALL", "KINDS", "MAX_COMMAND", "MAX_TIMEOUT_S", "PREFIX", "observe", "parse_kinds", "path_problem"]
 
 PREFIX = "observe."
 KINDS = ("run-ended", "attempt-ended", "limit-reached", "straggler", "replan")  # what --notify-on may name
@@ -201,18 +200,3 @@ def _metrics(s: Solver) -> str:
                span=given.origin, hint="make the folder (writable by this user) before the run, or give another path")
     return s.decide(PREFIX + "metrics_file", path, given.origin,
                     "as given: an OpenMetrics text file, replaced once a second while the run lives and at its end")
-
-
-def describe(o: p.Observe) -> str:
-    """Return the notifier and the metrics file in one line (what ``plan`` shows)."""
-    parts = []
-    if o.notify:
-        from poprun.core.secret import printable
-
-        command = printable(o.notify)
-        command = command if len(command) <= 40 else command[:37] + "..."  # noqa: PLR2004
-        parts.append(f"notify '{command}' on {', '.join(o.notify_on)} (each at most "
-                     f"{conv.seconds_text(o.notify_timeout_ms)} s)")
-    if o.metrics_file:
-        parts.append(f"metrics in {o.metrics_file} (once a second)")
-    return "; ".join(parts) or "no notifier, no metrics file"

@@ -18,6 +18,7 @@ from poprun.planner.plan import (
     Instance,
     LaunchPlan,
     Membership,
+    Observe,
     Recovery,
 )
 
@@ -52,9 +53,7 @@ def render_summary(plan: LaunchPlan) -> str:
     if plan.membership != NO_MEMBERSHIP:
         lines.append(f"membership: {describe_membership(plan.membership, len(t.hosts))}")
     if plan.observe != NO_OBSERVE:
-        from poprun.planner.observe import describe
-
-        lines.append(f"observe: {describe(plan.observe)}")
+        lines.append(f"observe: {describe_observe(plan.observe)}")
     return "\n".join(lines) + "\n"
 
 
@@ -165,6 +164,19 @@ def render_membership(plan: LaunchPlan) -> str:
 OBSERVE_KEY = "observe."
 
 
+def describe_observe(o: Observe) -> str:
+    """Return the notifier and the metrics file in one line (what ``plan`` shows)."""
+    parts = []
+    if o.notify:
+        from poprun.core.secret import printable
+
+        parts.append(f"notify '{_short(printable(o.notify))}' on {', '.join(o.notify_on)} (each at most "
+                     f"{_seconds(o.notify_timeout_ms)})")
+    if o.metrics_file:
+        parts.append(f"metrics in {o.metrics_file} (once a second)")
+    return "; ".join(parts) or "no notifier, no metrics file"
+
+
 def render_observe(plan: LaunchPlan) -> str:
     """
     Return the observe section of ``--explain``: what is notified, when and with which deadline; where the metrics go.
@@ -172,10 +184,9 @@ def render_observe(plan: LaunchPlan) -> str:
     Then each part with where it came from.
     """
     from poprun.core.secret import printable
-    from poprun.planner.observe import describe
 
     o = plan.observe
-    lines = [f"observe: {describe(o)}"]
+    lines = [f"observe: {describe_observe(o)}"]
     if o.notify:
         lines.append(f"  notified: {', '.join(o.notify_on)} events, each as one JSON line (as --events writes it) on "
                      "the standard input of the command, run by /bin/sh on this machine in a process group of its own")
