@@ -13,6 +13,8 @@ weights (up to float rounding). The data set ships inside scikit-learn (1,797 8x
 download): a fixed 80/20 split, the same on every instance. Instance 0 prints one JSON line
 with the held-out accuracy (each instance scores its share of the held-out set; the counts are
 summed with ``all_reduce``) and, with ``--save``, writes the weights (``execute_on_instances``).
+Every step is reported to poprun with ``popdist.progress(step, steps, loss=...)``: ``poprun ps``
+shows the step and an ETA (docs/progress.md).
 """
 
 from __future__ import annotations
@@ -92,6 +94,9 @@ def train(model: nn.Module, data: TensorDataset, args: argparse.Namespace) -> tu
             pdt.all_reduce_gradients(model)
             optimizer.step()
             step += 1
+            # Tell poprun (poprun ps, the -v line, report.json): coalesced, so cheap at every step; a
+            # tensor is converted only when sent (ten times a second at most). A no-op without poprun.
+            popdist.progress(step, args.steps, loss=loss.detach())
             if step == 1:
                 start = time.perf_counter()
             if step == args.steps:

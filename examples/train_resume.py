@@ -110,6 +110,7 @@ def train(args: argparse.Namespace) -> tuple[nn.Module, int, float]:
             pdt.all_reduce_gradients(model)
             optimizer.step()
             step += 1
+            popdist.progress(step, args.steps, loss=loss.detach())  # a resumed attempt goes on from its step
             if step == args.crash_at_step and restart_count() == 0 and popdist.getInstanceIndex() == crasher:
                 print(f"instance {crasher}: crashing at step {step} on purpose", flush=True)
                 os._exit(3)

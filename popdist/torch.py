@@ -20,6 +20,11 @@ standard library, and mpi4py under a real MPI launcher; never imports ``poprun``
   replicas in replica order, so the items of a step do not depend on how many instances share it.
 - :func:`execute_on_instances` is ``popdist.execute_on_instances``: after
   :func:`init_process_group`, every instance waits for it (checkpoint on instance 0 only).
+- Progress (``popdist.progress``; no-ops without poprun): :func:`data_loader`'s batches report
+  ``progress(batches done, batches per epoch, epoch=E)`` as each next batch is taken (and at
+  the epoch's end), until the program calls ``popdist.progress`` itself: from then on its own
+  steps win and the loader only beats ``popdist.heartbeat()``. :func:`all_reduce_gradients`
+  beats ``popdist.heartbeat()`` after each reduction (a step's collective is behind it).
 
 Not thread-safe: call these from one thread, in the same order on every instance.
 """
@@ -42,6 +47,7 @@ from torch.utils.data import DataLoader, Dataset, Sampler  # noqa: E402
 
 import popdist  # noqa: E402
 from popdist import _contract as env  # noqa: E402
+from popdist import _progress  # noqa: E402
 from popdist._backend import DEFAULT_TIMEOUT_S, execute_on_instances  # noqa: E402
 from popdist._rendezvous import LOOPBACK  # noqa: E402
 
@@ -308,19 +314,19 @@ def all_reduce_gradients(module: torch.nn.Module) -> None:
     replicas / total replicas`` in the sum: the result equals the gradient of one process that
     read the whole global batch, also when instances hold different numbers of replicas. Call
     it between ``loss.backward()`` and ``optimizer.step()``, on every instance; every parameter
-    must have a gradient on all of them or on none.
+    must have a gradient on all of them or on none. Then beats ``popdist.heartbeat()``.
     """
     collectives = _collectives()
     grads = [p.grad for p in module.parameters() if p.grad is not None]
-    if isinstance(collectives, _Single) or not grads:
-        return
-    weight = env.num_local_replicas(os.environ) / env.num_total_replicas(os.environ)
+    if not isinstance(collectives, _Single) and grads:
+        weight = env.num_local_replicas(os.environ) / env.num_total_replicas(os.environ)
 
-    def reduce(flat: torch.Tensor) -> None:
-        flat.mul_(weight)
-        collectives.all_reduce(flat, "sum")
+        def reduce(flat: torch.Tensor) -> None:
+            flat.mul_(weight)
+            collectives.all_reduce(flat, "sum")
 
-    _apply_flat(grads, reduce)
+        _apply_flat(grads, reduce)
+    _progress.heartbeat()  # this step's collective is behind this instance: alive (poprun's --heartbeat-timeout)
 
 
 def all_reduce_metrics(metrics: Mapping[str, float], *, op: ReduceOp = "mean") -> dict[str, float]:
@@ -444,7 +450,27 @@ def data_loader(
     As ``poptorch.DataLoader`` under popdist: ``batch_size`` is per replica, and a batch holds
     ``batch_size * getNumLocalReplicas()`` items (see :class:`DistributedSampler`). ``kwargs``
     go to ``DataLoader`` (``num_workers``, ``collate_fn`` ...), except ``sampler`` and ``shuffle``.
+
+    Taking each batch reports the batches done so far in this epoch to poprun
+    (``popdist.progress(done, batches per epoch, epoch=E)``; the ETA is then the epoch's), and
+    so does the end of the epoch, until the program calls ``popdist.progress`` itself (with the
+    run's own steps and total): from then on the loader only beats ``popdist.heartbeat()``.
     """
     sampler = DistributedSampler(cast("Sized", dataset), batch_size=batch_size, shuffle=shuffle, seed=seed,
                                  drop_last=drop_last)
-    return DataLoader(dataset, batch_size=sampler.local_batch_size, sampler=sampler, drop_last=False, **kwargs)
+    return _ReportingLoader(dataset, batch_size=sampler.local_batch_size, sampler=sampler, drop_last=False, **kwargs)
+
+
+class _ReportingLoader(DataLoader[T]):
+    """A ``DataLoader`` over a :class:`DistributedSampler` that reports its batches as steps (see :func:`data_loader`)."""
+
+    def __iter__(self) -> Iterator[Any]:  # type: ignore[override] # a generator over torch's iterator
+        """Yield the epoch's batches; before each, and at the end, report the batches done."""
+        epoch = cast("DistributedSampler", self.sampler).epoch  # the epoch this iteration draws
+        batches = len(self)
+        done = 0
+        for batch in super().__iter__():
+            _progress.report(done, batches, epoch=epoch)
+            yield batch
+            done += 1
+        _progress.report(done, batches, epoch=epoch)

@@ -56,6 +56,7 @@ from poprun.runs.record import RUN_ID, RunRecord, new_id
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from poprun.apply.channel import Channel
     from poprun.apply.observe import Observers
     from poprun.backends.base import Backend
 
@@ -101,6 +102,9 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
+    channel = _channel(plan, relay, record) if _listens(plan, record) else None  # its socket is made meanwhile
+    if channel is not None and observers is not None:
+        observers.watch(channel.board.snapshot)
     from poprun.apply.ports import master_port
 
     try:
@@ -116,9 +120,9 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
                 result = Attempts(backend, plan, environ, relay=relay, control=control, run=run, clock=clock,
                                   record=record, cache=TemporaryCache(path=cache, remove_at_exit=plan.cache.remove_at_exit)
                                   if cache is not None else None, added=added, run_id=run_id,
-                                  first_port=first_port, errors=errors).run()
+                                  first_port=first_port, errors=errors, channel=channel).run()
             finally:
-                errors.close()
+                _close(errors, channel)
                 relay.event(Teardown())
     except DiagnosticError as exc:  # the partition could not be had (nothing started), or the backend failed running
         result = ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, diagnostics=exc.diagnostics))
@@ -129,8 +133,9 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             _abandon(exc, relay, record, clock, observers)
         raise
     run.finish()
-    return _finish(evolve(result, signals=tuple(control.signals), warnings=tuple(released) + result.warnings,
-                          notes=result.notes + tuple(relay.notes)), relay, record, clock, observers)
+    return _finish(evolve(result, warnings=(*released, *result.warnings, *_heard(channel, record)),
+                          signals=tuple(control.signals), notes=(*result.notes, *relay.notes)), relay, record, clock,
+                   observers)
 
 
 def _backend(registry: BackendRegistry, plan: LaunchPlan, observers: Observers | None) -> Backend:
@@ -153,6 +158,48 @@ def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay:
     from poprun.apply.observe import Observers
 
     return Observers(plan, environ, run_id, relay)
+
+
+def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:
+    """Return whether the run listens for its instances' progress: with a run record, or a feature that reads it."""
+    if record is not None:
+        return True
+    observe = getattr(plan, "observe", None)  # --metrics-file, --notify (docs/progress.md)
+    return bool(getattr(plan.recovery, "heartbeat_timeout_ms", 0) or getattr(observe, "metrics_file", "")
+                or getattr(observe, "notify", ""))
+
+
+def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None) -> Channel:
+    """Return the run's progress channel, its socket being made in its own thread (docs/progress.md)."""
+    from poprun.apply.channel import Channel, here
+    from poprun.apply.progress import Board
+
+    board = Board(tuple(i.host for i in plan.instances))
+    channel = Channel(board, remote=not all(here(plan)), emit=relay.event,
+                      write=record.write_progress if record is not None else None)
+    channel.start()
+    return channel
+
+
+def _close(errors: ErrorFiles, channel: Channel | None) -> None:
+    """Close what the attempts used: the error files, the progress channel."""
+    errors.close()
+    if channel is not None:
+        channel.close()
+
+
+def _heard(channel: Channel | None, record: RunRecord | None) -> tuple[Diagnostic, ...]:
+    """Close the progress channel; return what it warns of (PR447, PR448), and keep its summary for the report."""
+    if channel is None:
+        return ()
+    channel.close()  # closed already, unless the attempts never began (the partition step failed)
+    from poprun.apply.channel import forged, unopened
+
+    if record is not None and channel.error is None:
+        record.progress = channel.report()
+    if channel.error is not None:
+        return (unopened(channel.error),)
+    return (forged(channel.forged, channel.received),) if channel.forged else ()
 
 
 def _unmade(exc: KeyError | DiagnosticError) -> ApplyError:

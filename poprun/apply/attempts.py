@@ -56,6 +56,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import Any
 
+    from poprun.apply.channel import Channel
     from poprun.apply.members import Members
 
 __all__ = ["Attempts", "Run", "RunState"]
@@ -180,9 +181,9 @@ class Attempts:
     def __init__(self, backend: Backend, plan: LaunchPlan, environ: Mapping[str, str], *, relay: Relay,
                  control: Control, run: Run, clock: Clock, record: RunRecord | None, cache: TemporaryCache | None,
                  added: dict[str, str], run_id: str, first_port: tuple[int, bool, bool, Diagnostic | None],
-                 errors: ErrorFiles) -> None:
+                 errors: ErrorFiles, channel: Channel | None = None) -> None:
         self.backend, self.plan, self.environ = backend, plan, environ
-        self.errors = errors
+        self.errors, self.channel = errors, channel
         self.relay, self.control, self.run_state, self.clock, self.record, self.cache = \
             relay, control, run, clock, record, cache
         self.added, self.run_id = added, run_id
@@ -313,11 +314,13 @@ class Attempts:
         variables = self.added | {names.RESTART_COUNT: str(number), names.TORCHELASTIC_RESTART_COUNT: str(number)}
         if chosen:
             variables[names.TORCH_MASTER_PORT] = str(port)
-        applied = self.plan.with_variables(variables).with_instance_variables(self.errors.files(number))
+        files = self.errors.files(number)
+        recorded, told = self.channel.begin(number, self.plan, files) if self.channel is not None else (files, files)
+        applied = self.plan.with_variables(variables).with_instance_variables(told)
         self.relay.plan = applied  # what the instances are compared with
         if self.record is not None:
-            if number == 0:
-                self.record.write_plan(applied)
+            if number == 0:  # as applied, but for the progress channel's token (docs/progress.md: who can read it)
+                self.record.write_plan(self.plan.with_variables(variables).with_instance_variables(recorded))
             if self.budget.enabled and number not in self._begun:
                 self.record.begin_attempt(number)
             if self.members is not None and self.budget.enabled:
@@ -428,6 +431,8 @@ class Attempts:
             run.launch_ended(restarts=self.budget.enabled)
         if relay.failed is not None:
             raise relay.failed
+        if self.channel is not None:  # each instance's last state of the attempt, before it is told ended
+            self.channel.attempt_ended()
         relay.event(LaunchEnded(statuses=result.statuses, root_cause=result.root_cause))
         return result
 

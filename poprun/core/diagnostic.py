@@ -170,6 +170,8 @@ CODES: dict[str, str] = {
     "PR444": "ssh-copy-id refused",
     "PR445": "host failed its health check",
     "PR446": "health check could not reach a host",
+    "PR447": "progress channel could not be opened",
+    "PR448": "progress datagrams that were not the run's were dropped",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",

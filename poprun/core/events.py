@@ -353,13 +353,37 @@ class StacksCollected:
     how: str = ""
 
 
+@record
+class InstanceProgressed:
+    """
+    Instance ``index`` on ``host`` said how far it is (``popdist.progress``; docs/progress.md): its latest state.
+
+    ``step`` (None: heartbeats only) of ``total`` (None: unknown); ``step_time_ms``: its median
+    step time over the last W steps; ``eta_ms``: what is left at that pace; ``metrics``: its
+    latest, as (name, value) pairs. At most one a second per instance, and each instance's last
+    state as its attempt ends.
+    """
+
+    kind: ClassVar[str] = "instance-progress"
+
+    index: int
+    host: str
+    attempt: int
+    step: float | None = None
+    total: int | None = None
+    step_time_ms: float | None = None
+    eta_ms: int | None = None
+    metrics: tuple[tuple[str, float | str | None], ...] = ()
+
+
 Event = (RunStarted | HostChecked | HealthChecked | HostConnected | PhaseEnded | InstanceStarted | InstanceEnded | InstanceOutputTruncated | PartitionAcquiring | PartitionAcquired
          | PartitionReleased | LaunchStarting | LaunchRunning | Stopping | LaunchEnded | Teardown | RunEnded
-         | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher)
+         | AttemptStarted | AttemptEnded | Replan | LimitReached | StacksCollected | MpiWithoutLauncher
+         | InstanceProgressed)
 _KINDS: dict[str, type[Event]] = {cls.kind: cls for cls in (
     RunStarted, HostChecked, HealthChecked, HostConnected, PhaseEnded, PartitionAcquiring, PartitionAcquired, PartitionReleased, LaunchStarting, InstanceStarted,
     InstanceOutputTruncated, LaunchRunning, InstanceEnded, Stopping, LaunchEnded, Teardown, RunEnded,
-    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher)}
+    AttemptStarted, AttemptEnded, Replan, LimitReached, StacksCollected, MpiWithoutLauncher, InstanceProgressed)}
 
 
 def to_dict(event: Event) -> dict[str, Any]:
@@ -410,6 +434,10 @@ def _is_int(value: object) -> bool:
     return type(value) is int  # not a bool
 
 
+def _is_number(value: object) -> bool:
+    return (type(value) is int or type(value) is float) and value - value == 0  # finite, not a bool
+
+
 # What a field's value may be, by its annotation (every annotation of every event is here; a test checks)
 _TYPES: dict[str, Callable[[object], bool]] = {
     "int": _is_int,
@@ -419,6 +447,10 @@ _TYPES: dict[str, Callable[[object], bool]] = {
     "str | None": lambda v: v is None or type(v) is str,
     "tuple[int, ...]": lambda v: type(v) is tuple and all(_is_int(i) for i in v),
     "tuple[str, ...]": lambda v: type(v) is tuple and all(type(i) is str for i in v),
+    "float | None": lambda v: v is None or _is_number(v),
+    "tuple[tuple[str, float | str | None], ...]": lambda v: type(v) is tuple and all(
+        type(p) is tuple and len(p) == len(("name", "value")) and type(p[0]) is str
+        and (p[1] is None or type(p[1]) is str or _is_number(p[1])) for p in v),
     "tuple[tuple[str, str], ...]": lambda v: type(v) is tuple and all(
         type(p) is tuple and len(p) == len(("name", "value")) and all(type(i) is str for i in p) for p in v),
 }

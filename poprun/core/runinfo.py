@@ -31,6 +31,11 @@ class RunInfo:
     backend: str = ""
     problem: str = ""
     incomplete: str = ""  # why the record of an ended run stops short (a full disk); its report still says how it ended
+    # a running run's progress (progress.json, docs/progress.md): its least advanced instance's step and that
+    # instance's total (None: no progress heard, or unreadable), and the largest of its instances' ETAs
+    step: float | None = None
+    total: int | None = None
+    eta_s: float | None = None
 
     def duration(self, now: float) -> float | None:
         """Return how long it ran (until now while it runs), or None when its start is not known."""

@@ -27,16 +27,25 @@ def printable(text: str) -> str:
 
 
 def render_ps(runs: Iterable[RunInfo], now: float) -> str:
-    """Return the ``poprun ps`` table: id, state, start, duration, instances, hosts, program."""
+    """
+    Return the ``poprun ps`` table: id, state, start, duration, instances, hosts, program.
+
+    While a listed run reports progress (``popdist.progress``), a ``PROGRESS`` column after the
+    duration shows each run's ``STEP/TOTAL ETA 35 s`` (docs/progress.md).
+    """
     from poprun.core.hostlist import compress
 
-    rows = [("RUN", "STATE", "STARTED", "DURATION", "INSTANCES", "HOSTS", "PROGRAM")]
+    runs = list(runs)
+    progress = any(run.step is not None for run in runs)
+    rows = [("RUN", "STATE", "STARTED", "DURATION", *(("PROGRESS",) if progress else ()), "INSTANCES", "HOSTS",
+             "PROGRAM")]
     for run in runs:
         state = f"ended {run.status}" if run.state == "ended" else run.state
         state += ", record incomplete" if run.incomplete else ""
         started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(run.started)) if run.started else "-"
         program = mask_text(shell_join(run.argv)) if run.argv else (run.problem or "-")
         rows.append((run.id, state, started, render_duration(run.duration(now)),
+                     *((render_progress(run.step, run.total, run.eta_s),) if progress else ()),
                      "-" if run.instances is None else str(run.instances),
                      printable(_hosts(run.hosts, compress)) if run.hosts else "-", printable(program)))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]) - 1)]
@@ -51,8 +60,27 @@ def render_ps_json(runs: Iterable[RunInfo], now: float) -> str:
     rows = [{"id": r.id, "state": r.state, "status": r.status, "started": r.started, "ended": r.ended,
              "duration": r.duration(now), "instances": r.instances, "hosts": list(r.hosts), "argv": list(r.argv),
              "backend": r.backend, "path": r.path, "problem": r.problem or None,
-             "incomplete": r.incomplete or None} for r in runs]
+             "incomplete": r.incomplete or None,
+             "progress": None if r.step is None else {"step": r.step, "total": r.total, "eta_s": r.eta_s}} for r in runs]
     return json.dumps(rows, indent=2) + "\n"
+
+
+def render_step(step: float) -> str:
+    """Return a step as people read it: ``120``, ``1.5`` (at most three decimals)."""
+    return str(int(step)) if step.is_integer() and abs(step) < 1e15 else f"{step:.3f}".rstrip("0")  # noqa: PLR2004
+
+
+def render_progress(step: float | None, total: int | None, eta_s: float | None) -> str:
+    """Return ``STEP/TOTAL ETA 35 s`` (``STEP`` without a total, no ETA without one); ``-`` without a step."""
+    if step is None:
+        return "-"
+    text = render_step(step) + (f"/{total}" if total is not None else "")
+    return text + (f" ETA {render_eta(eta_s)}" if eta_s is not None else "")
+
+
+def render_eta(seconds: float) -> str:
+    """Return an ETA in whole units: ``35 s``, ``3 min 4 s``, ``1 h 2 min``."""
+    return f"{round(seconds)} s" if seconds < 59.5 else render_duration(round(seconds))  # noqa: PLR2004
 
 
 def _hosts(hosts: tuple[str, ...], compress: Callable[[Iterable[str]], str]) -> str:
@@ -161,7 +189,50 @@ def render_report(data: dict[str, object], result: ApplyResult) -> str:
     if isinstance(truncated, dict):
         parts.extend(f"instance {printable(i)}: output cut at {v['kept']} bytes, {v['dropped']} bytes not kept "
                      "(POPRUN_RUN_LOG_LIMIT)\n" for i, v in sorted(truncated.items()))
+    parts.append(render_report_progress(data.get("progress")))
     return "".join(parts)
+
+
+def render_report_progress(progress: object) -> str:
+    """
+    Return what report.json's ``progress`` says of each instance: its last step, steps, calls and step times.
+
+    ``progress:`` then a line per instance, ``instance 0 on h1: step 50/50, 50 steps in 51 calls, step time
+    min 20.1 / median 20.1 / p90 20.2 / max 20.4 ms``; an entry not as poprun writes it is left out.
+    """
+    instances = progress.get("instances") if isinstance(progress, dict) else None
+    if not isinstance(instances, list) or not instances:
+        return ""
+    lines = []
+    for item in instances:
+        if not isinstance(item, dict) or not _numbers(item, ("index", "steps", "calls"), whole=True):
+            continue
+        step, total, times = item.get("last_step"), item.get("total"), item.get("step_time_ms")
+        at = "no step" if not _numbers(item, ("last_step",)) else f"step {render_step(float(step))}" + (  # type: ignore[arg-type]
+            f"/{total}" if _numbers(item, ("total",), whole=True) else "")
+        line = (f"  instance {item['index']} on {printable(str(item.get('host', '')))}: {at}, "
+                f"{item['steps']} step{'' if item['steps'] == 1 else 's'} in {item['calls']} "
+                f"call{'' if item['calls'] == 1 else 's'}")
+        names = ("min", "median", "p90", "max")
+        if isinstance(times, dict) and _numbers(times, names):
+            line += ", step time " + " / ".join(f"{name} {times[name]:.1f}" for name in names) + " ms"
+        ratio = item.get("straggler_ratio")
+        if _numbers(item, ("straggler_ratio",)):
+            line += f", straggler ({ratio:.2f}x the run's median)"
+        lines.append(line + "\n")
+    dropped = progress.get("forged") if isinstance(progress, dict) else None
+    tail = (f"  {dropped} datagram{'' if dropped == 1 else 's'} not the run's dropped (PR448)\n"
+            if type(dropped) is int and dropped > 0 else "")
+    return ("progress:\n" + "".join(lines) + tail) if lines or tail else ""
+
+
+def _numbers(data: dict[str, object], keys: tuple[str, ...], *, whole: bool = False) -> bool:
+    """Return whether every one of ``keys`` in ``data`` is a finite number (an int with ``whole``), not a bool."""
+    import math
+
+    return all((type(data.get(key)) is int or (not whole and type(data.get(key)) is float
+                                               and math.isfinite(data[key])))  # type: ignore[arg-type]
+               for key in keys)
 
 
 def render_verified(actual: object) -> str:

@@ -26,6 +26,8 @@ one place. The layout is in ``docs/runs.md``:
   ``K`` from 0; ``logs`` and ``latest`` are then links to the last attempt's (``attempts/K/logs``,
   ``attempts/K``), so that readers of ``logs/`` see the attempt that counts;
 - ``actual.json``: what each instance ran as (:mod:`poprun.runs.verify`);
+- ``progress.json``: the instances' progress (``popdist.progress``), replaced at most once a
+  second while the run listens (docs/progress.md);
 - ``report.json``: how the run ended (written last).
 
 Nothing here may stop a launch: a record that cannot be made or written (a full disk, a
@@ -147,6 +149,7 @@ class RunRecord:
         self.slow_hosts: dict[str, tuple[float, int]] = {}  # host -> (seconds to connect, attempts), when slow
         self.observed: dict[int, dict[str, object]] = {}  # instance -> what it ran as (poprun.runs.verify)
         self._pruning: tuple[str, int] | None = None  # (the runs' directory, runs kept): old runs not pruned yet
+        self.progress: dict[str, object] | None = None  # report.json's progress (each instance's steps), when it listened
 
     @classmethod
     def create(cls, environ: Mapping[str, str], *, now: float | None = None, prune: bool = True) -> RunRecord:
@@ -208,6 +211,13 @@ class RunRecord:
         where = self.path if attempt is None else os.path.join(self.path, "attempts", str(attempt))
         self._guard(lambda: _write_whole(os.path.join(where, "plan.json"),
                                          dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"))
+
+    def write_progress(self, data: Mapping[str, object]) -> None:
+        """Replace ``progress.json``: the instances' progress now (docs/progress.md), whole, 0600, never through a link."""
+        if self._stopped:
+            return
+        text = dumps(dict(data), sort_keys=True) + "\n"
+        self._guard(lambda: _write_whole(os.path.join(self.path, "progress.json"), text))
 
     def event(self, event: Event, data: Mapping[str, object] | None = None) -> None:
         """Append ``event`` (with the time now) to ``events.jsonl``; ``data``: its JSON-ready form, when made already."""

@@ -33,7 +33,9 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     "warnings": [{code, summary, detail, hint}]}`` (``attempts`` to ``stacks`` added with restarts and time
     limits, ``launch_phases`` and ``slow_hosts`` with the launch's own phases, ``warnings`` (PR425, told as the
     run went on, and the end's) later: older reports lack them; an attempt's ``hosts`` and ``replan``, why they
-    changed, with a membership policy only).
+    changed, with a membership policy only). ``progress`` when the run listened for progress (docs/progress.md):
+    ``{"instances": [{index, host, attempt, steps, calls, last_step, total, step_time_ms: {min, median, p90, max},
+    straggler_ratio}], "received": N, "dropped": N, "forged": N}``.
     """
     error = result.error
     return {
@@ -60,6 +62,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
         "stacks": {str(i): text for i, text in result.stacks},
         "warnings": [{"code": d.code, "summary": d.summary, "detail": d.detail, "hint": d.hint}
                      for d in (*result.notes, *result.warnings)],
+        **({"progress": record.progress} if record.progress is not None else {}),
     }
 
 

@@ -247,9 +247,51 @@ def _info(run_id: str, path: str) -> RunInfo:
     if not isinstance(incomplete, str):
         raise damaged(os.path.join(path, "report.json"), "'incomplete' is not text")
     instances, hosts, argv, backend = _plan_summary(plan, os.path.join(path, "plan.json"))
+    step, total, eta = read_progress(path) if state == "running" else (None, None, None)
     return RunInfo(id=run_id, path=path, state=state, status=status, started=started if started is not None
                    else _id_time(run_id), ended=finished, instances=instances, hosts=hosts, argv=argv,
-                   backend=backend, incomplete=incomplete)
+                   backend=backend, incomplete=incomplete, step=step, total=total, eta_s=eta)
+
+
+PROGRESS_LIMIT = 4 << 20  # progress.json of some ten thousand instances
+
+
+def read_progress(path: str) -> tuple[float | None, int | None, float | None]:
+    """
+    Return a running run's progress from its ``progress.json``: the least advanced step, its total, the largest ETA (s).
+
+    Untrusted input, read as every record file is (no link, no FIFO, this user's, at most
+    :data:`PROGRESS_LIMIT` bytes): anything that is not what poprun writes is no progress at all
+    (None, None, None), never an error: the run is still listed.
+    """
+    try:
+        data = read_json(os.path.join(path, "progress.json"), limit=PROGRESS_LIMIT)
+    except DiagnosticError:
+        return None, None, None
+    instances = data.get("instances") if isinstance(data, dict) and data.get("v") == 1 else None
+    if not isinstance(instances, list):
+        return None, None, None
+    steps: list[tuple[float, int | None]] = []
+    etas: list[float] = []
+    for item in instances:
+        if not isinstance(item, dict):
+            return None, None, None
+        step, total, eta = item.get("step"), item.get("total"), item.get("eta_ms")
+        if not (_finite(step) or step is None) or not (total is None or (type(total) is int and total >= 0)) \
+                or not (eta is None or (_finite(eta) and eta >= 0)):
+            return None, None, None
+        if step is not None:
+            steps.append((float(step), total))
+        if eta is not None:
+            etas.append(eta / 1000)
+    if not steps:
+        return None, None, None
+    least = min(steps, key=lambda pair: pair[0])
+    return least[0], least[1], max(etas) if etas else None
+
+
+def _finite(value: object) -> bool:
+    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type] # a number, as checked
 
 
 def _a_time(value: object) -> bool:

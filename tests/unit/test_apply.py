@@ -257,6 +257,8 @@ SAMPLES = [
     events.LimitReached(limit="signal", after_ms=50_000, signal=10),
     events.StacksCollected(instances=(0, 2), how="py-spy"),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/x86_64-linux-gnu/libmpi.so.40"),
+    events.InstanceProgressed(index=3, host="h3", attempt=1, step=120, total=200, step_time_ms=20.5, eta_ms=1640,
+                              metrics=(("loss", 0.25), ("lr", None), ("phase", "warm-up"))),
 ]
 
 
