@@ -78,7 +78,7 @@ class Notifier:
         self._closing = False  # no more lines; the worker ends when the queue is empty
         self._cancel = threading.Event()  # kill what runs now, run nothing more
         self._counts: dict[str, int] = {}  # kind of failure -> how often (in the order they first happened)
-        self._details: dict[str, str] = {}  # kind of failure -> what the last one said
+        self._details: dict[str, tuple[str, str]] = {}  # kind of failure -> what the last one said, its last output
         self.sent = 0  # notifications whose command ran and succeeded
         self._worker: threading.Thread | None = None
 
@@ -129,18 +129,19 @@ class Notifier:
     def warnings(self) -> tuple[Diagnostic, ...]:
         """Return a PR467 warning for each kind of failure so far, in the order they first happened."""
         with self._cond:
-            found = [(kind, count, self._details[kind]) for kind, count in self._counts.items()]
+            found = [(kind, count, *self._details[kind]) for kind, count in self._counts.items()]
         return tuple(warning("PR467", "notifier failed",
-                             detail=detail + (f" ({count} times)" if count > 1 else ""),
+                             detail=detail + (f" ({count} times)" if count > 1 else "")
+                             + (f"; its last output: {output}" if output else ""),
                              span=SourceSpan.environment("the --notify command"),
-                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail in found)
+                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail, output in found)
 
     def _fail(self, kind: str, detail: str, tail: bytes) -> None:
         """Note a failure of ``kind`` (under the lock or not: the lock is reentrant)."""
         text = _last_lines(tail)
         with self._cond:
             self._counts[kind] = self._counts.get(kind, 0) + 1
-            self._details[kind] = detail + (f"; its last output: {text}" if text else "")
+            self._details[kind] = (detail, text)
 
     def _work(self) -> None:
         while True:
