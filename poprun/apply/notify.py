@@ -173,6 +173,7 @@ class Notifier:
         except WatchdogError as exc:
             self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
             return
+        proc: subprocess.Popen[bytes] | None = None
         try:
             argv = ["/bin/sh", "-c", _SCRIPT, "poprun-notify", watchdog.cgroup.path if watchdog.cgroup else ""]
             try:
@@ -185,6 +186,9 @@ class Notifier:
             status, tail = _talk(proc, line, time.monotonic() + self.timeout_s, self._cancel)
         finally:
             watchdog.close()  # the group and the cgroup: what the command left behind too
+            if proc is not None:
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(5.0)  # killed with its group just now: reaped at once
             kill_adopted_carrying(f"{_MARK}={mark}".encode(), watchdog.group, within_s=0.5)
         self._judge(kind, status, tail)
 

@@ -66,7 +66,7 @@ def test_a_run_that_succeeds_is_notified_once(env, tmp_path):
     streamed = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()][-1]
     told = notes(tmp_path)[0]
     assert {k: v for k, v in streamed.items() if k != "time"} == {k: v for k, v in told.items() if k != "time"}
-    assert abs(float(streamed["time"]) - float(told["time"])) < 5  # noqa: PLR2004
+    assert abs(float(streamed["time"]) - float(told["time"])) < 5
 
 
 def test_a_run_that_fails_is_notified_once_with_its_status(env, tmp_path):
@@ -226,7 +226,7 @@ def test_a_notifier_that_prints_megabytes_and_ignores_its_input_is_harmless(env,
 
     assert 0 == result.returncode, result.stderr
     assert "PR467" not in result.stderr
-    assert time.monotonic() - started < 30  # noqa: PLR2004 - 50 MB through a pipe takes well under a second
+    assert time.monotonic() - started < 30
 
 
 def test_an_event_not_chosen_is_not_notified(env, tmp_path):
