@@ -219,7 +219,10 @@ def render(*, run_id: str, backend: str, state: str, attempt: int, restarts: int
 
 def _label(value: str) -> str:
     """Return ``value`` escaped as a label value: backslash, double quote and newline; bad UTF-8 replaced."""
-    text = value.encode("utf-8", "replace").decode("utf-8")
+    try:  # a byte that was not UTF-8 (a host name read from a file): U+FFFD, as a UTF-8 reader shows it
+        text = value.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    except UnicodeEncodeError:
+        text = value.encode("utf-8", "replace").decode("utf-8")
     return text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
 
 
