@@ -28,11 +28,12 @@ def instances(draw: st.DrawFn) -> list[InstanceProgress]:
             for i in indices]
 
 
-@given(run_id=texts, backend=texts, state=st.sampled_from(STATES), attempt=st.integers(0, 10**6),
-       restarts=st.integers(0, 10**6), progress=instances())
-def test_both_parsers_read_every_text_back(run_id, backend, state, attempt, restarts, progress):
+@given(run_id=texts, backend=texts, state=st.sampled_from(STATES), counts=st.tuples(st.integers(0, 10**6),
+                                                                                    st.integers(0, 10**6)),
+       progress=instances())
+def test_both_parsers_read_every_text_back(run_id, backend, state, counts, progress):
     """Every label value comes back as it was, every finite number as written, nothing else is made up."""
-    text = render(run_id=run_id, backend=backend, state=state, attempt=attempt, restarts=restarts, progress=progress)
+    text = render(run_id=run_id, backend=backend, state=state, attempt=counts[0], restarts=counts[1], progress=progress)
 
     read = [s for f in openmetrics(text) for s in f.samples]
     assert len(read) == len([s for f in prometheus(text) for s in f.samples])
