@@ -4,10 +4,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-DEBIAN_PACKAGES=(openmpi-bin openssh-server openssh-client iproute2 util-linux numactl graphviz slurmctld slurmd slurm-client munge libpmix-dev)
+DEBIAN_PACKAGES=(openmpi-bin openssh-server openssh-client iproute2 util-linux numactl graphviz slurmctld slurmd slurm-client munge libpmix-dev
+                 prometheus prometheus-node-exporter)
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+    # no daemon starts as a service (prometheus and its node exporter would): the tests start their own
+    POLICY=/usr/sbin/policy-rc.d MADE=
+    if [ ! -e "$POLICY" ]; then
+        printf '#!/bin/sh\nexit 101\n' > "$POLICY" && chmod 755 "$POLICY" && MADE=1
+    fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEBIAN_PACKAGES[@]}" >/dev/null
+    [ -z "$MADE" ] || rm -f "$POLICY"
 fi
 
 python3 -m venv .venv

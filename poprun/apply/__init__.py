@@ -57,6 +57,8 @@ from poprun.runs.record import RUN_ID, RunRecord, new_id
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.apply.channel import Channel
+    from poprun.apply.observe import Observers
+    from poprun.backends.base import Backend
 
 __all__ = ["CACHE_PREFIX", "GRACE_S", "Control", "Stopped", "apply"]
 
@@ -85,20 +87,24 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
             return apply(plan, sink=sink, registry=own, env_source=env_source, control=control, record=record)
     control, environ = control or Control(), os.environ if env_source is None else env_source
     relay, clock = Relay(plan, sink, record, environ), Clock(record)
+    run_id = record.id if record is not None else new_id(time.time())
+    observers = _observers(plan, environ, run_id, relay)
     try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
-        backend = registry.get(plan.backend.name)
+        backend = _backend(registry, plan, observers)
     except Stopped as exc:
         return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
-                       clock)
+                       clock, observers)
     except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
-        return _finish(ApplyResult(statuses=(), error=_unmade(exc)), relay, record, clock)
+        return _finish(ApplyResult(statuses=(), error=_unmade(exc)), relay, record, clock, observers)
     run = Run(control, tell=relay.stopping, gate=Gate())
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     channel = _channel(plan, relay, record) if _listens(plan, record) else None  # its socket is made meanwhile
+    if channel is not None and observers is not None:
+        observers.watch(channel.board.snapshot)
     from poprun.apply.ports import master_port
 
     try:
@@ -108,7 +114,6 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         with partition.acquired(plan, environ, released, emit=relay.event) as variables, \
                 _executable_cache(plan) as cache:
             clock.lap("partition")
-            run_id = record.id if record is not None else new_id(time.time())
             added = _added(plan, variables, cache, run_id, recorded=record is not None)
             errors = ErrorFiles(plan, record.path if record is not None else None)
             try:
@@ -124,12 +129,35 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     except Stopped as exc:  # before anything started
         result = ApplyResult(statuses=(), error=_stopped(exc))
     except BaseException as exc:  # a bug, a sink that raised, an interrupt outside a launch: the record still ends
-        if record is not None:
-            _abandon(exc, relay, record, clock)
+        if record is not None or observers is not None:
+            _abandon(exc, relay, record, clock, observers)
         raise
     run.finish()
     return _finish(evolve(result, warnings=(*released, *result.warnings, *_heard(channel, record)),
-                          signals=tuple(control.signals), notes=(*result.notes, *relay.notes)), relay, record, clock)
+                          signals=tuple(control.signals), notes=(*result.notes, *relay.notes)), relay, record, clock,
+                   observers)
+
+
+def _backend(registry: BackendRegistry, plan: LaunchPlan, observers: Observers | None) -> Backend:
+    """
+    Return the plan's backend, found by name in ``registry``.
+
+    Raises:
+        DiagnosticError: PR469, when the metrics file cannot be kept (nothing starts), or the registry's.
+        KeyError: the registry's (an unknown backend).
+    """
+    if observers is not None and observers.refused is not None:
+        raise DiagnosticError([observers.refused])
+    return registry.get(plan.backend.name)
+
+
+def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay) -> Observers | None:
+    """Return the run's notifier and metrics file, listening to ``relay``; None for a plan with neither (no import)."""
+    if not plan.observe.active:
+        return None
+    from poprun.apply.observe import Observers
+
+    return Observers(plan, environ, run_id, relay)
 
 
 def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:
@@ -188,12 +216,17 @@ def _stopped(exc: Stopped) -> ApplyError:
     return ApplyError(status=128 + exc.signum, signal=exc.signum, message=f"stopped by {signal_name(exc.signum)}")
 
 
-def _abandon(exc: BaseException, relay: Relay, record: RunRecord, clock: Clock) -> None:
+def _abandon(exc: BaseException, relay: Relay, record: RunRecord | None, clock: Clock,
+             observers: Observers | None) -> None:
     """End ``record`` of a run that ``exc`` ends (a bug, a sink that raised, an interrupt outside a launch)."""
     why = f"poprun ended by {type(exc).__name__}: {exc}"
     with contextlib.suppress(Exception):  # the sink may be what raised: the report is written first anyway
-        _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=why)), relay, record, clock)
-    record.close()
+        _finish(ApplyResult(statuses=(), error=ApplyError(status=CANNOT_LAUNCH, message=why)), relay, record, clock,
+                observers)
+    if observers is not None:
+        observers.close()  # told once: a second close does nothing
+    if record is not None:
+        record.close()
 
 
 def _added(plan: LaunchPlan, variables: Mapping[str, str], cache: str | None, run_id: str, *,
@@ -210,8 +243,14 @@ def _added(plan: LaunchPlan, variables: Mapping[str, str], cache: str | None, ru
     return added
 
 
-def _finish(result: ApplyResult, relay: Relay, record: RunRecord | None, clock: Clock) -> ApplyResult:
-    """Tell the end of the run, and write its report into the record; return the result with the run's id."""
+def _finish(result: ApplyResult, relay: Relay, record: RunRecord | None, clock: Clock,
+            observers: Observers | None = None) -> ApplyResult:
+    """
+    Tell the end of the run, end its observers, and write its report into the record; return the result with the run's id.
+
+    The observers (the notifier, the metrics file) end after run-ended was told and before the report is
+    written, so that their warnings are in it; the notifications left take at most the notify deadline.
+    """
     clock.lap("teardown")
     status = exit_status(result)
     error = result.error
@@ -219,6 +258,8 @@ def _finish(result: ApplyResult, relay: Relay, record: RunRecord | None, clock: 
         relay.event(RunEnded(status=status, root_cause=result.root_cause,
                              error=(error.message or "; ".join(d.summary for d in error.diagnostics)) if error else ""))
     finally:  # a sink that raises does not keep the report from being written
+        if observers is not None:
+            result = evolve(result, warnings=result.warnings + observers.close())
         if record is not None:
             from poprun.runs.report import report_data
 

@@ -10,6 +10,7 @@ It decides nothing and never waits: what must wait before a teardown is the laun
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -51,6 +52,8 @@ class Relay(InstanceSink):
     (:meth:`instance_lines`, which the backend's output router calls);
     with time limits, each instance's output also tells the limit watch that it is alive, and
     once a limit is reached each instance's standard error is kept (faulthandler's stacks).
+    Every event is also handed to each of :attr:`listeners` (the notifier, the metrics file), as
+    to the record: they only take note, and never wait.
     """
 
     def __init__(self, plan: LaunchPlan, sink: EventSink, record: RunRecord | None,
@@ -73,6 +76,8 @@ class Relay(InstanceSink):
         r = plan.recovery
         self._keeps = bool(record is not None or r.stall_timeout_ms or r.timeout_ms or r.heartbeat_timeout_ms)
         self._stalls = bool(plan.recovery.stall_timeout_ms)  # any output is a sign of life (instance_output)
+        # Who hears every event as the record does (the notifier, the metrics file): each returns at once
+        self.listeners: list[Callable[[Event], None]] = []
 
     def observe(self) -> None:
         """Read back what each instance started as, into the record (once every instance has started)."""
@@ -140,6 +145,9 @@ class Relay(InstanceSink):
         """Write ``event`` into the record and pass it on to the caller's sink; with :attr:`_calls` held."""
         if self._record is not None:
             self._record.event(event)
+        for listener in self.listeners:
+            with contextlib.suppress(Exception):  # what observes the run never stops it (nor the events' sink)
+                listener(event)
         if isinstance(event, InstanceStarted | InstanceEnded):  # the backend's: it must not stop half-way
             try:
                 self._sink.event(event)

@@ -252,6 +252,18 @@ OPTIONS: tuple[Option, ...] = (
     _o("--health-check-timeout", "health_check_timeout", "seconds", "The longest a health check may run on a host, "
        "in seconds (it fails after)", "membership.health_check_timeout", default="30", group="Membership",
        dsl="health check timeout"),
+    _o("--notify", "notify", "str", "A shell command run on this machine for each event chosen by --notify-on, with "
+       "the event's JSON line on its standard input; its failure is a warning", "observe.notify", group="Observe",
+       dsl="notify"),
+    _o("--notify-on", "notify_on", "str", "The events --notify runs for (comma-separated): run-ended, attempt-ended, "
+       "limit-reached, straggler, replan, or all", "observe.notify_on", default="run-ended", group="Observe",
+       dsl="notify on"),
+    _o("--notify-timeout", "notify_timeout", "seconds", "The longest a --notify command may run, in seconds (it is "
+       "killed after); at the end poprun waits for the notifications at most this long", "observe.notify_timeout",
+       default="10", group="Observe", dsl="notify timeout"),
+    _o("--metrics-file", "metrics_file", "path", "Keep an OpenMetrics text file of the run's state and each "
+       "instance's progress here, replaced once a second (for Prometheus's node exporter)", "observe.metrics_file",
+       group="Observe", dsl="metrics file"),
     _o("--backend", "backend", "backend", "The backend that runs the plan: local, offline, ssh, "
        "mpirun, slurm or an installed plugin's name", "run.backend", default="chosen from the hosts", choices=BACKENDS, group="Execution",
        dsl="backend"),

@@ -263,6 +263,36 @@ class Membership:
 NO_MEMBERSHIP = Membership()
 
 
+@record
+class Observe:
+    """
+    Who hears of the run as it goes, beside its console, record and event stream (docs/progress.md).
+
+    ``notify`` (a shell command; "" for none) runs on this machine for each event whose kind is
+    in ``notify_on`` (``run-ended``, ``attempt-ended``, ``limit-reached``, ``straggler``,
+    ``replan``), with the event's JSON line on its standard input, for at most
+    ``notify_timeout_ms``; its failure is a warning and never changes the run. ``metrics_file``
+    (an absolute path; "" for none) is an OpenMetrics text file of the run's state and each
+    instance's progress, replaced once a second while the run lives and at its end.
+
+    The defaults are the behaviour before these existed (plans written then lack this record
+    and load with them): no notifier, no metrics file.
+    """
+
+    notify: str = ""
+    notify_on: tuple[str, ...] = ("run-ended",)  # in the order of poprun.planner.observe.KINDS
+    notify_timeout_ms: int = 10000
+    metrics_file: str = ""
+
+    @property
+    def active(self) -> bool:
+        """Whether the run has a notifier or a metrics file (then it has a progress receiver too)."""
+        return bool(self.notify or self.metrics_file)
+
+
+NO_OBSERVE = Observe()
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -365,6 +395,8 @@ class LaunchPlan:
     recovery: Recovery = NO_RECOVERY
     # Spare hosts, the fewest hosts and the health check. Added later: plans written before lack it, and load with none.
     membership: Membership = NO_MEMBERSHIP
+    # The notifier and the metrics file. Added later: plans written before lack it, and load with none.
+    observe: Observe = NO_OBSERVE
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""

@@ -10,7 +10,8 @@ Layer: ``poprun.planner``; imports ``poprun.core``, the plan model, the limits o
 ``0..n-1``, the replica ranges divide ``[0, R)``, the counts are positive, hosts are host
 names, variable names are POSIX names, bindings are bounded CPU lists, and every index names
 an instance that exists; the membership policy's hosts, sizes, command and kept spec
-(:mod:`poprun.planner._membershipcheck`). Each problem is one PR114 diagnostic naming its JSON path
+(:mod:`poprun.planner._membershipcheck`); the notifier and the metrics file
+(:mod:`poprun.planner._observecheck`). Each problem is one PR114 diagnostic naming its JSON path
 (``$.instances[1].host``), so that what ``plan --explain``, ``plan --diff`` and ``apply``
 show of a saved plan is exactly what apply runs.
 """
@@ -93,6 +94,10 @@ def validate_plan(plan: p.LaunchPlan, *, file: str) -> list[Diagnostic]:
         from poprun.planner._membershipcheck import check_membership
 
         check_membership(plan, check.fail)
+    if plan.observe != p.NO_OBSERVE:  # nor a plan without a notifier or a metrics file
+        from poprun.planner._observecheck import check_observe
+
+        check_observe(plan, check.fail)
     return check.found[:MAX_PROBLEMS]
 
 

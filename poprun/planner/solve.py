@@ -51,7 +51,7 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True, explain_cas
 
     Diagnostics:
         PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
-        are warnings); PR226-PR229 (membership); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        are warnings); PR226-PR229 (membership); PR238-PR240, PR468, PR469 (notifier, metrics file); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)
@@ -93,6 +93,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     members = _membership(s, topology, traits, planned)
+    observed = _observe(s)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
     root = s.spec.allow_run_as_root.value if s.spec.allow_run_as_root is not None else s.ctx.is_root
     mpi = p.Mpi(global_args=policy.mpi_global(s), host_subnet=value_of(s.spec.host_subnet),
@@ -109,6 +110,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
+        observe=observed,
     )
 
 
@@ -121,6 +123,16 @@ def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -
     from poprun.planner.membership import membership
 
     return membership(s, topology, traits, backend)
+
+
+def _observe(s: Solver) -> p.Observe:
+    """Return the notifier and the metrics file: the default record when the spec names neither (no module to import)."""
+    spec = s.spec
+    if spec.notify is None and spec.notify_on is None and spec.notify_timeout is None and spec.metrics_file is None:
+        return p.NO_OBSERVE
+    from poprun.planner.observe import observe
+
+    return observe(s)
 
 
 def _mask(s: Solver) -> tuple[str, ...]:

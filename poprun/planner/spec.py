@@ -124,6 +124,11 @@ class Spec:
     # Instance health (docs/progress.md): a silent instance is hung; what a straggler does.
     heartbeat_timeout: SI | None = None  # milliseconds
     straggler_policy: SS | None = None
+    # Observe (docs/progress.md): a notifier for chosen events, the metrics file.
+    notify: SS | None = None
+    notify_on: SS | None = None  # comma-separated event kinds, or all
+    notify_timeout: SI | None = None  # milliseconds
+    metrics_file: SS | None = None
 
 
 def overlay(base: Spec, top: Spec) -> Spec:

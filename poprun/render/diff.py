@@ -4,8 +4,8 @@ What changed between two plans: ``poprun plan --diff OLD.json``, as text or JSON
 Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
-partition, launch, recovery, membership: its spec, kept to solve again, is not compared, as
-what it holds shows in the other sections) and returns a :class:`Diff`. A change that is the same on several
+partition, launch, recovery, membership (its spec, kept to solve again, is not compared, as
+what it holds shows in the other sections), observe) and returns a :class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -22,7 +22,7 @@ from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
-SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership")
+SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership", "observe")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -64,7 +64,8 @@ def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     """Return what changed from plan ``old`` to plan ``new``."""
     raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new),
            *_record_changes("recovery", "", old.recovery, new.recovery),
-           *_record_changes("membership", "", old.membership, new.membership, skip=("spec",))]
+           *_record_changes("membership", "", old.membership, new.membership, skip=("spec",)),
+           *_record_changes("observe", "", old.observe, new.observe)]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 

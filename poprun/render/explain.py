@@ -10,7 +10,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from poprun.core.secret import is_secret, mask_text
-from poprun.planner.plan import NO_MEMBERSHIP, NO_RECOVERY, Decision, Instance, LaunchPlan, Membership, Recovery
+from poprun.planner.plan import (
+    NO_MEMBERSHIP,
+    NO_OBSERVE,
+    NO_RECOVERY,
+    Decision,
+    Instance,
+    LaunchPlan,
+    Membership,
+    Observe,
+    Recovery,
+)
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
 
@@ -42,6 +52,8 @@ def render_summary(plan: LaunchPlan) -> str:
         lines.append(f"recovery: {describe_recovery(plan.recovery)}")
     if plan.membership != NO_MEMBERSHIP:
         lines.append(f"membership: {describe_membership(plan.membership, len(t.hosts))}")
+    if plan.observe != NO_OBSERVE:
+        lines.append(f"observe: {describe_observe(plan.observe)}")
     return "\n".join(lines) + "\n"
 
 
@@ -154,6 +166,47 @@ def render_membership(plan: LaunchPlan) -> str:
     return text
 
 
+OBSERVE_KEY = "observe."
+
+
+def describe_observe(o: Observe) -> str:
+    """Return the notifier and the metrics file in one line (what ``plan`` shows)."""
+    parts = []
+    if o.notify:
+        from poprun.core.secret import printable
+
+        parts.append(f"notify '{_short(printable(o.notify))}' on {', '.join(o.notify_on)} (each at most "
+                     f"{_seconds(o.notify_timeout_ms)})")
+    if o.metrics_file:
+        parts.append(f"metrics in {o.metrics_file} (once a second)")
+    return "; ".join(parts) or "no notifier, no metrics file"
+
+
+def render_observe(plan: LaunchPlan) -> str:
+    """
+    Return the observe section of ``--explain``: what is notified, when and with which deadline; where the metrics go.
+
+    Then each part with where it came from.
+    """
+    from poprun.core.secret import printable
+
+    o = plan.observe
+    lines = [f"observe: {describe_observe(o)}"]
+    if o.notify:
+        lines.append(f"  notified: {', '.join(o.notify_on)} events, each as one JSON line (as --events writes it) on "
+                     "the standard input of the command, run by /bin/sh on this machine in a process group of its own")
+        lines.append(f"  deadline: {_seconds(o.notify_timeout_ms)} per notification (its group is killed after); at the "
+                     f"end poprun waits for those left at most {_seconds(o.notify_timeout_ms)} in all; a failure is a "
+                     "warning, never the run's")
+    if o.metrics_file:
+        lines.append(f"  metrics: {o.metrics_file}, OpenMetrics text replaced once a second while the run lives and "
+                     "at its end (run state, attempt, restarts, each instance's step, step time and ETA)")
+    rows = [[d.key.removeprefix(OBSERVE_KEY), _short(printable(str(d.value))), d.source, d.reason]
+            for d in plan.explanation if d.key.startswith(OBSERVE_KEY)]
+    table = "\n".join(_table([["part", "value", "source", "reason"], *rows])) + "\n" if rows else ""
+    return "\n".join(lines) + "\n" + table
+
+
 def render_settings(plan: LaunchPlan) -> str:
     """Return the settings section of ``--explain``: each setting the backend reads, its value and where it came from."""
     from poprun.planner.setting import DEFAULT, SETTINGS, describe_default
@@ -209,7 +262,7 @@ def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
     rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions
-             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY))]
+             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY))]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -292,6 +345,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
         parts.append(render_recovery(plan))
         if plan.membership != NO_MEMBERSHIP or any(d.key.startswith(MEMBERSHIP_KEY) for d in plan.explanation):
             parts.append(render_membership(plan))
+        if plan.observe != NO_OBSERVE or any(d.key.startswith(OBSERVE_KEY) for d in plan.explanation):
+            parts.append(render_observe(plan))
         if plan.backend.settings:
             parts.append(render_settings(plan))
         if plan.partition is not None:
