@@ -158,10 +158,10 @@ def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None, environ: 
     board = Board(tuple(i.host for i in plan.instances))
     local = here(plan)
     proxied = dict.fromkeys(i.host for i, at in zip(plan.instances, local, strict=True) if not at)
+    ssh = plan.backend.traits.own_ssh_sessions()  # its hosts' SSH_CONNECTION is where their progress goes
     channel = Channel(board, remote=not all(local), emit=relay.event,
                       write=record.write_progress if record is not None else None,
-                      proxy=lambda host: ssh_proxy(host, environ) if plan.backend.traits.reaches == "ssh" else None,
-                      proxied=tuple(proxied) if plan.backend.traits.reaches == "ssh" else ())
+                      proxy=lambda host: ssh_proxy(host, environ), proxied=tuple(proxied) if ssh else ())
     channel.start()
     return channel
 

@@ -106,6 +106,10 @@ def event_of(progress: InstanceProgress) -> InstanceProgressed:
                               metrics=progress.metrics)
 
 
+def _untold(_event: Event) -> None:
+    """Tell nothing: what the channel's thread tells once its sink raised."""
+
+
 def _joined(*variables: Mapping[int, Mapping[str, str]]) -> dict[int, dict[str, str]]:
     """Return the variables of each instance, from all of ``variables`` (later ones win)."""
     joined: dict[int, dict[str, str]] = {}
@@ -325,8 +329,11 @@ class Channel:
                 del self._changed[progress.index]
                 self._told[progress.index] = now
             snapshot = self.board.snapshot() if due else ()
-        for progress in due:
-            self._emit(event_of(progress))
+        try:
+            for progress in due:
+                self._emit(event_of(progress))
+        except Exception:  # noqa: BLE001 - a sink that raised: the main thread meets it at its own next event
+            self._emit = _untold
         if due:
             self._keep(snapshot)
 
