@@ -21,6 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from poprun.apply.channel import FILTER_AFTER
 from tests.e2e.progress_helpers import (
     PROGRAM,
     PY,
@@ -254,10 +255,9 @@ def test_a_flood_of_forged_datagrams_neither_starves_the_run_nor_burns_poprun(tm
     assert 0 == proc.returncode, err
     run = only_run(runs)
     progress = json.loads((run / "report.json").read_text())["progress"]
-    assert progress["forged"] > 1000, progress  # the flood reached the port
-    assert {0, 1} == set(last_progress(run)), "the run's own progress never arrived"
-    assert max(e["step"] for e in last_progress(run).values()) >= TOTAL // 2
-    assert burnt / took < 0.6, (burnt, took)
+    assert (True, True) == (progress["forged"] >= FILTER_AFTER, progress["filtered"]), progress  # the flood came
+    assert {0: TOTAL - 1, 1: TOTAL - 1} == {i: e["step"] for i, e in last_progress(run).items()}  # the run's all came
+    assert burnt / took < 0.6, (burnt, took)  # a share of one core: by design 0.1 at most, none once filtered
 
 
 def test_progress_arrives_from_an_ipv6_only_sender_on_a_remote_style_socket(tmp_path: Path) -> None:
