@@ -2,8 +2,9 @@
 The progress channel's receiving end: a UDP socket and the thread that reads it into the run's :class:`~poprun.apply.progress.Board`.
 
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.progress`, :mod:`poprun.core.progress`,
-:mod:`poprun.core.events` and the standard library (``socket``, ``select``, ``hmac`` and ``json`` in
-its own thread, never on the launch path); never the relay, the attempts or
+:mod:`poprun.core.events`, ``popdist.env``'s names and the standard library (``_socket``, ``select``, ``hmac``
+and ``json`` in its own thread, never on the launch path; ``ctypes`` and ``struct`` once strangers send to it,
+``poprun.core.diagnostic`` when it warns); never the relay, the attempts or
 :func:`~poprun.apply.apply`, which hand it what it needs (``emit``, ``write``). Imported only by a
 run that listens (a run record, or a feature that reads the board; docs/progress.md).
 

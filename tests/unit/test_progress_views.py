@@ -194,7 +194,8 @@ def test_a_sink_that_raises_silences_the_channels_events_not_its_reading() -> No
     assert (2, 1) == (channel.received, len(told))
 
 
-def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs() -> None:
+@pytest.mark.parametrize("remote", [False, True], ids=["loopback", "dual-stack"])
+def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs(remote: bool) -> None:
     """64 datagrams without the token: a socket filter drops the rest in the kernel; the run's own (and only those) still come."""
     import socket
     import time
@@ -202,7 +203,7 @@ def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs() -
     from poprun.apply.channel import FILTER_AFTER, Channel
     from poprun.apply.progress import Board
 
-    channel = Channel(Board(), remote=False, emit=lambda _event: None)
+    channel = Channel(Board(), remote=remote, emit=lambda _event: None)
     channel.start()
     body = json.dumps({"i": 0, "a": 0, "k": "p", "s": 1, "n": 2, "t": 1.0, "c": 1}).encode()
     near = channel.token[:-1] + ("0" if channel.token[-1] != "0" else "1")  # all but its last character
