@@ -64,6 +64,8 @@ def test_local_instances_report_progress_into_events_report_and_schema(tmp_path:
     shown = poprun(environ(tmp_path / "runs"), "report", "last", cwd=tmp_path).stdout
     assert re.search(r"instance 1 on localhost: step (49|50)/50, \d+ steps in \d+ calls, step time min [\d.]+ / "
                      r"median [\d.]+ / p90 [\d.]+ / max [\d.]+ ms", shown), shown
+    assert 0o600 == (run / "progress.json").stat().st_mode & 0o777  # written as the record's other files are
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".progress.json")]  # whole, renamed into place
     plan = (run / "plan.json").read_text()
     assert "POPRUN_PROGRESS_TOKEN" not in plan  # the token is kept out of the record (docs/progress.md)
     assert re.search(r'"POPRUN_PROGRESS": "127\.0\.0\.1:\d+"', plan), plan
