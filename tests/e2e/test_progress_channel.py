@@ -286,3 +286,17 @@ def test_progress_arrives_from_an_ipv6_only_sender_on_a_remote_style_socket(tmp_
 
     assert (2, 0) == (channel.received, channel.forged)
     assert [(0, 4.0, 8)] == [(p.index, p.step, p.total) for p in board.snapshot()]
+
+
+def test_verbose_tells_the_runs_progress_and_logs_stay_the_instances_output(tmp_path: Path) -> None:
+    """-v: an [I] Progress line naming the step, total, ETA and slowest instance; poprun logs holds only what instances printed."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    env = environ(tmp_path / "runs")
+
+    done = poprun(env, "-v", *TWO, PY, "prog.py", "0.05", cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert re.search(r"\[I\] Progress: step \d+/50, ETA \d+ s \(slowest: instance [01] on localhost\)", done.stderr), \
+        done.stderr
+    logs = poprun(env, "logs", "last", cwd=tmp_path)
+    assert ["0 " + socket.gethostname(), "1 " + socket.gethostname()] == sorted(logs.stdout.splitlines()), logs.stderr
