@@ -209,7 +209,7 @@ def test_a_read_only_file_system_changes_nothing(receiver, tmp_path):
             print("read-only")
     """)
     here = str(tmp_path)
-    script = ("mount --make-rprivate / && mount -o remount,bind,ro / && mount --bind \"$1\" \"$1\" && "
+    script = ('mount --make-rprivate / && mount -o remount,bind,ro / && mount --bind "$1" "$1" && '
               f'mount -o remount,bind,ro "$1" && cd "$1" && exec {sys.executable} -c "$0"')
     environ = environment(f"127.0.0.1:{receiver.port}") | {"PYTHONDONTWRITEBYTECODE": "1"}
     done = subprocess.run(["unshare", "--mount", "sh", "-c", script, code, here], env=environ, capture_output=True,
