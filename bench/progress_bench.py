@@ -18,10 +18,13 @@ asserts: the figures are for people, each printed with its target and ``ok`` or 
 5. The first call of a process (reading the environment, importing ``socket`` and ``json``, the
    socket): once per process.
 6. One ``progress`` call between two training steps, timed alone (median): its cost with the
-   caches full of the step's data, which is what a training loop pays.
+   caches full of the step's data, which is what a training loop pays; and its share of a step
+   (target under 1 %), the direct measure of figure 7's slowdown.
 7. A training step with and without ``popdist.progress(step, total, loss=loss.detach())``: a
    small MLP's step on CPU (64 -> 512 -> 10, batch 256, forward, backward, SGD; one thread), the two loops
-   taking turns; the slowdown target is under 1 %. With a receiver and without.
+   taking turns; the slowdown target is under 1 %. With a receiver and without. On a busy
+   machine this difference of two loops carries about +-1 % of noise (more than the bare loop
+   against itself shows), which figure 6 does not.
 8. How many datagrams the receiver got per second from a program that only calls ``progress``
    for 3 s, as fast as it can (at most about 10).
 """
@@ -224,6 +227,8 @@ def report(title: str, figures: dict[str, float]) -> None:
     line(f"training step ({kind}) without progress()", f"{figures['step'] * us:.1f} us", "-", None)
     line("training step with progress(step, total, loss=loss)", f"{figures['step_reported'] * us:.1f} us", "-", None)
     line("progress() between two training steps (cold caches)", f"{figures['in_loop'] * us:.3f} us", "-", None)
+    share = figures["in_loop"] / figures["step"]
+    line("  that call's share of a training step", f"{share * 100:.2f} %", "< 1 %", share < 0.01)
     line("slowdown of a training step (median of turns' ratios)", f"{slowdown * 100:+.2f} %", "< 1 %", slowdown < 0.01)
     line("  noise: the bare loop against itself", f"{(figures['noise'] - 1) * 100:+.2f} %", "-", None)
 
