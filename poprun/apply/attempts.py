@@ -35,7 +35,7 @@ from collections.abc import Callable, Mapping
 from popdist import env as names
 from poprun.apply.control import Control, Stopped
 from poprun.apply.errorfile import ErrorFiles
-from poprun.apply.limits import Gate, Limits, read_stacks
+from poprun.apply.limits import Gate, Limits, end_instance, read_stacks
 from poprun.apply.recovery import RestartBudget, run_pre_restart, seconds
 from poprun.apply.relay import Clock, Relay
 from poprun.apply.restarts import InstanceRestarts, cause
@@ -215,13 +215,17 @@ class Attempts:
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
-        self.limits.start(lambda: read_stacks(self.backend, self.plan, self.run_id, self.environ))
+        self.limits.start(lambda only=None: read_stacks(self.backend, self.plan, self.run_id, self.environ, only),
+                          lambda index, count: end_instance(self.backend, self.plan, self.run_id, self.environ,
+                                                            index=index, count=count))
         self.relay.limits = self.limits
         if self.board is not None:  # the run listens for progress: its heartbeats and stragglers are watched
             from poprun.apply.watch import watch_of
 
-            self.health = self.relay.health = watch_of(self.board, self.plan, emit=self.relay.event,
-                                                       end=self.limits.instance_limit)
+            alone = self.recovery.scope == "instance" and self.budget.enabled  # an instance ends alone, restarts alone
+            self.health = self.relay.health = watch_of(
+                self.board, self.plan, emit=self.relay.event, alone=alone,
+                end=lambda verdict: self.limits.instance_limit(verdict, alone=alone))
         try:
             return self._run()
         finally:

@@ -95,6 +95,33 @@ def test_with_a_restart_allowed_a_hung_instance_restarts_the_run_which_succeeds(
     assert [] == [e for e in events(tmp_path, "limit-reached") if e["limit"] != "heartbeat"]
 
 
+def test_with_the_instance_scope_only_the_hung_instance_restarts(tmp_path: Path) -> None:
+    """--restart-scope instance: instance 1 alone is read, ended and started again (its hang is its failure); 0 goes on."""
+    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
+                  "--max-restarts", "1", "--restart-scope", "instance", *FAST, sys.executable, program(tmp_path, HANGS))
+
+    assert 0 == done.returncode, done.stderr
+    attempts = report(tmp_path)["attempts"]
+    assert [(0, 124, 1), (1, 0, None)] == [(a["number"], a["status"], a["root_cause"]) for a in attempts]
+    started = [(e["index"], e["restart"]) for e in events(tmp_path, "instance-started")]
+    assert [(0, 0), (1, 0), (1, 1)] == sorted(started)  # instance 0 never started again
+    assert [[1]] == [e["instances"] for e in events(tmp_path, "stacks-collected")]
+    assert [] == events(tmp_path, "stopping")
+
+
+def test_with_the_instance_scope_and_the_budget_spent_a_second_hang_ends_the_run(tmp_path: Path) -> None:
+    """Instance 1 hangs in every run of it: restarted once alone, then the run ends with 124 naming it."""
+    always = HANGS.replace("attempt == 0 and ", "")
+    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
+                  "--max-restarts", "1", "--restart-scope", "instance", *FAST, sys.executable, program(tmp_path, always))
+
+    assert 124 == done.returncode, done.stderr
+    data = report(tmp_path)
+    assert ("heartbeat", "instance 1 on localhost sent no progress or heartbeat for 2 s (--heartbeat-timeout)") == (
+        data["limit"], data["limit_text"])
+    assert [(0, 124, 1), (1, 124, 1)] == [(a["number"], a["status"], a["root_cause"]) for a in data["attempts"]]
+
+
 STRAGGLES = """
 import os, time, popdist
 index = int(os.environ["POPDIST_INSTANCE_INDEX"])
