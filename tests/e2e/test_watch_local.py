@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -37,8 +38,14 @@ def poprun(tmp_path: Path, *args: str, timeout: float = 120, **extra: str) -> su
                           timeout=timeout, check=False)
 
 
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "events.schema.json").read_text())
+
+
 def events(tmp_path: Path, kind: str | None = None) -> list[dict[str, object]]:
+    """Return the run's events (of ``kind``), each of them checked against the documented schema."""
     told = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    for event in told:
+        jsonschema.validate(event, SCHEMA)
     return [e for e in told if kind is None or e["event"] == kind]
 
 

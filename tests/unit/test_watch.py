@@ -290,3 +290,20 @@ def test_a_datagram_stamped_before_a_pause_does_not_take_the_pause_back():
     board.feed(Update(index=0, attempt=0, step=2, total=200, time=clock.now), before)  # stamped before the pause
 
     assert ticks(watch, clock, clock.now + 1.0) is None
+
+
+def test_an_instance_whose_wall_clock_jumps_is_neither_hung_nor_a_straggler():
+    """The instance's time.time() jumps an hour ahead, then back: poprun's clock is monotonic, medians shrug off one step."""
+    watch, board, clock, told = watched(heartbeat_s=5.0, window=10)
+    wall = 1_700_000_000.0
+    jumped = 0.0  # instance 2's clock only
+    for step in range(40):
+        clock.now += 0.5
+        wall += 0.1
+        jumped += 3600.0 if step == 20 else -3600.0 if step == 21 else 0.0
+        for index in range(3):
+            board.feed(Update(index=index, attempt=0, step=step, total=40, time=wall + (jumped if index == 2 else 0)),
+                       clock.now)
+        assert watch.tick(clock.now) is None
+
+    assert [] == told
