@@ -291,3 +291,17 @@ for step in range(1, 81):
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         return stat.read().rpartition(")")[2].split()[0]
+
+
+def test_a_run_without_record_or_heartbeat_limit_imports_no_watch(tmp_path: Path) -> None:
+    """POPRUN_RECORD=0 and no --heartbeat-timeout: nothing listens, the watch is not imported; with the limit, it is."""
+    from tests.e2e.test_startup import _imported
+
+    status, modules = _imported("--offline-mode=1", "true", cwd=tmp_path, env={"POPRUN_RECORD": "0"})
+    limited, with_limit = _imported("--offline-mode=1", "--heartbeat-timeout", "5", "true", cwd=tmp_path,
+                                    env={"POPRUN_RECORD": "0"})
+
+    listening = ("poprun.apply.watch", "poprun.apply.channel", "poprun.apply.progress", "poprun.core.progress")
+    assert (0, []) == (status, sorted(modules.intersection(listening)))
+    assert 0 == limited
+    assert {"poprun.apply.watch", "poprun.apply.progress"} <= with_limit
