@@ -137,6 +137,7 @@ class Watch:
         self._judged: set[int] = set()  # ... the instances ended so, until they start again
         self._pending: Verdict | None = None  # a straggler's verdict for the thread to act on
         self._middle: tuple[float, float | None, int] = (float("-inf"), None, 0)  # (when, run median, counted)
+        self._medians: dict[int, float] = {}  # each counted instance's median at its last check
         self._last_tick = clock()
         self._wake = threading.Event()
         self._closed = False
@@ -160,6 +161,7 @@ class Watch:
             self._attempt, self._active, self._ended, self._pending = number, True, False, None
             self._instances = {i: _Instance(now) for i in range(len(self._hosts))}
             self._judged.clear()
+            self._medians.clear()
             self._middle = (float("-inf"), None, 0)
             self._last_tick = now
 
@@ -175,6 +177,7 @@ class Watch:
         with self._lock:
             self._instances[index] = _Instance(now)
             self._judged.discard(index)
+            self._medians.pop(index, None)
 
     def ended(self, index: int) -> None:
         """Instance ``index`` ended: it is never hung, and no longer counts in the run's median."""
@@ -183,6 +186,7 @@ class Watch:
             if state is not None:
                 state.ended = True
                 state.median = None
+            self._medians.pop(index, None)
 
     def close(self) -> None:
         """End the watch's thread (idempotent)."""
@@ -264,6 +268,10 @@ class Watch:
             state.checked = now
             times = self._board.step_times(index)[-self.window:]  # type: ignore[attr-defined]
             state.median = run_median(times) if len(times) * 2 >= self.window else None
+            if state.median is None:
+                self._medians.pop(index, None)
+            else:
+                self._medians[index] = state.median
             middle = self._run_median(now)
             if state.median is None or middle is None:
                 return
@@ -277,9 +285,9 @@ class Watch:
 
     def _run_median(self, now: float) -> float | None:
         """Return the median of the counted instances' medians (None: fewer than 2), recomputed at most once a second."""
-        medians = [s.median for s in self._instances.values() if s.median is not None]
         when, middle, counted = self._middle
-        if now - when >= CHECK_S or counted != len(medians):
+        if now - when >= CHECK_S or counted != len(self._medians):
+            medians = tuple(self._medians.values())
             middle = run_median(medians) if len(medians) >= 2 else None  # noqa: PLR2004 - one other at least
             middle = middle if middle is None or middle > 0 else None
             self._middle = (now, middle, len(medians))
