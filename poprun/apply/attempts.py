@@ -365,9 +365,12 @@ class Attempts:
         # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
         status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limits.limit))
         verdict = self.limits.verdict  # an instance hung, or was a straggler: the attempt's failure is its
-        if verdict is not None and not self.limits.limit and not self.control.signals:
+        # (unless every instance ended well meanwhile: the one judged hung was not, it ended on its own)
+        if verdict is not None and not self.limits.limit and not self.control.signals and result.failures:
             status = TIMED_OUT
         else:
+            if verdict is not None and not result.failures:
+                self.limits.next_attempt()  # its stacks too: they were read from a run that then ended well
             verdict = None
         delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self.stopped_by(result))
         self.attempts.append(Attempt(number=number, status=status,
