@@ -2,8 +2,8 @@
 Applying a plan: the one library step between a finished plan and the backend that runs it.
 
 Layer: ``poprun.apply``; imports its own modules (:mod:`~poprun.apply.control`,
-:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`: none imports
-this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
+:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`, and lazily
+:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
 events to the status line and logs, and its result to an exit status
 (:mod:`poprun.cli.run`); ``poprun.render.outcome`` shows the result.
 
@@ -20,7 +20,10 @@ every path:
    whose message a failure carries. The attempts, their restarts and the run's state
    (:class:`~poprun.apply.attempts.RunState`) are :mod:`poprun.apply.attempts`'; the sink a
    backend writes to is :mod:`poprun.apply.relay`'s; the time limits, the stacks read at one and
-   the teardown gate a backend awaits after a failure are :mod:`poprun.apply.limits`'.
+   the teardown gate a backend awaits after a failure are :mod:`poprun.apply.limits`'. A run
+   with a record (or a feature that reads the instances' progress) listens for progress on a
+   channel of its own (:mod:`poprun.apply.channel`, docs/progress.md), made as the launch
+   prepares and closed at its end.
 
 Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
 which also receives the instances' output, from one thread at a time: the partition step, the launch starting (with the
@@ -98,7 +101,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
-    channel = _channel(plan, relay, record) if _listens(plan, record) else None  # its socket is made meanwhile
+    channel = _channel(plan, relay, record, environ) if _listens(plan, record) else None  # made meanwhile
     from poprun.apply.ports import master_port
 
     try:
@@ -141,16 +144,26 @@ def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:
                 or getattr(observe, "notify", ""))
 
 
-def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None) -> Channel:
-    """Return the run's progress channel, its socket being made in its own thread (docs/progress.md)."""
+def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None, environ: Mapping[str, str]) -> Channel:
+    """
+    Return the run's progress channel, its socket being made in its own thread (docs/progress.md).
+
+    With the ssh backend, the channel's thread looks (a second into the run) for hosts that ssh
+    reaches through a jump host, whose progress cannot reach poprun (PR449).
+    """
     from poprun.apply.channel import Channel, here
     from poprun.apply.progress import Board
+    from poprun.planner.address import ssh_proxy
     from poprun.planner.setting import straggler_rule
 
     window, _ = straggler_rule({s.name: s.value for s in plan.backend.settings})  # W: the straggler rule's window
     board = Board(tuple(i.host for i in plan.instances), window=window)
-    channel = Channel(board, remote=not all(here(plan)), emit=relay.event,
-                      write=record.write_progress if record is not None else None)
+    local = here(plan)
+    proxied = dict.fromkeys(i.host for i, at in zip(plan.instances, local, strict=True) if not at)
+    ssh = plan.backend.traits.own_ssh_sessions()  # its hosts' SSH_CONNECTION is where their progress goes
+    channel = Channel(board, remote=not all(local), emit=relay.event,
+                      write=record.write_progress if record is not None else None,
+                      proxy=lambda host: ssh_proxy(host, environ), proxied=tuple(proxied) if ssh else ())
     channel.start()
     return channel
 
@@ -173,7 +186,11 @@ def _heard(channel: Channel | None, record: RunRecord | None) -> tuple[Diagnosti
         record.progress = channel.report()
     if channel.error is not None:
         return (unopened(channel.error),)
-    return (forged(channel.forged, channel.received),) if channel.forged else ()
+    from poprun.apply.channel import jumped
+
+    unreachable = channel.unreachable()
+    return ((forged(channel.forged, channel.received),) if channel.forged else ()) + (
+        (jumped(unreachable),) if unreachable else ())
 
 
 def _unmade(exc: KeyError | DiagnosticError) -> ApplyError:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     from poprun.core.events import Event
     from poprun.planner.plan import LaunchPlan
 
-__all__ = ["BUDGET", "TICK_S", "Channel", "addresses", "forged", "here", "progress_data", "unopened"]
+__all__ = ["BUDGET", "TICK_S", "Channel", "addresses", "forged", "here", "jumped", "progress_data", "unopened"]
 
 TICK_S = 1.0  # events and progress.json at most this often
 BUDGET = 0.1  # the share of one core the reading thread may take (over each PERIOD_S)
@@ -56,6 +56,8 @@ PERIOD_S = 0.1
 BATCH = 256  # datagrams read before the budget and the clock are looked at again
 RECEIVE_BUFFER = 4 << 20  # bytes asked of the kernel for the socket's buffer (bursts of many instances)
 READY_S = 5.0  # the longest the launch waits for the socket to be made
+_NAMED = 4  # hosts a warning names (then: and N more)
+PROXIES = 256  # hosts whose ssh configuration is read for a jump host (ssh -G each), the first of the plan
 _LOOPBACK = "127.0.0.1"
 
 
@@ -104,6 +106,10 @@ def event_of(progress: InstanceProgress) -> InstanceProgressed:
                               metrics=progress.metrics)
 
 
+def _untold(_event: Event) -> None:
+    """Tell nothing: what the channel's thread tells once its sink raised."""
+
+
 def _joined(*variables: Mapping[int, Mapping[str, str]]) -> dict[int, dict[str, str]]:
     """Return the variables of each instance, from all of ``variables`` (later ones win)."""
     joined: dict[int, dict[str, str]] = {}
@@ -136,8 +142,12 @@ class Channel:
     """
 
     def __init__(self, board: Board, *, remote: bool, emit: Callable[[Event], None],
-                 write: Callable[[Mapping[str, object]], None] | None = None) -> None:
+                 write: Callable[[Mapping[str, object]], None] | None = None,
+                 proxy: Callable[[str], str | None] | None = None, proxied: Sequence[str] = ()) -> None:
         self.board, self._remote, self._emit, self._write = board, remote, emit, write
+        self._proxy, self._proxied = proxy, tuple(proxied)[:PROXIES]
+        self.proxied: dict[str, str] = {}  # host -> how ssh reaches it through another (ProxyJump, ProxyCommand): PR449
+        self.hosts_heard: set[str] = set()  # the hosts of the instances heard from
         self.token = os.urandom(16).hex()
         self.port = 0
         self.error: OSError | None = None  # why the socket could not be made (the run goes on without progress)
@@ -158,7 +168,11 @@ class Channel:
 
     def start(self) -> None:
         """Begin making the socket and reading it (in the channel's thread); :meth:`ready` waits for it."""
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # no thread can be had (a process limit): the run goes on without progress
+            self.error = OSError(11, f"no thread for the progress channel ({exc})")  # EAGAIN, as clone(2) says it
+            self._ready.set()
 
     def ready(self) -> bool:
         """Wait until the socket is made; return whether it was (else :attr:`error` says why)."""
@@ -252,6 +266,7 @@ class Channel:
             if now - ticked >= TICK_S:
                 ticked = now
                 self._tick()
+                self._look_for_proxies()
             try:
                 readable, _, _ = select.select([sock.fileno(), wake[0]], [], [], min(TICK_S, 0.25))
             except (OSError, ValueError):  # closed meanwhile
@@ -280,9 +295,30 @@ class Channel:
             else:
                 self.dropped += 1
 
+    def _look_for_proxies(self) -> None:
+        """Find the hosts ssh reaches through another (once, a second into the run: never during its start)."""
+        hosts, self._proxied = self._proxied, ()
+        for host in hosts:
+            if self._closing.is_set() or self._proxy is None:
+                return
+            how = self._proxy(host)
+            if how is not None:
+                self.proxied[host] = how
+
     def _heard(self, progress: InstanceProgress) -> None:
         """Keep the instance's latest state until the next tick tells it (the board's listener)."""
         self._changed[progress.index] = progress
+        self.hosts_heard.add(progress.host)
+
+    def unreachable(self) -> dict[str, str]:
+        """
+        Return the hosts ssh reaches through another whose instances were never heard, while others' were (for PR449).
+
+        Nothing when no instance was heard at all: a program that reports no progress loses none.
+        """
+        if not self.received:
+            return {}
+        return {host: how for host, how in self.proxied.items() if host not in self.hosts_heard}
 
     def _tick(self) -> None:
         """Tell the instances heard from since their last event (one each), and write progress.json."""
@@ -293,8 +329,11 @@ class Channel:
                 del self._changed[progress.index]
                 self._told[progress.index] = now
             snapshot = self.board.snapshot() if due else ()
-        for progress in due:
-            self._emit(event_of(progress))
+        try:
+            for progress in due:
+                self._emit(event_of(progress))
+        except Exception:  # noqa: BLE001 - a sink that raised: the main thread meets it at its own next event
+            self._emit = _untold
         if due:
             self._keep(snapshot)
 
@@ -386,3 +425,19 @@ def forged(count: int, received: int) -> Diagnostic:
                    span=SourceSpan.environment("progress channel"),
                    hint="another program sends to the port, or an instance runs a popdist of another version "
                         "than poprun's; docs/progress.md")
+
+
+def jumped(proxied: Mapping[str, str]) -> Diagnostic:
+    """Return PR449: the instances on hosts that ssh reaches through another host send their progress where poprun is not."""
+    from poprun.core.diagnostic import warning
+    from poprun.core.span import SourceSpan
+
+    shown = sorted(proxied.items())
+    named = ", ".join(f"{host} ({how})" for host, how in shown[:_NAMED]) + (
+        f" and {len(shown) - _NAMED} more" if len(shown) > _NAMED else "")
+    return warning("PR449", "progress cannot reach poprun from hosts reached through a jump host",
+                   detail=f"ssh reaches {named} through another host, and none of their instances was heard while "
+                          "others were: their SSH_CONNECTION names that host, not poprun, so their progress went there",
+                   span=SourceSpan.environment("ssh configuration"),
+                   hint="run poprun on a machine that reaches the hosts directly, or use --backend mpirun (its "
+                        "instances send their progress to the address that reached poprun); docs/progress.md")

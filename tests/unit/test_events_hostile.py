@@ -29,6 +29,7 @@ EVERY_EVENT = [
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
     events.Straggler(index=1, host="h", attempt=0, ratio=1.5, step_time_ms=15, run_median_ms=10),
+    events.InstanceProgressed(index=1, host="h2", attempt=0, step=1.5, total=None, metrics=(("x", "y"), ("z", None))),
 ]
 
 
