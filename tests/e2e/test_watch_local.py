@@ -73,10 +73,12 @@ for step in range(1, 61):
 """
 
 
-def test_a_hung_instance_ends_the_run_with_124_naming_it_and_its_host_with_its_stack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "offline", "mpirun"])
+def test_a_hung_instance_ends_the_run_with_124_naming_it_and_its_host_with_its_stack(tmp_path: Path,
+                                                                                    backend: str) -> None:
     """--heartbeat-timeout 2 and instance 1 stopped: limit-reached names it, the report has its stack, status 124."""
-    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
-                  sys.executable, program(tmp_path, HANGS))
+    done = poprun(tmp_path, "--backend", backend, "--num-instances", "2", "--num-replicas", "2",
+                  "--heartbeat-timeout", "2", sys.executable, program(tmp_path, HANGS))
 
     assert 124 == done.returncode, done.stderr
     text = "instance 1 on localhost sent no progress or heartbeat for 2 s (--heartbeat-timeout)"
