@@ -151,6 +151,9 @@ def test_an_instance_four_times_slower_is_told_as_a_straggler_with_its_ratio(tmp
     assert (2, "localhost", 0) == (told["index"], told["host"], told["attempt"])
     assert 3.0 < told["ratio"] < 5.0
     assert 60 <= told["step_time_ms"] <= 4 * told["run_median_ms"] * 1.5
+    said = (f"poprun: instance 2 on localhost is a straggler: its median step time {told['step_time_ms']} ms is "
+            f"{told['ratio']:.2f} x the run's {told['run_median_ms']} ms")
+    assert said in done.stderr.splitlines()
     ratios = {i["index"]: i["straggler_ratio"] for i in report(tmp_path)["progress"]["instances"]}
     assert [None, None, None] == [ratios[0], ratios[1], ratios[3]]
     assert 3.0 < ratios[2] < 5.0
