@@ -1,7 +1,8 @@
 """
 A run's time limits at apply time: the limit reached, the stacks read before the stop, and the teardown gate.
 
-Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily), ``poprun.planner.plan``,
+Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily),
+:mod:`poprun.apply.watch` (types: the verdicts of the instance watch), ``poprun.planner.plan``,
 ``poprun.backends.base`` (types) and ``poprun.core``; never the relay, the attempts or
 :func:`~poprun.apply.apply` (they hand it what it needs).
 
@@ -11,6 +12,11 @@ read (py-spy, else faulthandler's SIGABRT, :mod:`poprun.apply.stacks`), and only
 instance stopped. Meanwhile the backend must not tear the launch down after the failure that a
 SIGABRT makes: it awaits the :class:`Gate` it was given (``launch(..., gate=)``) first, from its
 own thread; the sink's calls never wait.
+
+The instance watch's verdicts (a hung instance under ``--heartbeat-timeout``, a straggler under
+``--straggler-policy restart``; :mod:`poprun.apply.watch`) come here too
+(:meth:`Limits.instance_limit`): they end the attempt, not the run, unless no restart follows
+(:meth:`Limits.end_run`); with ``--restart-scope instance``, only their instance.
 """
 
 from __future__ import annotations

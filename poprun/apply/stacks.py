@@ -22,6 +22,10 @@ Every value read from /proc reaches this parser as hex (``od``), one record a li
 process name or argv with newlines, quotes or ``$()`` cannot forge a record; the run id is
 checked and quoted in the script, which travels on the shell's standard input, never in an argv.
 Each host's script is bounded in time (``timeout_s``) and size; hosts are read at once.
+
+:data:`KILL_SCRIPT` finds the processes of one instance (and one restart count of it) the same
+way and kills them alone (:func:`end_instance`): a hung instance or a straggler that
+``--restart-scope instance`` restarts by itself.
 """
 
 from __future__ import annotations
