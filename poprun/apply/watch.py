@@ -250,7 +250,9 @@ class Watch:
             verdict = self.tick(self._clock())
             if verdict is not None:
                 self.verdicts.append(verdict)
-                self._end(verdict)
+                self._end(verdict)  # seconds, while stacks are read: poprun ran, that is no pause of its own
+                with self._lock:
+                    self._last_tick = self._clock()
 
     # -- stragglers ------------------------------------------------------------------------
     def _heard(self, progress: InstanceProgress) -> None:

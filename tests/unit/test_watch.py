@@ -307,3 +307,28 @@ def test_an_instance_whose_wall_clock_jumps_is_neither_hung_nor_a_straggler():
         assert watch.tick(clock.now) is None
 
     assert [] == told
+
+
+def test_the_watch_s_own_thread_ends_the_attempt_once_at_a_hang():
+    """On the real clock: an instance heard once and silent for S is ended by the thread, once; close() ends it."""
+    import threading
+    import time
+
+    board = Board(HOSTS)
+    ended: list[Verdict] = []
+    called = threading.Event()
+
+    def end(verdict: Verdict) -> None:
+        ended.append(verdict)
+        called.set()
+
+    watch = Watch(board, HOSTS, heartbeat_s=0.5, window=20, factor=1.5, restart=False, emit=lambda _e: None, end=end)
+    try:
+        watch.attempt(0)
+        board.feed(Update(index=3, attempt=0, step=1, total=None, time=0.0), time.monotonic())
+
+        assert called.wait(30)
+        time.sleep(1.0)  # more than S again: still one verdict for the attempt
+        assert [(3, "h4")] == [(v.index, v.host) for v in ended]
+    finally:
+        watch.close()
