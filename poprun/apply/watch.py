@@ -207,12 +207,13 @@ class Watch:
             self._last_tick = now
             if not self._active or self._ended:
                 return None
+            if late > GAP_S:  # poprun did not run: neither did its clock of the instances' silence
+                for state in self._instances.values():
+                    state.since = None if state.since is None else state.since + late
             if self._pending is not None:
                 verdict, self._pending = self._pending, None
                 return self._judge_ends(verdict)
             for index, state in self._instances.items():
-                if late > GAP_S and state.since is not None:
-                    state.since += late  # poprun did not run: neither did its clock of the instances' silence
                 if state.ended or index in self._judged:
                     continue
                 raw = heard(index)

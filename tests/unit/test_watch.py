@@ -332,3 +332,21 @@ def test_the_watch_s_own_thread_ends_the_attempt_once_at_a_hang():
         assert [(3, "h4")] == [(v.index, v.host) for v in ended]
     finally:
         watch.close()
+
+
+def test_after_a_pause_every_instance_gets_its_credit_even_when_a_verdict_waits_at_that_tick():
+    """--restart-scope instance: a straggler's verdict taken at the late tick does not cost the others the pause."""
+    clock = Clock()
+    board = Board(HOSTS[:3], window=4, clock=clock)
+    watch = Watch(board, HOSTS[:3], heartbeat_s=5.0, window=4, factor=1.5, restart=True, emit=lambda _e: None,
+                  end=lambda _v: None, clock=clock, thread=False, alone=True)
+    watch.attempt(0)
+    feed_steps(board, clock, {0: 0.1, 1: 0.1}, 5)
+    assert ticks(watch, clock, clock.now + 0.5) is None
+    feed_steps(board, clock, {0: 0.1, 1: 0.1, 2: 0.4}, 5)  # instance 2 turns up slow: a verdict waits
+    heard = clock.now
+
+    clock.now += 600.0  # poprun paused before its thread took the verdict
+    assert watch.tick(clock.now).index == 2
+    assert ticks(watch, clock, clock.now + 4.0) is None  # instances 0 and 1: silent 4 s since, not 604 s
+    assert heard + 600 + 4.0 <= clock.now
