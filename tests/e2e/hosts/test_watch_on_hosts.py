@@ -221,3 +221,30 @@ def test_a_hung_instance_s_host_is_replaced_by_the_spare(test_hosts: TestHosts, 
     assert (["h2"], ["h4"], ["h1", "h4", "h3"]) == (replan["removed"], replan["added"], replan["hosts"]), replan
     assert "its instance 1 hung (--heartbeat-timeout)" in str(replan["reason"])
     assert [["h1", "h2", "h3"], ["h1", "h4", "h3"]] == [a["hosts"] for a in report(tmp_path)["attempts"]]
+
+
+def test_a_straggler_under_the_restart_policy_ends_its_attempt_and_its_host_is_replaced(test_hosts: TestHosts,
+                                                                                     tmp_path: Path) -> None:
+    """--straggler-policy restart, h1..h3 with h4 spare: the slowed instance on h3 ends attempt 0; attempt 1 on h1, h2, h4."""
+    proc = start(test_hosts, tmp_path, "--host", "h1,h2,h3", "--spare-host", "h4", "--num-replicas", "3",
+                 "--straggler-policy", "restart", "--max-restarts", "1", "--restart-backoff", "0.1",
+                 PY, "-c", PROGRAM, "0.05")
+    try:
+        pid = instance_pid(run_id(tmp_path), 2)
+        reported(tmp_path, 2, at_least=1)
+        with duty_cycle(pid):
+            _, err = finish(proc)
+    finally:
+        if proc.poll() is None:
+            finish(proc)
+
+    assert 0 == proc.returncode, err
+    (told,) = events(tmp_path, "straggler")
+    assert (2, "h3") == (told["index"], told["host"])
+    (limit,) = events(tmp_path, "limit-reached")
+    assert ("straggler", 2, "h3") == (limit["limit"], limit["instance"], limit["host"])
+    (replan,) = events(tmp_path, "replan")
+    assert (["h3"], ["h4"]) == (replan["removed"], replan["added"]), replan
+    assert "its instance 2 was a straggler (--straggler-policy restart)" in str(replan["reason"])
+    attempts = report(tmp_path)["attempts"]
+    assert [(0, 124, 2), (1, 0, None)] == [(a["number"], a["status"], a["root_cause"]) for a in attempts]
