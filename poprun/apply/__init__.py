@@ -3,7 +3,9 @@ Applying a plan: the one library step between a finished plan and the backend th
 
 Layer: ``poprun.apply``; imports its own modules (:mod:`~poprun.apply.control`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`, and lazily
-:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
+:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and
+``poprun.partitions`` (lazily), ``poprun.planner.plan`` (and ``poprun.planner.address``, lazily: a listening run's
+ssh configuration) and ``poprun.core``. It never prints and never exits: the CLI maps its
 events to the status line and logs, and its result to an exit status
 (:mod:`poprun.cli.run`); ``poprun.render.outcome`` shows the result.
 

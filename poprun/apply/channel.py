@@ -2,8 +2,9 @@
 The progress channel's receiving end: a UDP socket and the thread that reads it into the run's :class:`~poprun.apply.progress.Board`.
 
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.progress`, :mod:`poprun.core.progress`,
-:mod:`poprun.core.events` and the standard library (``socket``, ``select``, ``hmac`` and ``json`` in
-its own thread, never on the launch path); never the relay, the attempts or
+:mod:`poprun.core.events`, ``popdist.env``'s names and the standard library (``_socket``, ``select``, ``hmac``
+and ``json`` in its own thread, never on the launch path; ``ctypes`` and ``struct`` once strangers send to it,
+``poprun.core.diagnostic`` when it warns); never the relay, the attempts or
 :func:`~poprun.apply.apply`, which hand it what it needs (``emit``, ``write``). Imported only by a
 run that listens (a run record, or a feature that reads the board; docs/progress.md).
 
@@ -16,10 +17,11 @@ instance's ``POPRUN_PROGRESS`` and the run's ``POPRUN_PROGRESS_TOKEN`` (:func:`a
 The thread reads in batches; every datagram costs a bounded amount (at most 1,400 bytes are
 looked at, a forged one only up to its token), and the thread keeps its own CPU time under
 :data:`BUDGET` of the wall clock: past it, it sleeps to the end of the period while the kernel
-drops what does not fit the socket's buffer. So a flood of forged datagrams costs poprun at
-most that share of one core, and the run's own datagrams still arrive among them. What is
-dropped (forged, malformed, stale, an index beyond the plan) is counted, and told once at the
-end (PR448).
+drops what does not fit the socket's buffer. After :data:`FILTER_AFTER` datagrams of strangers
+the socket gets a filter (classic BPF) that drops every datagram without the run's token in the
+kernel, before it is queued: a flood then costs poprun nothing and crowds out none of the run's
+own. What is dropped here (forged, malformed, stale, an index beyond the plan) is counted, and
+the strangers' told once at the end (PR448).
 
 About once a second (:data:`TICK_S`) it tells an ``instance-progress`` event for each instance
 heard from since its last (its latest state: at most one a second per instance) and hands
@@ -37,7 +39,7 @@ import time
 from popdist import env as names
 from poprun.apply.progress import Board, StepSummary
 from poprun.core.events import InstanceProgressed
-from poprun.core.progress import MAX_DATAGRAM, InstanceProgress, parse
+from poprun.core.progress import MAGIC, MAX_DATAGRAM, InstanceProgress, parse
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -57,6 +59,7 @@ BATCH = 256  # datagrams read before the budget and the clock are looked at agai
 RECEIVE_BUFFER = 4 << 20  # bytes asked of the kernel for the socket's buffer (bursts of many instances)
 READY_S = 5.0  # the longest the launch waits for the socket to be made
 _NAMED = 4  # hosts a warning names (then: and N more)
+FILTER_AFTER = 64  # datagrams of strangers after which the socket gets a filter that drops theirs in the kernel
 PROXIES = 256  # hosts whose ssh configuration is read for a jump host (ssh -G each), the first of the plan
 _LOOPBACK = "127.0.0.1"
 
@@ -154,6 +157,7 @@ class Channel:
         self.forged = 0  # datagrams dropped as not the run's: another token, malformed (PR448)
         self.dropped = 0  # the run's datagrams dropped: an older attempt's, an index beyond the plan
         self.received = 0  # datagrams kept
+        self.filtered = False  # the kernel drops datagrams without the token (a filter on the socket, after strangers)
         self._socket: _socket.socket | None = None
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the thread to end
         self._ready = threading.Event()
@@ -221,7 +225,7 @@ class Channel:
     def report(self) -> dict[str, object]:
         """Return report.json's ``progress``: each instance's summary of the last attempt, and the datagrams counted."""
         return {"instances": summary_data(self.board.summaries()), "received": self.received,
-                "dropped": self.dropped, "forged": self.forged}
+                "dropped": self.dropped, "forged": self.forged, "filtered": self.filtered}
 
     def close(self) -> None:
         """Stop the thread (woken at once) and close the socket (idempotent)."""
@@ -290,6 +294,8 @@ class Channel:
             update = parse(datagram, token)
             if update is None:
                 self.forged += 1
+                if self.forged == FILTER_AFTER:  # strangers: the kernel drops theirs from now on
+                    self.filtered = _filter(sock, token)
             elif self.board.feed(update, now):
                 self.received += 1
             else:
@@ -389,6 +395,39 @@ def _probe(sock: _socket.socket, port: int) -> None:
     sock.sendto(b"", ("::ffff:127.0.0.1" if sock.family == socket.AF_INET6 else _LOOPBACK, port))
     with contextlib.suppress(BlockingIOError):
         sock.recv(1)  # loopback delivers within sendto: it never counts as a datagram of a stranger
+
+
+def _filter(sock: _socket.socket, token: bytes) -> bool:
+    """
+    Attach a socket filter that keeps only datagrams beginning ``PRP1 TOKEN``; return whether the kernel took it.
+
+    A classic BPF program (``SO_ATTACH_FILTER``), run by the kernel on each datagram before it is
+    queued: a stranger's datagram then costs poprun nothing and takes no room in the socket's
+    buffer, so a flood neither burns poprun's time nor crowds out the run's own. The program
+    compares the datagram's first 37 bytes (after the 8 bytes of UDP header the filter sees) with
+    ``PRP1 `` and the token, and the parser still checks every datagram it keeps.
+    """
+    import ctypes
+    import struct
+
+    wanted = MAGIC + token
+    words = [(8 + at, int.from_bytes(wanted[at:at + 4], "big")) for at in range(0, len(wanted) - 3, 4)]
+    program: list[tuple[int, int, int, int]] = []
+    drop = 2 * len(words) + 3  # the index of the last instruction, from the first
+    for at, value in words:
+        program += [(_BPF_LD_W_ABS, 0, 0, at), (_BPF_JEQ_K, 0, drop - len(program) - 2, value)]
+    program += [(_BPF_LD_B_ABS, 0, 0, 8 + len(wanted) - 1), (_BPF_JEQ_K, 0, 1, wanted[-1])]
+    program += [(_BPF_RET_K, 0, 0, 0xFFFFFFFF), (_BPF_RET_K, 0, 0, 0)]
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *each) for each in program))
+    try:
+        sock.setsockopt(_SOL_SOCKET, _SO_ATTACH_FILTER, struct.pack("HL", len(program), ctypes.addressof(code)))
+    except OSError:
+        return False
+    return True
+
+
+_SOL_SOCKET, _SO_ATTACH_FILTER = 1, 26  # Linux
+_BPF_LD_W_ABS, _BPF_LD_B_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x30, 0x15, 0x06
 
 
 def _setup(sock: _socket.socket) -> None:
