@@ -4,8 +4,8 @@ The attempts of one run: each launched and waited for, restarted as the plan's r
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.control`, :mod:`~poprun.apply.limits`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.restarts`,
 :mod:`~poprun.apply.errorfile`, :mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt) and
-:mod:`~poprun.apply.members` (lazily: with a membership policy), :mod:`~poprun.apply.watch` (lazily: a run
-that listens for progress), :mod:`~poprun.apply.channel` (types), ``poprun.backends.base``, ``poprun.planner.plan``,
+:mod:`~poprun.apply.members` (lazily: with a membership policy), :mod:`~poprun.apply.channel` (types),
+:mod:`~poprun.apply.watch` (lazily: a run that listens for progress), ``poprun.backends.base``, ``poprun.planner.plan``,
 ``poprun.planner.setting`` (lazily), ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
 which makes the attempts object and runs it.
 
@@ -36,7 +36,7 @@ from collections.abc import Callable, Mapping
 from popdist import env as names
 from poprun.apply.control import Control, Stopped
 from poprun.apply.errorfile import ErrorFiles
-from poprun.apply.limits import Gate, Limits, read_stacks
+from poprun.apply.limits import Gate, Limits, end_instance, read_stacks
 from poprun.apply.recovery import RestartBudget, run_pre_restart, seconds
 from poprun.apply.relay import Clock, Relay
 from poprun.apply.restarts import InstanceRestarts, cause
@@ -216,13 +216,17 @@ class Attempts:
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
-        self.limits.start(lambda: read_stacks(self.backend, self.plan, self.run_id, self.environ))
+        self.limits.start(lambda only=None: read_stacks(self.backend, self.plan, self.run_id, self.environ, only),
+                          lambda index, count: end_instance(self.backend, self.plan, self.run_id, self.environ,
+                                                            index=index, count=count))
         self.relay.limits = self.limits
         if self.board is not None:  # the run listens for progress: its heartbeats and stragglers are watched
             from poprun.apply.watch import watch_of
 
-            self.health = self.relay.health = watch_of(self.board, self.plan, emit=self.relay.event,
-                                                       end=self.limits.instance_limit)
+            alone = self.recovery.scope == "instance" and self.budget.enabled  # an instance ends alone, restarts alone
+            self.health = self.relay.health = watch_of(
+                self.board, self.plan, emit=self.relay.event, alone=alone,
+                end=lambda verdict: self.limits.instance_limit(verdict, alone=alone))
         try:
             return self._run()
         finally:
@@ -362,9 +366,12 @@ class Attempts:
         # a stop or a time limit is the attempt's status (128+N, 124), never the 0 of instances all stopped
         status = exit_status(evolve(result, signals=tuple(self.control.signals), limit=self.limits.limit))
         verdict = self.limits.verdict  # an instance hung, or was a straggler: the attempt's failure is its
-        if verdict is not None and not self.limits.limit and not self.control.signals:
+        # (unless every instance ended well meanwhile: the one judged hung was not, it ended on its own)
+        if verdict is not None and not self.limits.limit and not self.control.signals and result.failures:
             status = TIMED_OUT
         else:
+            if verdict is not None and not result.failures:
+                self.limits.next_attempt()  # its stacks too: they were read from a run that then ended well
             verdict = None
         delay, why = self.budget.decide(status, time.monotonic() - began, stopped=self.stopped_by(result))
         self.attempts.append(Attempt(number=number, status=status,

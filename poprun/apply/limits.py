@@ -1,7 +1,8 @@
 """
 A run's time limits at apply time: the limit reached, the stacks read before the stop, and the teardown gate.
 
-Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily), ``poprun.planner.plan``,
+Layer: ``poprun.apply``; imports :mod:`poprun.apply.recovery`, :mod:`poprun.apply.stacks` (lazily),
+:mod:`poprun.apply.watch` (types: the verdicts of the instance watch), ``poprun.planner.plan``,
 ``poprun.backends.base`` (types) and ``poprun.core``; never the relay, the attempts or
 :func:`~poprun.apply.apply` (they hand it what it needs).
 
@@ -11,6 +12,11 @@ read (py-spy, else faulthandler's SIGABRT, :mod:`poprun.apply.stacks`), and only
 instance stopped. Meanwhile the backend must not tear the launch down after the failure that a
 SIGABRT makes: it awaits the :class:`Gate` it was given (``launch(..., gate=)``) first, from its
 own thread; the sink's calls never wait.
+
+The instance watch's verdicts (a hung instance under ``--heartbeat-timeout``, a straggler under
+``--straggler-policy restart``; :mod:`poprun.apply.watch`) come here too
+(:meth:`Limits.instance_limit`): they end the attempt, not the run, unless no restart follows
+(:meth:`Limits.end_run`); with ``--restart-scope instance``, only their instance.
 """
 
 from __future__ import annotations
@@ -92,13 +98,21 @@ class Limits:
         self.watch: LimitWatch | None = None
         self._waiting = False  # between attempts: the back-off and the pre-restart command
         self._lock = threading.Lock()
-        self._reader: Callable[[], dict[int, str]] | None = None
+        self._reader: Callable[..., dict[int, str]] | None = None
+        self._end_one: Callable[[int, int], str] | None = None
         self.verdict: Verdict | None = None  # the instance that ended this attempt (hung, a straggler), if one did
+        self.alone: dict[int, Verdict] = {}  # --restart-scope instance: each instance ended alone, until restarted
 
-    def start(self, read_stacks: Callable[[], dict[int, str]]) -> LimitWatch | None:
-        """Start watching the limits, if the plan has any; return the watch. ``read_stacks`` reads every instance's."""
+    def start(self, read_stacks: Callable[..., dict[int, str]],
+              end_one: Callable[[int, int], str] | None = None) -> LimitWatch | None:
+        """
+        Start watching the limits, if the plan has any; return the watch.
+
+        ``read_stacks(only)`` reads every instance's stack (``only``: those indices); ``end_one(index)``
+        ends one instance alone (``--restart-scope instance``; its restart count), returning "" or why not.
+        """
         r = self.recovery
-        self._reader = read_stacks
+        self._reader, self._end_one = read_stacks, end_one
         if r.timeout_ms or r.stall_timeout_ms:
             self.watch = LimitWatch(r, on_limit=self.reached, on_signal=self.signal)
         return self.watch
@@ -126,13 +140,18 @@ class Limits:
         self._forward(sig)
         self._woken.set()  # a wait to restart ends: an attempt now would only meet the limit
 
-    def instance_limit(self, verdict: Verdict) -> None:
+    def instance_limit(self, verdict: Verdict, *, alone: bool = False) -> None:
         """
         End the attempt at ``verdict``: an instance hung (its stacks and the others' are read first) or a straggler.
 
         From the instance watch's thread (:class:`~poprun.apply.watch.Watch`). The attempts
         decide after the launch ends whether this restarts the run or ends it (:meth:`end_run`).
+        ``alone`` (``--restart-scope instance``): only that instance ends (its stack read first),
+        as its own failure, which the budget restarts or not; the others go on.
         """
+        if alone:
+            self._end_alone(verdict)
+            return
         with self._lock:
             if self.limit or self.verdict is not None or self._waiting:
                 return
@@ -148,6 +167,32 @@ class Limits:
             self._read_stacks_then_stop(launch)
         else:
             launch.terminate(self._grace_s)
+
+    def _end_alone(self, verdict: Verdict) -> None:
+        """End the instance of ``verdict`` alone: tell it, read its stack (if hung), kill it where it runs."""
+        with self._lock:
+            if self.limit or self._waiting or verdict.index in self.alone:
+                return
+            self.alone[verdict.index] = verdict
+        self._emit(LimitReached(limit=verdict.limit, after_ms=verdict.after_ms, instance=verdict.index,
+                                host=verdict.host))
+        if verdict.limit == "heartbeat":
+            self._gate.close_until(time.monotonic() + STACKS_TIMEOUT_S + 5)  # the backend's teardown, if it ends
+            try:
+                self._collect_stacks(only=(verdict.index,))
+            finally:
+                self._gate.close_until(time.monotonic() + DUMP_WAIT_S)
+            self._gate.wait()
+        if self._end_one is not None:
+            self._end_one(verdict.index, verdict.attempt)  # faulthandler's SIGABRT may have ended it: nothing left
+
+    def taken(self, index: int) -> Verdict | None:
+        """Return (and forget) the verdict that ended instance ``index`` alone, or None: its end was not the watch's."""
+        with self._lock:
+            verdict = self.alone.pop(index, None)
+            if verdict is not None and not self.limit:
+                self.stacks = {i: text for i, text in self.stacks.items() if i != index}
+            return verdict
 
     def end_run(self, verdict: Verdict) -> None:
         """Make ``verdict`` the run's limit (no restart follows it): the run ends with 124, the report says why."""
@@ -197,13 +242,13 @@ class Limits:
         self._gate.wait()
         launch.terminate(self._grace_s)
 
-    def _collect_stacks(self) -> None:
-        """Read where each instance is (:mod:`poprun.apply.stacks`), bounded in time; nothing when it fails."""
+    def _collect_stacks(self, only: tuple[int, ...] | None = None) -> None:
+        """Read where each instance is (``only``: those; :mod:`poprun.apply.stacks`), bounded in time; nothing when it fails."""
         from poprun.apply.stacks import FAULTHANDLER
 
         assert self._reader is not None
         try:
-            self.stacks = self._reader()
+            self.stacks = self._reader(only) if only is not None else self._reader()
         except Exception as exc:  # noqa: BLE001 - a report without stacks, never a run that does not stop
             self.stacks = {-1: f"the stacks could not be read: {exc}"}
         if self.stacks:
@@ -228,13 +273,25 @@ class Limits:
         return stacks
 
 
-def read_stacks(backend: Backend, plan: LaunchPlan, run_id: str, environ: Mapping[str, str]) -> dict[int, str]:
-    """Return where each instance of ``plan`` is, read through ``backend`` (:func:`poprun.apply.stacks.collect_stacks`)."""
+def read_stacks(backend: Backend, plan: LaunchPlan, run_id: str, environ: Mapping[str, str],
+                only: tuple[int, ...] | None = None) -> dict[int, str]:
+    """Return where each instance of ``plan`` (``only``: those) is, read through ``backend`` (:func:`poprun.apply.stacks.collect_stacks`)."""
     from poprun.apply.stacks import collect_stacks
 
-    hosts = {i.index: i.host for i in plan.instances}
+    hosts = {i.index: i.host for i in plan.instances if only is None or i.index in only}
     return dict(collect_stacks(backend, hosts, run_id, environ=environ, timeout_s=STACKS_TIMEOUT_S,
                                skip_pid=os.getpid()))
+
+
+def end_instance(backend: Backend, plan: LaunchPlan, run_id: str, environ: Mapping[str, str], *, index: int,
+                 count: int) -> str:
+    """Kill instance ``index`` (restart ``count``) of ``plan`` alone where it runs; return "" or why it could not be."""
+    from poprun.apply.stacks import end_instance as end
+
+    if not 0 <= index < len(plan.instances):
+        return f"instance {index} is not in the plan"
+    return end(backend, plan.instances[index].host, run_id, index, count, environ=environ,
+               timeout_s=STACKS_TIMEOUT_S, skip_pid=os.getpid())
 
 
 def faulthandler_dump(text: str) -> str:

@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from popdist import env as names
 from poprun.apply.recovery import run_pre_restart
 from poprun.core.events import InstanceEnded
+from poprun.core.exitstatus import TIMED_OUT
 from poprun.core.outcome import ApplyResult, Attempt, InstanceFailure, signal_name
 from poprun.core.record import evolve
 from poprun.runs.record import RUN_ID
@@ -50,16 +51,21 @@ class InstanceRestarts:
         """Return the wait before failed instance ``ended.index`` starts again, or None (the budget decides)."""
         a = self._attempts
         stopped = a.stopped_by(ApplyResult(statuses=()))
-        delay, why = a.budget.decide(ended.status, uptime_s, stopped=stopped)
+        verdict = a.limits.taken(ended.index)  # it hung, or was a straggler: the watch ended it (its status: 124)
+        status = TIMED_OUT if verdict is not None else ended.status
+        delay, why = a.budget.decide(status, uptime_s, stopped=stopped)
         if delay is None:  # the run's last attempt is the launch's own result
             with self._lock:
                 self.refused[ended.pid] = why
+            if verdict is not None:
+                a.limits.end_run(verdict)  # the run ends with it: 124, and the report says why
             return None
         host = a.plan.instances[ended.index].host if 0 <= ended.index < len(a.plan.instances) else "?"
         with self._lock:
-            attempt = Attempt(number=self._next + len(self.attempts), status=ended.status, root_cause=ended.index,
+            attempt = Attempt(number=self._next + len(self.attempts), status=status, root_cause=ended.index,
                               seconds=round(uptime_s, 3), master_port=a.ports[-1] if a.ports else 0, next=why,
-                              cause=ended_text(ended.index, host, ended.signal, ended.exit_code))
+                              cause=verdict.cause if verdict is not None else
+                              ended_text(ended.index, host, ended.signal, ended.exit_code))
             self.attempts.append(attempt)
             self._counts[ended.index] = self._counts.get(ended.index, 0) + 1
             self.pending[ended.index] = len(self.attempts) - 1

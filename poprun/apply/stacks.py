@@ -22,6 +22,10 @@ Every value read from /proc reaches this parser as hex (``od``), one record a li
 process name or argv with newlines, quotes or ``$()`` cannot forge a record; the run id is
 checked and quoted in the script, which travels on the shell's standard input, never in an argv.
 Each host's script is bounded in time (``timeout_s``) and size; hosts are read at once.
+
+:data:`KILL_SCRIPT` finds the processes of one instance (and one restart count of it) the same
+way and kills them alone (:func:`end_instance`): a hung instance or a straggler that
+``--restart-scope instance`` restarts by itself.
 """
 
 from __future__ import annotations
@@ -52,7 +56,8 @@ _NOTES = {
 _STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible wait", "T": "stopped", "t": "traced",
            "Z": "zombie", "X": "dead", "I": "idle"}
 
-__all__ = ["FAULTHANDLER", "STACKS_SCRIPT", "STACKS_TIMEOUT_S", "collect_stacks", "parse_stacks", "stacks_script"]
+__all__ = ["FAULTHANDLER", "KILL_SCRIPT", "STACKS_SCRIPT", "STACKS_TIMEOUT_S", "collect_stacks", "end_instance",
+           "kill_script", "parse_stacks", "stacks_script"]
 
 # Records, one a line: "proc PID INDEX HEX(stat) HEX(wchan)", "stack PID HEX(py-spy's dump)",
 # "spyfail PID HEX(py-spy's words)", "note PID WORD" (see _NOTES), and "@done" at the end.
@@ -100,6 +105,51 @@ if [ -n "$__poprun_abrt" ]; then
   kill -STOP $__poprun_abrt 2>/dev/null; kill -ABRT $__poprun_abrt 2>/dev/null; kill -CONT $__poprun_abrt 2>/dev/null
 fi
 echo @done"""
+
+
+# Ends one instance of a run alone (a hung instance or a straggler under --restart-scope instance): its processes
+# on the host of the restart count judged (not a restart of it that began meanwhile), found as above (the ssh backend's wrapper shell left out, so that it tells how the instance ended),
+# get SIGKILL and SIGCONT (a stopped one too). "killed PID" a line each, "@done" at the end.
+KILL_SCRIPT = """\
+__poprun_id=@RUN_ID@; __poprun_want=@INDEX@; __poprun_count=@COUNT@; __poprun_me=$$; __poprun_skip=@SKIP@
+for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/environ 2>/dev/null); do
+  __poprun_d=${__poprun_e%/environ}; __poprun_p=${__poprun_d#/proc/}
+  case $__poprun_p in ''|*[!0-9]*|"$__poprun_me"|"$__poprun_skip") continue;; esac
+  [ -O "$__poprun_d" ] || continue
+  __poprun_env=$(tr '\\0' '\\n' < "$__poprun_e" 2>/dev/null) || continue
+  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPRUN_RUN_ID=$__poprun_id" || continue
+  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPDIST_INSTANCE_INDEX=$__poprun_want" || continue
+  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPRUN_RESTART_COUNT=$__poprun_count" || continue
+  tr '\\0' '\\n' < "$__poprun_d/cmdline" 2>/dev/null | grep -qx poprun-instance && continue
+  kill -KILL "$__poprun_p" 2>/dev/null && echo "killed $__poprun_p"
+  kill -CONT "$__poprun_p" 2>/dev/null
+done
+echo @done"""
+
+
+def kill_script(run_id: str, index: int, count: int, *, skip_pid: int = 0) -> str:
+    """
+    Return :data:`KILL_SCRIPT` for instance ``index`` (its restart ``count``) of run ``run_id``; ``skip_pid``: never touched.
+
+    Raises:
+        ValueError: when ``run_id`` is not a run id.
+    """
+    if not _RUN_ID.match(run_id):
+        msg = f"{run_id!r} is not a run id"
+        raise ValueError(msg)
+    return (KILL_SCRIPT.replace("@RUN_ID@", shlex.quote(run_id)).replace("@INDEX@", str(int(index)))
+            .replace("@COUNT@", str(int(count))).replace("@SKIP@", str(int(skip_pid))))
+
+
+def end_instance(backend: object, host: str, run_id: str, index: int, count: int, *, environ: Mapping[str, str],
+                 timeout_s: float = STACKS_TIMEOUT_S, skip_pid: int = 0) -> str:
+    """Kill instance ``index`` (restart ``count``) of ``run_id`` on ``host`` alone (:data:`KILL_SCRIPT`); return "" or why not."""
+    env = {k: v for k, v in environ.items() if k not in _NOT_INHERITED}
+    answer = run_script(backend, host, kill_script(run_id, index, count, skip_pid=skip_pid), environ=env,
+                        timeout_s=timeout_s)
+    if isinstance(answer, str):
+        return f"{host} did not answer: {answer}"
+    return "" if b"@done" in answer[1] else f"{host} did not finish (status {answer[0]})"
 
 
 def stacks_script(run_id: str, indices: tuple[int, ...], *, skip_pid: int = 0) -> str:

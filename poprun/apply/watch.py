@@ -64,6 +64,7 @@ class Verdict:
     after_ms: int
     text: str
     cause: str
+    attempt: int = 0  # the instance's own POPRUN_RESTART_COUNT when it was judged (what its reports said)
 
 
 def run_median(values: Sequence[float]) -> float:
@@ -94,7 +95,7 @@ def ratios(step_times: Mapping[int, Sequence[float]], *, window: int) -> tuple[f
 class _Instance:
     """What the watch keeps of one instance of the current attempt."""
 
-    __slots__ = ("below", "checked", "ended", "flagged", "heard", "median", "since", "started")
+    __slots__ = ("attempt", "below", "checked", "ended", "flagged", "heard", "median", "since", "started")
 
     def __init__(self, started: float) -> None:
         self.started = started  # when its current run began (reports before it are an earlier run's)
@@ -105,6 +106,7 @@ class _Instance:
         self.median: float | None = None  # its median step time at that check (None: too few steps)
         self.flagged = False  # a straggler now
         self.below: float | None = None  # the step at which a straggler went back to k or below
+        self.attempt = 0  # its POPRUN_RESTART_COUNT, as its reports say
 
 
 class Watch:
@@ -115,12 +117,13 @@ class Watch:
     changes them with a re-plan); ``heartbeat_s``: S (0: no limit); ``window``, ``factor``: W and
     k; ``restart``: whether a straggler ends its attempt; ``emit`` tells an event; ``end`` ends the
     attempt at a verdict (from the watch's thread; it may take seconds: stacks are read).
-    ``clock``: monotonic seconds; ``thread``: False to drive :meth:`tick` by hand (tests).
+    ``clock``: monotonic seconds; ``thread``: False to drive :meth:`tick` by hand (tests); ``alone``:
+    a verdict ends its instance alone (``--restart-scope instance``), and the others are watched on.
     """
 
     def __init__(self, board: object, hosts: Sequence[str], *, heartbeat_s: float, window: int, factor: float,
                  restart: bool, emit: Callable[[Event], None], end: Callable[[Verdict], None],
-                 clock: Callable[[], float] = time.monotonic, thread: bool = True) -> None:
+                 clock: Callable[[], float] = time.monotonic, thread: bool = True, alone: bool = False) -> None:
         self._board = board
         self._hosts = tuple(hosts)
         self.heartbeat_s, self.window, self.factor, self.restart = heartbeat_s, window, factor, restart
@@ -130,8 +133,11 @@ class Watch:
         self._attempt = 0
         self._active = False  # an attempt runs: watch it
         self._ended = False  # this attempt was ended by a verdict (one per attempt)
+        self._alone = alone  # --restart-scope instance: a verdict ends its instance alone, the others are watched on
+        self._judged: set[int] = set()  # ... the instances ended so, until they start again
         self._pending: Verdict | None = None  # a straggler's verdict for the thread to act on
         self._middle: tuple[float, float | None, int] = (float("-inf"), None, 0)  # (when, run median, counted)
+        self._medians: dict[int, float] = {}  # each counted instance's median at its last check
         self._last_tick = clock()
         self._wake = threading.Event()
         self._closed = False
@@ -154,6 +160,8 @@ class Watch:
         with self._lock:
             self._attempt, self._active, self._ended, self._pending = number, True, False, None
             self._instances = {i: _Instance(now) for i in range(len(self._hosts))}
+            self._judged.clear()
+            self._medians.clear()
             self._middle = (float("-inf"), None, 0)
             self._last_tick = now
 
@@ -168,6 +176,8 @@ class Watch:
         now = self._clock()
         with self._lock:
             self._instances[index] = _Instance(now)
+            self._judged.discard(index)
+            self._medians.pop(index, None)
 
     def ended(self, index: int) -> None:
         """Instance ``index`` ended: it is never hung, and no longer counts in the run's median."""
@@ -176,6 +186,7 @@ class Watch:
             if state is not None:
                 state.ended = True
                 state.median = None
+            self._medians.pop(index, None)
 
     def close(self) -> None:
         """End the watch's thread (idempotent)."""
@@ -196,14 +207,14 @@ class Watch:
             self._last_tick = now
             if not self._active or self._ended:
                 return None
+            if late > GAP_S:  # poprun did not run: neither did its clock of the instances' silence
+                for state in self._instances.values():
+                    state.since = None if state.since is None else state.since + late
             if self._pending is not None:
                 verdict, self._pending = self._pending, None
-                self._ended = True
-                return verdict
+                return self._judge_ends(verdict)
             for index, state in self._instances.items():
-                if late > GAP_S and state.since is not None:
-                    state.since += late  # poprun did not run: neither did its clock of the instances' silence
-                if state.ended:
+                if state.ended or index in self._judged:
                     continue
                 raw = heard(index)
                 if raw is not None and raw >= state.started and raw != state.heard:
@@ -212,14 +223,22 @@ class Watch:
                     state.heard, state.since = raw, raw if state.since is None else max(raw, state.since)
                 if state.since is None or self.heartbeat_s <= 0 or now - state.since < self.heartbeat_s:
                     continue
-                self._ended = True
-                return self._hung(index, now - state.since)
+                return self._judge_ends(self._hung(index, now - state.since))
         return None
+
+    def _judge_ends(self, verdict: Verdict) -> Verdict:
+        """Note that ``verdict`` ends its attempt (or, alone, its instance); return it (the lock held)."""
+        if self._alone:
+            self._judged.add(verdict.index)
+        else:
+            self._ended = True
+        return verdict
 
     def _hung(self, index: int, silent_s: float) -> Verdict:
         host = self._host(index)
         limit = _seconds(self.heartbeat_s)
         return Verdict(limit="heartbeat", index=index, host=host, after_ms=int(silent_s * 1000),
+                       attempt=self._instances[index].attempt,
                        text=f"instance {index} on {host} sent no progress or heartbeat for {limit} (--heartbeat-timeout)",
                        cause=f"instance {index} hung on {host}: silent for {limit} (--heartbeat-timeout)")
 
@@ -232,7 +251,9 @@ class Watch:
             verdict = self.tick(self._clock())
             if verdict is not None:
                 self.verdicts.append(verdict)
-                self._end(verdict)
+                self._end(verdict)  # seconds, while stacks are read: poprun ran, that is no pause of its own
+                with self._lock:
+                    self._last_tick = self._clock()
 
     # -- stragglers ------------------------------------------------------------------------
     def _heard(self, progress: InstanceProgress) -> None:
@@ -242,12 +263,18 @@ class Watch:
         told: Straggler | None = None
         with self._lock:
             state = self._instances.get(index)
+            if state is not None:
+                state.attempt = progress.attempt
             if not self._active or state is None or state.ended or progress.step is None \
                     or now - state.checked < CHECK_S:
                 return
             state.checked = now
             times = self._board.step_times(index)[-self.window:]  # type: ignore[attr-defined]
             state.median = run_median(times) if len(times) * 2 >= self.window else None
+            if state.median is None:
+                self._medians.pop(index, None)
+            else:
+                self._medians[index] = state.median
             middle = self._run_median(now)
             if state.median is None or middle is None:
                 return
@@ -261,9 +288,9 @@ class Watch:
 
     def _run_median(self, now: float) -> float | None:
         """Return the median of the counted instances' medians (None: fewer than 2), recomputed at most once a second."""
-        medians = [s.median for s in self._instances.values() if s.median is not None]
         when, middle, counted = self._middle
-        if now - when >= CHECK_S or counted != len(medians):
+        if now - when >= CHECK_S or counted != len(self._medians):
+            medians = tuple(self._medians.values())
             middle = run_median(medians) if len(medians) >= 2 else None  # noqa: PLR2004 - one other at least
             middle = middle if middle is None or middle > 0 else None
             self._middle = (now, middle, len(medians))
@@ -281,9 +308,10 @@ class Watch:
             state.flagged = True
             host = self._host(index)
             assert state.median is not None
-            if self.restart and self._pending is None and not self._ended:
+            if self.restart and self._pending is None and not self._ended and index not in self._judged:
                 self._pending = Verdict(
                     limit="straggler", index=index, host=host, after_ms=int((self._clock() - state.started) * 1000),
+                    attempt=progress.attempt,
                     text=f"instance {index} on {host} is a straggler: its median step time {_ms(state.median)} is "
                          f"{ratio:.2f} x the run's {_ms(middle)} (--straggler-policy restart)",
                     cause=f"instance {index} was a straggler on {host}: {ratio:.2f} x the run's median step time "
@@ -302,13 +330,14 @@ class Watch:
 
 
 def watch_of(board: object, plan: LaunchPlan, *, emit: Callable[[Event], None],
-             end: Callable[[Verdict], None]) -> Watch:
+             end: Callable[[Verdict], None], alone: bool = False) -> Watch:
     """Return the watch of ``plan``'s run on ``board``: its heartbeat limit, and the straggler rule with the plan's W and k."""
     from poprun.planner.setting import straggler_rule
 
     window, factor = straggler_rule({s.name: s.value for s in plan.backend.settings})
     return Watch(board, [i.host for i in plan.instances], heartbeat_s=plan.recovery.heartbeat_timeout_ms / 1000,
-                 window=window, factor=factor, restart=plan.recovery.straggler_policy == "restart", emit=emit, end=end)
+                 window=window, factor=factor, restart=plan.recovery.straggler_policy == "restart", emit=emit, end=end,
+                 alone=alone)
 
 
 def replaced(verdict: Verdict, plan: LaunchPlan, unusable: set[str]) -> str:

@@ -45,6 +45,7 @@ from poprun.core.events import (
     Replan,
     RunStarted,
     Stopping,
+    Straggler,
 )
 from poprun.core.outcome import exit_status, signal_name
 from poprun.core.rawbytes import shell_join, shell_quote
@@ -118,6 +119,9 @@ class _Reporter:
             self._connected(event)
         elif isinstance(event, InstanceProgressed):
             self._progressed(event)
+        elif isinstance(event, Straggler):  # the straggler policy's warning: on stderr, whatever the verbosity
+            self._console.log(f"poprun: instance {event.index} on {event.host} is a straggler: its median step time "
+                              f"{event.step_time_ms} ms is {event.ratio:.2f} x the run's {event.run_median_ms} ms\n")
         elif isinstance(event, MpiWithoutLauncher):  # passed on by apply only when it is to be told (PR425)
             from poprun.apply.mpicheck import mpi_warning
             from poprun.render.diagnostics import render_diagnostics
@@ -148,6 +152,12 @@ class _Reporter:
     def _limit(self, event: LimitReached) -> None:
         if event.limit == "signal":
             self.verbose.info(f"Sending {signal_name(event.signal)} to every instance (--signal)")
+        elif event.limit == "heartbeat":
+            self.verbose.info(f"Instance {event.instance} on {event.host} silent for {event.after_ms / 1000:.1f} s "
+                              "(--heartbeat-timeout): reading where it is, then ending its attempt")
+        elif event.limit == "straggler":
+            self.verbose.info(f"Instance {event.instance} on {event.host} is a straggler (--straggler-policy restart): "
+                              "ending its attempt")
         else:
             self.verbose.info(f"Time limit reached: {event.limit} after {event.after_ms / 1000:.1f} s; "
                               "reading where each instance is, then stopping them")

@@ -17,7 +17,10 @@ status    name                   when
 1         ``NOT_NOW``            a run not in a state to act on (PR603, PR604, PR607, PR608)
 2         ``USAGE``              spec or command-line error, nothing started; RUN, instance or
                                  attempt not found, record unreadable (PR600-PR602, PR605, PR609)
-124       ``TIMED_OUT``          ``--timeout`` or ``--stall-timeout`` ended the run (timeout(1)'s)
+124       ``TIMED_OUT``          ``--timeout`` or ``--stall-timeout`` ended the run (timeout(1)'s);
+                                 an instance hung (``--heartbeat-timeout``) or was a straggler
+                                 (``--straggler-policy restart``) with no restart left (also
+                                 the status of such an attempt, which a restart may follow)
 125       ``CANNOT_LAUNCH``      could not launch; the root cause's host lost; the backend failed
                                  running; internal error; ``attach`` to a lost run
 126       ``NOT_EXECUTABLE``     the program is not executable
@@ -33,7 +36,7 @@ OK = 0
 FAILURE = 1  # the instances succeeded, but their output could not be written (stdout on a full disk)
 NOT_NOW = FAILURE  # the run is not in a state the command can act on
 USAGE = 2  # a spec or command-line error: nothing was started
-TIMED_OUT = 124  # a time limit ended the run, as timeout(1) says
+TIMED_OUT = 124  # a time limit ended the run, as timeout(1) says; or a hung instance, a straggler (policy restart)
 CANNOT_LAUNCH = 125  # poprun itself could not launch
 NOT_EXECUTABLE = 126
 NOT_FOUND = 127

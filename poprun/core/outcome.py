@@ -121,7 +121,7 @@ class ApplyResult:
     notes: tuple[Diagnostic, ...] = ()  # warnings told on stderr while the run went on (PR425): for the report
     run: str | None = None  # the id of the run's record, when one was kept
     attempts: tuple[Attempt, ...] = ()  # every attempt, when the plan allows restarts (the last is this result's)
-    limit: str = ""  # the time limit that ended the run: "timeout" or "stall" (then poprun's status is 124)
+    limit: str = ""  # the limit that ended the run: "timeout", "stall", "heartbeat" or "straggler" (status 124)
     limit_text: str = ""  # that limit in one line ("the run timed out after 30 s (--timeout)")
     stacks: tuple[tuple[int, str], ...] = ()  # (instance, where it was) collected before a limit stopped it
     gave_up: str = ""  # why the run was not restarted again, when it could have been (the crash-loop guard...)
@@ -144,8 +144,9 @@ def exit_status(result: ApplyResult, *, failed_output: bool = False) -> int:
     Return poprun's exit status for ``result`` (design.md section 3).
 
     poprun's own failure: its status (125, 126, 127, or 128+N when signal N stopped poprun
-    before the launch). A time limit that ended the run (``--timeout``, ``--stall-timeout``): 124. Stopped by signal N with no instance to blame: 128+N (141 when stdout
-    or stderr was closed, as for a tool killed by SIGPIPE). The instances' status otherwise; 1
+    before the launch). A limit that ended the run (``--timeout``, ``--stall-timeout``; a hung
+    instance, a straggler with no restart left): 124. Stopped by signal N with no instance to
+    blame: 128+N (141 when stdout or stderr was closed, as for a tool killed by SIGPIPE). The instances' status otherwise; 1
     when they succeeded but their output could not be written (``failed_output``).
     """
     if result.error is not None:

@@ -28,7 +28,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     "failures": [{index, host, pid, exit_code, signal, stopped, lost, via, tail, error}], "signals": [...],
     "error": {status, message, diagnostics: [{code, summary}]}|null, "phases": {name: seconds},
     "truncated": {index: {"kept": B, "dropped": B}}, "attempts": [{number, status, root_cause, seconds,
-    master_port, next, cause, hosts, replan}], "gave_up": TEXT, "limit": ""|"timeout"|"stall", "limit_text": TEXT,
+    master_port, next, cause, hosts, replan}], "gave_up": TEXT, "limit": ""|"timeout"|"stall"|"heartbeat"|"straggler", "limit_text": TEXT,
     "stacks": {index: TEXT}, "launch_phases": {name: seconds}, "slow_hosts": [{host, seconds, attempts}],
     "warnings": [{code, summary, detail, hint}]}`` (``attempts`` to ``stacks`` added with restarts and time
     limits, ``launch_phases`` and ``slow_hosts`` with the launch's own phases, ``warnings`` (PR425, told as the

@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import jsonschema
 import pytest
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -37,8 +38,14 @@ def poprun(tmp_path: Path, *args: str, timeout: float = 120, **extra: str) -> su
                           timeout=timeout, check=False)
 
 
+SCHEMA = json.loads((Path(__file__).parents[2] / "docs" / "events.schema.json").read_text())
+
+
 def events(tmp_path: Path, kind: str | None = None) -> list[dict[str, object]]:
+    """Return the run's events (of ``kind``), each of them checked against the documented schema."""
     told = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
+    for event in told:
+        jsonschema.validate(event, SCHEMA)
     return [e for e in told if kind is None or e["event"] == kind]
 
 
@@ -66,10 +73,12 @@ for step in range(1, 61):
 """
 
 
-def test_a_hung_instance_ends_the_run_with_124_naming_it_and_its_host_with_its_stack(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["local", "offline", "mpirun"])
+def test_a_hung_instance_ends_the_run_with_124_naming_it_and_its_host_with_its_stack(tmp_path: Path,
+                                                                                    backend: str) -> None:
     """--heartbeat-timeout 2 and instance 1 stopped: limit-reached names it, the report has its stack, status 124."""
-    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
-                  sys.executable, program(tmp_path, HANGS))
+    done = poprun(tmp_path, "--backend", backend, "--num-instances", "2", "--num-replicas", "2",
+                  "--heartbeat-timeout", "2", sys.executable, program(tmp_path, HANGS))
 
     assert 124 == done.returncode, done.stderr
     text = "instance 1 on localhost sent no progress or heartbeat for 2 s (--heartbeat-timeout)"
@@ -95,6 +104,33 @@ def test_with_a_restart_allowed_a_hung_instance_restarts_the_run_which_succeeds(
     assert [] == [e for e in events(tmp_path, "limit-reached") if e["limit"] != "heartbeat"]
 
 
+def test_with_the_instance_scope_only_the_hung_instance_restarts(tmp_path: Path) -> None:
+    """--restart-scope instance: instance 1 alone is read, ended and started again (its hang is its failure); 0 goes on."""
+    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
+                  "--max-restarts", "1", "--restart-scope", "instance", *FAST, sys.executable, program(tmp_path, HANGS))
+
+    assert 0 == done.returncode, done.stderr
+    attempts = report(tmp_path)["attempts"]
+    assert [(0, 124, 1), (1, 0, None)] == [(a["number"], a["status"], a["root_cause"]) for a in attempts]
+    started = [(e["index"], e["restart"]) for e in events(tmp_path, "instance-started")]
+    assert [(0, 0), (1, 0), (1, 1)] == sorted(started)  # instance 0 never started again
+    assert [[1]] == [e["instances"] for e in events(tmp_path, "stacks-collected")]
+    assert [] == events(tmp_path, "stopping")
+
+
+def test_with_the_instance_scope_and_the_budget_spent_a_second_hang_ends_the_run(tmp_path: Path) -> None:
+    """Instance 1 hangs in every run of it: restarted once alone, then the run ends with 124 naming it."""
+    always = HANGS.replace("attempt == 0 and ", "")
+    done = poprun(tmp_path, "--num-instances", "2", "--num-replicas", "2", "--heartbeat-timeout", "2",
+                  "--max-restarts", "1", "--restart-scope", "instance", *FAST, sys.executable, program(tmp_path, always))
+
+    assert 124 == done.returncode, done.stderr
+    data = report(tmp_path)
+    assert ("heartbeat", "instance 1 on localhost sent no progress or heartbeat for 2 s (--heartbeat-timeout)") == (
+        data["limit"], data["limit_text"])
+    assert [(0, 124, 1), (1, 124, 1)] == [(a["number"], a["status"], a["root_cause"]) for a in data["attempts"]]
+
+
 STRAGGLES = """
 import os, time, popdist
 index = int(os.environ["POPDIST_INSTANCE_INDEX"])
@@ -115,6 +151,9 @@ def test_an_instance_four_times_slower_is_told_as_a_straggler_with_its_ratio(tmp
     assert (2, "localhost", 0) == (told["index"], told["host"], told["attempt"])
     assert 3.0 < told["ratio"] < 5.0
     assert 60 <= told["step_time_ms"] <= 4 * told["run_median_ms"] * 1.5
+    said = (f"poprun: instance 2 on localhost is a straggler: its median step time {told['step_time_ms']} ms is "
+            f"{told['ratio']:.2f} x the run's {told['run_median_ms']} ms")
+    assert said in done.stderr.splitlines()
     ratios = {i["index"]: i["straggler_ratio"] for i in report(tmp_path)["progress"]["instances"]}
     assert [None, None, None] == [ratios[0], ratios[1], ratios[3]]
     assert 3.0 < ratios[2] < 5.0
@@ -257,3 +296,17 @@ for step in range(1, 81):
 def _state(pid: int) -> str:
     with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
         return stat.read().rpartition(")")[2].split()[0]
+
+
+def test_a_run_without_record_or_heartbeat_limit_imports_no_watch(tmp_path: Path) -> None:
+    """POPRUN_RECORD=0 and no --heartbeat-timeout: nothing listens, the watch is not imported; with the limit, it is."""
+    from tests.e2e.test_startup import _imported
+
+    status, modules = _imported("--offline-mode=1", "true", cwd=tmp_path, env={"POPRUN_RECORD": "0"})
+    limited, with_limit = _imported("--offline-mode=1", "--heartbeat-timeout", "5", "true", cwd=tmp_path,
+                                    env={"POPRUN_RECORD": "0"})
+
+    listening = ("poprun.apply.watch", "poprun.apply.channel", "poprun.apply.progress", "poprun.core.progress")
+    assert (0, []) == (status, sorted(modules.intersection(listening)))
+    assert 0 == limited
+    assert {"poprun.apply.watch", "poprun.apply.progress"} <= with_limit

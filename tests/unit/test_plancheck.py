@@ -87,6 +87,11 @@ CASES = [
     (("recovery", "pre_restart"), "check\0", "$.recovery.pre_restart"),
     (("recovery", "pre_restart"), "x" * 5000, "$.recovery.pre_restart"),
     (("recovery", "choose_port"), 1, "$.recovery.choose_port"),
+    (("recovery", "heartbeat_timeout_ms"), -1, "$.recovery.heartbeat_timeout_ms"),
+    (("recovery", "heartbeat_timeout_ms"), 10**15, "$.recovery.heartbeat_timeout_ms"),
+    (("recovery", "heartbeat_timeout_ms"), "5", "$.recovery.heartbeat_timeout_ms"),
+    (("recovery", "straggler_policy"), "kill", "$.recovery.straggler_policy"),
+    (("recovery", "straggler_policy"), None, "$.recovery.straggler_policy"),
 ]
 
 

@@ -198,7 +198,8 @@ def test_a_plugins_declared_traits_decide_what_a_built_ins_name_decided(traits, 
 
 
 def test_a_plan_without_a_registry_gives_a_plugin_the_conservative_traits():
-    """Planning with no way to ask the registry (a Context of its own) records the conservative traits."""
+    """Planning with no way to ask the registry (a Context of its own) records the conservative traits (and apply's settings only)."""
     argv = ["--backend", "farm", "--host", "pod1,pod2", "--num-instances", "2", "--num-replicas", "2", "true"]
 
-    assert (CONSERVATIVE, ()) == (_solved(argv).backend.traits, _solved(argv).backend.settings)
+    assert (CONSERVATIVE, ("POPRUN_STRAGGLER_FACTOR", "POPRUN_STRAGGLER_WINDOW")) == (
+        _solved(argv).backend.traits, tuple(s.name for s in _solved(argv).backend.settings))

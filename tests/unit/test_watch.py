@@ -290,3 +290,63 @@ def test_a_datagram_stamped_before_a_pause_does_not_take_the_pause_back():
     board.feed(Update(index=0, attempt=0, step=2, total=200, time=clock.now), before)  # stamped before the pause
 
     assert ticks(watch, clock, clock.now + 1.0) is None
+
+
+def test_an_instance_whose_wall_clock_jumps_is_neither_hung_nor_a_straggler():
+    """The instance's time.time() jumps an hour ahead, then back: poprun's clock is monotonic, medians shrug off one step."""
+    watch, board, clock, told = watched(heartbeat_s=5.0, window=10)
+    wall = 1_700_000_000.0
+    jumped = 0.0  # instance 2's clock only
+    for step in range(40):
+        clock.now += 0.5
+        wall += 0.1
+        jumped += 3600.0 if step == 20 else -3600.0 if step == 21 else 0.0
+        for index in range(3):
+            board.feed(Update(index=index, attempt=0, step=step, total=40, time=wall + (jumped if index == 2 else 0)),
+                       clock.now)
+        assert watch.tick(clock.now) is None
+
+    assert [] == told
+
+
+def test_the_watch_s_own_thread_ends_the_attempt_once_at_a_hang():
+    """On the real clock: an instance heard once and silent for S is ended by the thread, once; close() ends it."""
+    import threading
+    import time
+
+    board = Board(HOSTS)
+    ended: list[Verdict] = []
+    called = threading.Event()
+
+    def end(verdict: Verdict) -> None:
+        ended.append(verdict)
+        called.set()
+
+    watch = Watch(board, HOSTS, heartbeat_s=0.5, window=20, factor=1.5, restart=False, emit=lambda _e: None, end=end)
+    try:
+        watch.attempt(0)
+        board.feed(Update(index=3, attempt=0, step=1, total=None, time=0.0), time.monotonic())
+
+        assert called.wait(30)
+        time.sleep(1.0)  # more than S again: still one verdict for the attempt
+        assert [(3, "h4")] == [(v.index, v.host) for v in ended]
+    finally:
+        watch.close()
+
+
+def test_after_a_pause_every_instance_gets_its_credit_even_when_a_verdict_waits_at_that_tick():
+    """--restart-scope instance: a straggler's verdict taken at the late tick does not cost the others the pause."""
+    clock = Clock()
+    board = Board(HOSTS[:3], window=4, clock=clock)
+    watch = Watch(board, HOSTS[:3], heartbeat_s=5.0, window=4, factor=1.5, restart=True, emit=lambda _e: None,
+                  end=lambda _v: None, clock=clock, thread=False, alone=True)
+    watch.attempt(0)
+    feed_steps(board, clock, {0: 0.1, 1: 0.1}, 5)
+    assert ticks(watch, clock, clock.now + 0.5) is None
+    feed_steps(board, clock, {0: 0.1, 1: 0.1, 2: 0.4}, 5)  # instance 2 turns up slow: a verdict waits
+    heard = clock.now
+
+    clock.now += 600.0  # poprun paused before its thread took the verdict
+    assert watch.tick(clock.now).index == 2
+    assert ticks(watch, clock, clock.now + 4.0) is None  # instances 0 and 1: silent 4 s since, not 604 s
+    assert heard + 600 + 4.0 <= clock.now
