@@ -41,7 +41,7 @@ from poprun.core.progress import MAX_DATAGRAM, InstanceProgress, parse
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    import socket
+    import _socket
     from collections.abc import Callable, Mapping, Sequence
 
     from poprun.core.diagnostic import Diagnostic
@@ -144,7 +144,7 @@ class Channel:
         self.forged = 0  # datagrams dropped as not the run's: another token, malformed (PR448)
         self.dropped = 0  # the run's datagrams dropped: an older attempt's, an index beyond the plan
         self.received = 0  # datagrams kept
-        self._socket: socket.socket | None = None
+        self._socket: _socket.socket | None = None
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the thread to end
         self._ready = threading.Event()
         self._closing = threading.Event()
@@ -152,6 +152,7 @@ class Channel:
         self._told: dict[int, float] = {}  # instance -> when its last event was told (monotonic)
         self._changed: dict[int, InstanceProgress] = {}  # instance -> its latest state not told yet
         self._attempt = 0
+        self._kept = False  # progress.json was written
         self._thread = threading.Thread(target=self._main, name="poprun-progress", daemon=True)
         board.listen(self._heard)
 
@@ -230,6 +231,7 @@ class Channel:
             self._wake = wake = os.pipe2(os.O_CLOEXEC | os.O_NONBLOCK)  # close() writes to it: select ends at once
             self._socket = _open(remote=self._remote)
             self.port = self._socket.getsockname()[1]
+            _probe(self._socket, self.port)
         except OSError as exc:
             self.error = exc
             return
@@ -297,13 +299,20 @@ class Channel:
             self._keep(snapshot)
 
     def _keep(self, snapshot: Sequence[InstanceProgress]) -> None:
-        if self._write is not None:
+        """Hand progress.json's data to the record (not before anything was heard: a run without progress has none)."""
+        if self._write is not None and (snapshot or self._kept):
+            self._kept = True
             self._write(progress_data(snapshot, self._attempt, time.time()))
 
 
-def _open(*, remote: bool) -> socket.socket:
-    """Return a bound, non-blocking UDP socket: 127.0.0.1, or dual-stack ``::`` for remote hosts (0.0.0.0 without IPv6)."""
-    import socket
+def _open(*, remote: bool) -> _socket.socket:
+    """
+    Return a bound, non-blocking UDP socket: 127.0.0.1, or dual-stack ``::`` for remote hosts (0.0.0.0 without IPv6).
+
+    Made with ``_socket``, the C module under :mod:`socket`: importing ``socket`` itself builds
+    its enums (some 3 ms of one core, the GIL held), which every launch with a record would pay.
+    """
+    import _socket as socket  # in the channel's thread, off the launch path
 
     if remote and socket.has_ipv6:
         try:
@@ -329,8 +338,22 @@ def _open(*, remote: bool) -> socket.socket:
     return sock
 
 
-def _setup(sock: socket.socket) -> None:
-    import socket
+def _probe(sock: _socket.socket, port: int) -> None:
+    """
+    Send an empty datagram to ``sock`` over loopback and read it back: raise OSError when this machine cannot.
+
+    Binding 127.0.0.1 works even while the loopback interface is down (a network namespace
+    of its own); sending there does not, and neither would the instances of this machine.
+    """
+    import _socket as socket  # see _open
+
+    sock.sendto(b"", ("::ffff:127.0.0.1" if sock.family == socket.AF_INET6 else _LOOPBACK, port))
+    with contextlib.suppress(BlockingIOError):
+        sock.recv(1)  # loopback delivers within sendto: it never counts as a datagram of a stranger
+
+
+def _setup(sock: _socket.socket) -> None:
+    import _socket as socket  # see _open
 
     sock.setblocking(False)  # noqa: FBT003 - the socket module's own signature
     with contextlib.suppress(OSError):  # else the kernel's default buffer: bursts lose more

@@ -1,7 +1,8 @@
 """
 poprun's console while a launch runs: forwarded output, log lines and a live status line.
 
-Layer: ``poprun.cli``; imports :mod:`poprun.backends.base` (the sink protocol and its events).
+Layer: ``poprun.cli``; imports :mod:`poprun.backends.base` (the sink protocol and its events), and
+:mod:`poprun.render.runs` when a run reports progress (:class:`ProgressLine`).
 
 :class:`Console` is the output sink the backend writes to (from its one thread), and the place
 log lines and the status line go (from the main thread and a ticker thread); a reentrant lock
@@ -41,6 +42,10 @@ import time
 from collections.abc import Callable
 
 from poprun.backends.base import Event, Stream
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.core.events import InstanceProgressed
 
 REDRAW_S = 0.25  # the status line is redrawn at most this often
 STALL_S = 5.0  # after a stop, a stream that takes nothing for this long is abandoned
@@ -293,3 +298,43 @@ def _never_blocks(fd: int) -> bool:
     except OSError:
         return True  # the write fails at once, as before
     return stat.S_ISREG(mode) or stat.S_ISBLK(mode)
+
+
+PROGRESS_S = 10.0  # the -v progress line at most this often
+
+
+class ProgressLine:
+    """
+    The ``-v`` line of the instances' progress (``instance-progress`` events): at most every :data:`PROGRESS_S` seconds.
+
+    ``Progress: step 120/200, ETA 35 s (slowest: instance 3 on h3)``: the least advanced
+    instance's step and total, the largest ETA, and the instance it is; the first line as soon as
+    progress is heard, the next ones no sooner than :data:`PROGRESS_S` after the last.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._latest: dict[int, InstanceProgressed] = {}
+        self._shown: float | None = None
+
+    def line(self, event: InstanceProgressed) -> str | None:
+        """Take ``event``; return the line to log now, or None (too soon, or no step yet)."""
+        known = self._latest.get(event.index)
+        if known is None or event.attempt >= known.attempt:
+            self._latest[event.index] = event
+        now = self._clock()
+        if self._shown is not None and now - self._shown < PROGRESS_S:
+            return None
+        stepped = [e for e in self._latest.values() if e.step is not None and e.attempt == event.attempt]
+        if not stepped:
+            return None
+        from poprun.render.runs import printable, render_eta, render_step
+
+        least = min(stepped, key=lambda e: (e.step, e.index))
+        timed = [e for e in stepped if e.eta_ms is not None]
+        slowest = max(timed, key=lambda e: (e.eta_ms, -e.index)) if timed else least
+        self._shown = now
+        text = f"Progress: step {render_step(float(least.step or 0))}" + (f"/{least.total}" if least.total is not None else "")
+        if slowest.eta_ms is not None:
+            text += f", ETA {render_eta(slowest.eta_ms / 1000)}"
+        return text + f" (slowest: instance {slowest.index} on {printable(slowest.host)})"

@@ -34,6 +34,7 @@ from poprun.core.events import (
     Event,
     HostConnected,
     InstanceEnded,
+    InstanceProgressed,
     InstanceStarted,
     LaunchRunning,
     LaunchStarting,
@@ -55,6 +56,7 @@ from poprun.process.watchdog import become_subreaper
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.cli.eventstream import EventStream
+    from poprun.cli.progress import ProgressLine
     from poprun.runs.record import RunRecord
 
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
@@ -75,6 +77,7 @@ class _Reporter:
         self._waited = False
         self._stopping: str | None = None
         self._total = len(plan.instances)  # the current attempt's instances (a re-planned attempt's may be fewer)
+        self._progress: ProgressLine | None = None  # the -v progress line, once progress is heard
 
     def event(self, event: Event) -> None:
         """Log what ``event`` says; update the status line."""
@@ -113,6 +116,8 @@ class _Reporter:
                               + (f" ({event.detail})" if event.detail else ""))
         elif isinstance(event, HostConnected):
             self._connected(event)
+        elif isinstance(event, InstanceProgressed):
+            self._progressed(event)
         elif isinstance(event, MpiWithoutLauncher):  # passed on by apply only when it is to be told (PR425)
             from poprun.apply.mpicheck import mpi_warning
             from poprun.render.diagnostics import render_diagnostics
@@ -120,6 +125,18 @@ class _Reporter:
             told = mpi_warning(self._plan, event)
             if told is not None:
                 self._console.log(render_diagnostics((told,), {}))
+
+    def _progressed(self, event: InstanceProgressed) -> None:
+        """Log the run's progress with -v, every 10 s at most (:class:`~poprun.cli.progress.ProgressLine`)."""
+        if self.verbose.verbosity < 1:
+            return
+        if self._progress is None:
+            from poprun.cli.progress import ProgressLine
+
+            self._progress = ProgressLine()
+        line = self._progress.line(event)
+        if line is not None:
+            self.verbose.info(line)
 
     def _connected(self, event: HostConnected) -> None:
         tries = f", {event.attempts} attempts" if event.attempts > 1 else ""

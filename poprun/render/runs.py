@@ -67,6 +67,7 @@ def render_ps_json(runs: Iterable[RunInfo], now: float) -> str:
 
 def render_step(step: float) -> str:
     """Return a step as people read it: ``120``, ``1.5`` (at most three decimals)."""
+    step = float(step)
     return str(int(step)) if step.is_integer() and abs(step) < 1e15 else f"{step:.3f}".rstrip("0")  # noqa: PLR2004
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import shlex
+import subprocess
 
 import pytest
 from hypothesis import example, given
@@ -57,5 +58,21 @@ def test_a_leaf_runs_the_very_command_through_the_relays_ssh_with_poprun_options
     relayed = routes.command("leaf", command)
 
     assert ("relay", "direct", command) == (routes.host("leaf"), routes.host("direct"), routes.command("direct", command))
-    assert ["exec", "ssh", "-F", "/a b/cfg", "-o", "BatchMode=yes", "-T", "--", "leaf", command] == shlex.split(relayed)
+    seen, _, leaf = relayed.partition("exec ")
+    assert ["ssh", "-F", "/a b/cfg", "-o", "BatchMode=yes", "-T", "--", "leaf", "__poprun_via=$__poprun_s;",
+            command] == shlex.split(leaf)
+    assert seen.startswith("__poprun_s=${SSH_CONNECTION%% *};")
     assert 1 == routes.relay_count()
+
+
+@pytest.mark.parametrize(("connection", "via"), [
+    ("10.0.0.1 51000 10.0.0.2 22", "10.0.0.1"), ("fd00::1 51000 fd00::2 22", "fd00::1"), ("", ""),
+    ("$(touch x) 1 2 3", ""), ("a;b 1 2 3", ""), ("'1 2 3 4", "")])
+def test_a_leaf_is_told_poprun_s_address_as_its_relay_saw_it_and_only_an_address(connection: str, via: str) -> None:
+    """The relay's shell expands its own SSH_CONNECTION's first field into the leaf's command: an IP address, else nothing."""
+    routes = Routes({"leaf": "relay"}, ["printf", "%s\\n"])
+
+    done = subprocess.run(["sh", "-c", routes.command("leaf", "echo leaf")], env={"SSH_CONNECTION": connection},
+                          capture_output=True, text=True, check=True)
+
+    assert ["-T", "--", "leaf", f"__poprun_via={via};", "echo leaf"] == done.stdout.splitlines()

@@ -1,7 +1,7 @@
 """
 The mpirun backend's output relay: each instance's stdout and stderr reach poprun over a connection of their own.
 
-Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`; ``poprun.core``'s
+Layer: ``poprun.backends``; the standard library only (and :mod:`poprun.backends.base`, ``popdist.env``'s names; ``poprun.core``'s
 exit statuses, and its diagnostics, imported when one is made).
 
 Length: both ends of one wire protocol (the wrapper's relay on the host and poprun's receiver:
@@ -31,7 +31,10 @@ Where the wrapper finds poprun: on an instance of this machine at ``127.0.0.1``;
 host at the address its ssh connection came from (``SSH_CONNECTION``, which mpirun's ssh
 passes to its daemon and the daemon to the instances) and at the addresses of mpirun's own
 contact URI (``OMPI_MCA_orte_hnp_uri``, the addresses through which mpirun's daemons reach
-it). If no connection can be made within a few seconds (no ``python3`` on the host, a firewall
+it). The address that answered is also where the program's progress datagrams go: a
+``POPRUN_PROGRESS`` of ``:PORT`` (poprun could not know it) becomes ``ADDRESS:PORT`` before the
+program starts (docs/progress.md), right also where mpirun's tree spawn started the host's
+daemon from another host (whose address ``SSH_CONNECTION`` then holds). If no connection can be made within a few seconds (no ``python3`` on the host, a firewall
 between), the wrapper says so on its stderr and runs the program anyway: its output then goes
 through mpirun, tagged, as before, with OpenMPI's losses.
 
@@ -73,6 +76,7 @@ import socket
 import sys
 import time
 
+from popdist.env import PROGRESS
 from poprun.core.exitstatus import NOT_EXECUTABLE, NOT_FOUND  # formatted into the wrapper, run on the hosts
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
@@ -322,9 +326,15 @@ def main():
     outs = []
     pid = os.getpid()
     held = [os.dup(1), os.dup(2)]
+    seen = ""
     for fd in (1, 2)[:len(streams)]:
         name = "stdout" if fd == 1 else "stderr"
         s = connect(places, int(port or 0), token, index, name)[0]
+        if s is not None and not seen:
+            try:
+                seen = s.getpeername()[0]
+            except OSError:
+                pass
         if s is None:
             os.write(2, ("poprun: instance %%s cannot reach poprun at %%s: its output goes through mpirun, which "
                          "may lose lines\n" %% (index, " or ".join(places) or "no address")).encode())
@@ -351,6 +361,9 @@ def main():
             o.s.close()
     for h in held:
         os.close(h)
+    progress = os.environ.get("%(progress)s", "")
+    if progress.startswith(":") and seen:
+        os.environ["%(progress)s"] = ("[%%s]%%s" if ":" in seen else "%%s%%s") %% (seen, progress)
     try:
         os.execvp(program[0], program)
     except OSError as e:
@@ -363,7 +376,8 @@ main()
 def _wrapper(keepalive_s: float) -> str:
     """Return the wrapper's code for a host timeout of ``keepalive_s`` (its relay's keepalives)."""
     step = max(1, round(keepalive_s / 3))
-    return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "step": step, "window": WINDOW,
+    return WRAPPER % {"connect": CONNECT_S, "variable": RELAY_VARIABLE, "progress": PROGRESS, "step": step,
+                      "window": WINDOW,
                       "again": max(RECONNECT_S, round(keepalive_s)), "not_found": NOT_FOUND,
                       "not_executable": NOT_EXECUTABLE}
 

@@ -35,6 +35,8 @@ RELAY = "POPRUN_SSH_RELAY"  # auto (relays above THRESHOLD remote hosts), on, of
 THRESHOLD = 256  # remote hosts from which "auto" starts through relays (docs/scale.md: the model)
 MODES = ("auto", "on", "off")
 _FEWEST = 3  # fewer remote hosts than this have nothing to relay
+# On the relay: poprun's address as its sshd saw it, when it is an IP address (a leaf sends its progress there)
+_SEEN = "__poprun_s=${SSH_CONNECTION%% *}; case $__poprun_s in ''|*[!0-9A-Fa-f.:]*) __poprun_s=;; esac; "
 
 __all__ = ["MODES", "RELAY", "THRESHOLD", "Routes", "mode", "relays"]
 
@@ -77,10 +79,17 @@ class Routes:
         return self.via.get(host, host)
 
     def command(self, host: str, command: str) -> str:
-        """Return the shell text that runs ``command`` on ``host`` from the host :meth:`host` names."""
+        """
+        Return the shell text that runs ``command`` on ``host`` from the host :meth:`host` names.
+
+        A leaf's ``command`` runs after ``__poprun_via=ADDRESS;``: poprun's address as its relay's
+        sshd saw it (the first field of the relay's ``SSH_CONNECTION``, an IP address: anything
+        else is left out), where the leaf sends its progress (docs/progress.md).
+        """
         if host not in self.via:
             return command
-        return "exec " + shlex.join([*self._options, "-T", "--", host, command])
+        return (_SEEN + "exec " + shlex.join([*self._options, "-T", "--", host])
+                + ' "__poprun_via=$__poprun_s;" ' + shlex.quote(command))
 
     def relay_count(self) -> int:
         """Return how many hosts relay for others."""

@@ -21,7 +21,7 @@ import shlex
 import signal
 from collections.abc import Mapping, Sequence
 
-from popdist.env import EXECUTABLE_CACHE_PATH
+from popdist.env import EXECUTABLE_CACHE_PATH, PROGRESS
 from poprun.backends.ssh.client import DEFAULT_HOST_TIMEOUT_S
 from poprun.core.diagnostic import launch_error
 from poprun.core.exitstatus import CANNOT_LAUNCH
@@ -121,6 +121,11 @@ _READ_ENV = """\
 IFS= read -r __poprun_n || exit 0
 __poprun_e=$(head -c "$__poprun_n"; echo .) || exit 0
 eval "${__poprun_e%.}"; unset __poprun_e __poprun_n"""
+# A host reached through a relay sends its progress to poprun's address as the relay saw it (``__poprun_via``,
+# set by the relay's command: poprun.backends.ssh.relay), not to the relay's in its own SSH_CONNECTION.
+_VIA = f"""\
+case ${{{PROGRESS}-}} in :*) case ${{__poprun_via-}} in '') ;;
+  *:*) {PROGRESS}="[$__poprun_via]${PROGRESS}";; *) {PROGRESS}="$__poprun_via${PROGRESS}";; esac;; esac"""
 _LINES = {int(signal.SIGTSTP): b"S\n", int(signal.SIGCONT): b"C\n", int(signal.SIGTERM): b"T\n"}  # stop, go on, end
 
 
@@ -155,6 +160,8 @@ def remote_command(instance: Instance, *, cache: str | None = None, cache_instan
     nothing of its own and starts on "G".
     """
     lines = [_READ_ENV, f"cd -- {shlex.quote(instance.cwd)} || exit {CANNOT_LAUNCH}"]
+    if dict(instance.env.set).get(PROGRESS, "").startswith(":"):  # a leaf of a relay: where its relay saw poprun
+        lines.append(_VIA)
     if instance.env.unset:
         lines.append("unset " + " ".join(shlex.quote(name) for name in instance.env.unset))
     where = "-"
