@@ -93,18 +93,14 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
         backend = _backend(registry, plan, observers)
-    except Stopped as exc:
-        return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
-                       clock, observers)
-    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
-        return _finish(ApplyResult(statuses=(), error=_unmade(exc)), relay, record, clock, observers)
+    except (Stopped, KeyError, DiagnosticError) as exc:  # a stop; an unknown backend, a plugin unmade (PR460), PR469
+        return _finish(_unstarted(exc, control), relay, record, clock, observers)
     run = Run(control, tell=relay.stopping, gate=Gate())
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
     channel = _channel(plan, relay, record) if _listens(plan, record) else None  # its socket is made meanwhile
-    if channel is not None and observers is not None:
-        observers.watch(channel.board.snapshot)
+    _watched(observers, channel)
     from poprun.apply.ports import master_port
 
     try:
@@ -200,6 +196,19 @@ def _heard(channel: Channel | None, record: RunRecord | None) -> tuple[Diagnosti
     if channel.error is not None:
         return (unopened(channel.error),)
     return (forged(channel.forged, channel.received),) if channel.forged else ()
+
+
+def _unstarted(exc: Stopped | KeyError | DiagnosticError, control: Control) -> ApplyResult:
+    """Return how a run ended that stopped, or whose backend could not be had, before anything of it was made."""
+    if isinstance(exc, Stopped):
+        return ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals))
+    return ApplyResult(statuses=(), error=_unmade(exc))
+
+
+def _watched(observers: Observers | None, channel: Channel | None) -> None:
+    """Have the metrics file read the instances' progress from the channel's board."""
+    if channel is not None and observers is not None:
+        observers.watch(channel.board.snapshot)
 
 
 def _unmade(exc: KeyError | DiagnosticError) -> ApplyError:
