@@ -88,7 +88,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     control, environ = control or Control(), os.environ if env_source is None else env_source
     relay, clock = Relay(plan, sink, record, environ), Clock(record)
     run_id = record.id if record is not None else new_id(time.time())
-    observers = _observers(plan, environ, run_id, relay)
+    observers = _observers(plan, environ, run_id, relay, control)
     try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
@@ -147,13 +147,14 @@ def _backend(registry: BackendRegistry, plan: LaunchPlan, observers: Observers |
     return registry.get(plan.backend.name)
 
 
-def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay) -> Observers | None:
+def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay,
+               control: Control) -> Observers | None:
     """Return the run's notifier and metrics file, listening to ``relay``; None for a plan with neither (no import)."""
     if not plan.observe.active:
         return None
     from poprun.apply.observe import Observers
 
-    return Observers(plan, environ, run_id, relay)
+    return Observers(plan, environ, run_id, relay, control)
 
 
 def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:

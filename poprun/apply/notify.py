@@ -40,7 +40,7 @@ from poprun.core.span import SourceSpan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from poprun.core.diagnostic import Diagnostic
     from poprun.core.events import Event
@@ -102,25 +102,26 @@ class Notifier:
                 self._worker.start()
             self._cond.notify_all()
 
-    def close(self) -> tuple[Diagnostic, ...]:
+    def close(self, *, interrupted: Callable[[], bool] = lambda: False) -> tuple[Diagnostic, ...]:
         """
         Wait for the notifications queued at most one deadline, then kill what runs and drop what waits.
 
-        Return the warnings (PR467), one per kind of failure.
+        ``interrupted`` ends the wait sooner when it turns true (a stop signal meanwhile). Return
+        the warnings (PR467), one per kind of failure.
         """
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
+            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0 and not interrupted():
+                self._cond.wait(min(left, 0.1))
             if self._queue or self._busy:
                 waiting = len(self._queue)
                 self._queue.clear()
                 self._cancel.set()
                 if waiting:
                     self._fail("left", f"{waiting} notification{'s' * (waiting != 1)} still waiting when poprun "
-                               f"ended ({_seconds(self.timeout_s)} after the run) were not sent", b"")
+                               "ended were not sent", b"")
             worker = self._worker
         if worker is not None:
             worker.join(5.0)  # the command is killed at once: this is the time to reap it
@@ -200,7 +201,7 @@ class Notifier:
         if status is None:
             if self._cancel.is_set():
                 self._fail("cut", f"the notify command for {kind} was still running when poprun ended "
-                           f"({_seconds(self.timeout_s)} after the run): it was killed", tail)
+                           f"(at most {_seconds(self.timeout_s)} after the run): it was killed", tail)
             else:
                 self._fail("timeout", f"the notify command for {kind} did not end within "
                            f"{_seconds(self.timeout_s)}: it was killed", tail)
