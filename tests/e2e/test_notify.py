@@ -10,8 +10,8 @@ within the bound, never a verdict depend on luck.
 from __future__ import annotations
 
 import json
-import re
 import os
+import re
 import signal
 import subprocess
 import time
