@@ -4,7 +4,8 @@ from poprun.core.record import evolve
 from poprun.planner.plan import LaunchPlan
 
 RUN_ID = "POPRUN_RUN_ID"
-PER_RUN = (RUN_ID, "TORCHELASTIC_RUN_ID", "POPRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE")
+PER_RUN = (RUN_ID, "TORCHELASTIC_RUN_ID", "POPRUN_RESTART_COUNT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE",
+           "POPRUN_PROGRESS", "POPRUN_PROGRESS_TOKEN")
 
 
 def without_run_id(plan: LaunchPlan) -> LaunchPlan:
@@ -13,7 +14,7 @@ def without_run_id(plan: LaunchPlan) -> LaunchPlan:
 
     Those are the run's id (``POPRUN_RUN_ID``, ``TORCHELASTIC_RUN_ID``: every instance the same), each instance's
     torch error file (``TORCHELASTIC_ERROR_FILE``, on this machine), the
-    restart count, and MASTER_PORT when the plan leaves it to the apply step.
+    restart count, the progress channel's address and token, and MASTER_PORT when the plan leaves it to the apply step.
     """
     ids = {i.env.get(RUN_ID) for i in plan.instances}
     assert len(ids) == 1 and None not in ids, f"every instance gets one run id: {ids}"

@@ -2,8 +2,8 @@
 Applying a plan: the one library step between a finished plan and the backend that runs it.
 
 Layer: ``poprun.apply``; imports its own modules (:mod:`~poprun.apply.control`,
-:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`: none imports
-this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
+:mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`, and lazily
+:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
 events to the status line and logs, and its result to an exit status
 (:mod:`poprun.cli.run`); ``poprun.render.outcome`` shows the result.
 
@@ -20,7 +20,10 @@ every path:
    whose message a failure carries. The attempts, their restarts and the run's state
    (:class:`~poprun.apply.attempts.RunState`) are :mod:`poprun.apply.attempts`'; the sink a
    backend writes to is :mod:`poprun.apply.relay`'s; the time limits, the stacks read at one and
-   the teardown gate a backend awaits after a failure are :mod:`poprun.apply.limits`'.
+   the teardown gate a backend awaits after a failure are :mod:`poprun.apply.limits`'. A run
+   with a record (or a feature that reads the instances' progress) listens for progress on a
+   channel of its own (:mod:`poprun.apply.channel`, docs/progress.md), made as the launch
+   prepares and closed at its end.
 
 Progress is reported as typed events (:mod:`poprun.core.events`) to the sink it is given,
 which also receives the instances' output, from one thread at a time: the partition step, the launch starting (with the

@@ -4,8 +4,8 @@ The attempts of one run: each launched and waited for, restarted as the plan's r
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.control`, :mod:`~poprun.apply.limits`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.recovery`, :mod:`~poprun.apply.restarts`,
 :mod:`~poprun.apply.errorfile`, :mod:`~poprun.apply.ports` (lazily: the MASTER_PORT of each attempt) and
-:mod:`~poprun.apply.members` (lazily: with a membership policy), ``poprun.backends.base``,
-``poprun.planner.plan``, ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
+:mod:`~poprun.apply.members` (lazily: with a membership policy), :mod:`~poprun.apply.channel` (types),
+``poprun.backends.base``, ``poprun.planner.plan``, ``poprun.runs.record`` and ``poprun.core``; never :func:`poprun.apply.apply`,
 which makes the attempts object and runs it.
 
 The run's state is one value, :class:`RunState`, held by :class:`Run` for the attempts object

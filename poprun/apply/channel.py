@@ -158,7 +158,11 @@ class Channel:
 
     def start(self) -> None:
         """Begin making the socket and reading it (in the channel's thread); :meth:`ready` waits for it."""
-        self._thread.start()
+        try:
+            self._thread.start()
+        except RuntimeError as exc:  # no thread can be had (a process limit): the run goes on without progress
+            self.error = OSError(11, f"no thread for the progress channel ({exc})")  # EAGAIN, as clone(2) says it
+            self._ready.set()
 
     def ready(self) -> bool:
         """Wait until the socket is made; return whether it was (else :attr:`error` says why)."""

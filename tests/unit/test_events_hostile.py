@@ -28,6 +28,7 @@ EVERY_EVENT = [
     events.Replan(attempt=1, removed=("h2",)),
     events.LimitReached(limit="stall", after_ms=1), events.StacksCollected(instances=()),
     events.MpiWithoutLauncher(index=1, library="/usr/lib/libmpi.so.40"),
+    events.InstanceProgressed(index=1, host="h2", attempt=0, step=1.5, total=None, metrics=(("x", "y"), ("z", None))),
 ]
 
 
