@@ -165,21 +165,30 @@ class Notifier:
 
     def _notify(self, kind: str, line: bytes) -> None:
         """Run the command once with ``line`` on its standard input; note how it failed, if it did."""
-        from poprun.process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
+        from poprun.process.watchdog import Watchdog, WatchdogError, forget_own, kill_adopted_carrying, starting_own
 
         mark = os.urandom(8).hex()
         env = self._env | {COMMAND: self._command, EVENT: kind, "POPRUN_RUN_ID": self._run_id, _MARK: mark}
-        try:
-            watchdog = Watchdog(env=self._env)
-        except WatchdogError as exc:
-            self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
-            return
         proc: subprocess.Popen[bytes] | None = None
-        try:
+        unstarted: OSError | None = None
+        with starting_own() as own:  # a launch's end, meanwhile, must not take them for what it left behind
+            try:
+                watchdog = Watchdog(env=self._env)
+            except WatchdogError as exc:
+                self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
+                return
+            own(watchdog.pid)
             argv = ["/bin/sh", "-c", _SCRIPT, "poprun-notify", watchdog.cgroup.path if watchdog.cgroup else ""]
             try:
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
                                         stderr=subprocess.STDOUT, process_group=watchdog.group)
+                own(proc.pid)
+            except OSError as exc:
+                unstarted = exc
+        try:
+            try:
+                if unstarted is not None or proc is None:
+                    raise unstarted or OSError(0, "no process")
                 watchdog.await_ready()
             except (OSError, WatchdogError) as exc:
                 self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
@@ -190,6 +199,7 @@ class Notifier:
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(5.0)  # killed with its group just now: reaped at once
+            forget_own(watchdog.pid, *((proc.pid,) if proc is not None else ()))
             kill_adopted_carrying(f"{_MARK}={mark}".encode(), watchdog.group, within_s=0.5)
         self._judge(kind, status, tail)
 

@@ -266,3 +266,16 @@ def test_a_stop_signal_while_poprun_waits_for_its_notifier_ends_the_wait(env, tm
     assert 3 == proc.returncode, err
     assert "the notify command for run-ended was still running when poprun ended" in err
     assert {} == marked.survivors(within_s=5)
+
+
+def test_a_notification_running_across_an_attempt_is_not_taken_for_what_the_attempt_left(env, tmp_path):
+    """A notification still running when the next attempt ends: that attempt's clean-up spares it; every line comes."""
+    # GIVEN notifications that take longer than each quick attempt (whose end kills what it left behind)
+    result = poprun(env, tmp_path, "--notify", "sleep 0.5; cat >> notes.jsonl", "--notify-on", "run-ended,attempt-ended",
+                    "--max-restarts", "3", "--restart-backoff", "0.01", "--min-uptime", "0",
+                    "sh", "-c", '[ "$POPRUN_RESTART_COUNT" = 3 ] || exit 5')
+
+    # THEN each one ran to its end
+    assert 0 == result.returncode, result.stderr
+    assert "PR467" not in result.stderr
+    assert kinds(tmp_path) == kinds_told(tmp_path / "runs")
