@@ -63,9 +63,10 @@ next does not fit, and the rest are counted in ``x``.
 Coalescing
 ----------
 
-A call sends at once when at least 0.1 s passed since the last send, or when it is the
-process's first call, or when ``step == total`` (at most once a second, so that a program
-calling ``progress(total, total)`` in a loop is no flood). Otherwise it only keeps the latest
+A call sends at once when at least 0.1 s passed since the last send (or the clock was set
+back by more than that), or when it is the process's first call, or when ``step == total``
+(at most once a second, so that a program calling ``progress(total, total)`` in a loop is no
+flood). Otherwise it only keeps the latest
 state (the next sending call, or the process's exit through ``atexit``, sends it, with ``c``
 counting every call in between). So an instance sends at most about 10 datagrams a second
 whatever it calls, and a call that does not send costs a clock read and storing one tuple
@@ -126,6 +127,7 @@ MAX_COUNT = 2**31 - 1  # i, a, c, n and x are at most this
 _MAX_INT = 2**63 - 1  # a larger step or metric goes as a float
 _MAX_EXAMINED = 512  # metrics looked at per datagram: each takes at least 6 bytes, so no more fit
 _BEAT = object()  # the step of a heartbeat
+_DUE, _FORCED, _EXIT = 0, 1, 2  # why a send: INTERVAL_S passed; step == total; the process exits
 
 
 def progress(step: object, total: object = None, *, step_time: object = None, **metrics: object) -> None:
@@ -152,10 +154,11 @@ def progress(step: object, total: object = None, *, step_time: object = None, **
     try:
         now = _time()
         sender.pending = (next(sender.calls), now, step, total, step_time, metrics)
-        since = now - sender.last
-        if 0 <= since < INTERVAL_S and (total is None or now - sender.forced < FINAL_INTERVAL_S or step != total):
+        if -INTERVAL_S < now - sender.last < INTERVAL_S:
+            if total is not None and not -FINAL_INTERVAL_S < now - sender.forced < FINAL_INTERVAL_S and step == total:
+                sender.flush(now, _FORCED)
             return
-        sender.flush(now, forced=0 <= since < INTERVAL_S)
+        sender.flush(now, _DUE)
     except Exception:  # noqa: BLE001, S110 - popdist never fails the program: a call that went wrong is dropped
         pass
 
@@ -184,9 +187,8 @@ def _beat(sender: _Sender, now: float) -> None:
         sender.pending = (calls, *pending[1:])  # the progress waiting stays; this call counts
     else:
         sender.pending = (calls, now, _BEAT, None, None, None)
-    since = now - sender.last
-    if not 0 <= since < INTERVAL_S:
-        sender.flush(now)
+    if not -INTERVAL_S < now - sender.last < INTERVAL_S:
+        sender.flush(now, _DUE)
 
 
 def report(step: int, total: int | None, **metrics: object) -> None:
@@ -205,9 +207,10 @@ def report(step: int, total: int | None, **metrics: object) -> None:
     try:
         now = _time()
         sender.pending = (next(sender.calls), now, step, total, None, metrics)
-        since = now - sender.last
-        if not 0 <= since < INTERVAL_S or (step == total and now - sender.forced >= FINAL_INTERVAL_S):
-            sender.flush(now, forced=0 <= since < INTERVAL_S)
+        if not -INTERVAL_S < now - sender.last < INTERVAL_S:
+            sender.flush(now, _DUE)
+        elif not -FINAL_INTERVAL_S < now - sender.forced < FINAL_INTERVAL_S and step == total:
+            sender.flush(now, _FORCED)
     except Exception:  # noqa: BLE001, S110 - as in progress()
         pass
 
@@ -239,18 +242,28 @@ class _Sender:
         self.sock: socket | None = None
         self.identity = (0, 0)  # (st_dev, st_ino) of the socket's descriptor
 
-    def flush(self, now: float, *, forced: bool = False) -> None:
-        """Send the pending state unless it was sent, another thread is sending, or the address is not known yet."""
+    def flush(self, now: float, why: int) -> None:
+        """
+        Send the pending state ``why`` (:data:`_DUE`, :data:`_FORCED`, :data:`_EXIT`), unless it is not due after all.
+
+        Not due: it was sent; another thread is sending; since a send of that kind less than its
+        interval passed (checked again under the lock: threads race to the same send); the
+        address is still being resolved (then the state waits for the next call).
+        """
         if not self.lock.acquire(False):  # noqa: FBT003 - never wait: a signal handler may be interrupting the holder
             return
         try:
-            self.last = now
+            if why == _DUE and -INTERVAL_S < now - self.last < INTERVAL_S:
+                return
+            if why == _FORCED and -FINAL_INTERVAL_S < now - self.forced < FINAL_INTERVAL_S:
+                return
             state = self.pending
             if state is None or state[0] <= self.sent or self.address is None:
                 return
-            calls, self.sent = state[0] - self.sent, state[0]
-            if forced:
+            self.last = now
+            if why == _FORCED:
                 self.forced = now
+            calls, self.sent = state[0] - self.sent, state[0]
             self._send(datagram(self.head, self.index, self.attempt, state, calls))
         except Exception:  # noqa: BLE001, S110 - the datagram is dropped; the next send tries again
             pass
@@ -324,6 +337,8 @@ def datagram(head: bytes, index: int, attempt: int, state: State, calls: int) ->
         fields.append(',"k":"h"')
     else:
         whole = _number(total) if total is not None else None
+        if type(whole) is float and whole.is_integer():
+            whole = int(whole)
         n = whole if type(whole) is int and 0 <= whole <= MAX_COUNT else None
         fields.append(f',"k":"p","s":{number!r},"n":{"null" if n is None else n}')
     fields.append(f',"t":{float(when)!r},"c":{min(calls, MAX_COUNT)}')
@@ -375,14 +390,23 @@ def _metric(value: object, quoted: Callable[[str], str]) -> str:
             float(value)  # type: ignore[arg-type] # a number after all: NaN, an infinity
         except OverflowError:
             return "null"  # an int too large for a float
-        except Exception:  # noqa: BLE001, S110 - not a number: shown as text
-            pass
+        except Exception:  # noqa: BLE001 - not a float: a signalling NaN (Decimal's), or not a number
+            if _is_nan(value):
+                return "null"
         else:
             return "null"
     try:
         return quoted(str(value)[:MAX_TEXT])
     except Exception:  # noqa: BLE001 - neither a number nor printable
         return "null"
+
+
+def _is_nan(value: object) -> bool:
+    """Return whether ``value`` says it is a NaN (``Decimal("sNaN")``, which ``float()`` refuses)."""
+    try:
+        return value.is_nan() is True  # type: ignore[attr-defined] # Decimal's, or whatever says so
+    except Exception:  # noqa: BLE001 - no such method, or a hostile one
+        return False
 
 
 def _number(value: object) -> int | float | None:
@@ -421,6 +445,11 @@ def _start() -> _Sender | Literal[False]:
         sender: _Sender | Literal[False] = _configure(os.environ)
     except Exception:  # noqa: BLE001 - an environment we cannot read is no progress
         sender = False
+    current = _SENDER  # from here to the store, no call: no other thread, no signal handler runs between
+    if current is not None:  # another thread (or a signal handler) made one first: the process keeps that one
+        if sender:
+            sender.release()
+        return current
     _SENDER = sender
     return sender
 
@@ -473,7 +502,7 @@ def _at_exit() -> None:
     """Send the state still waiting, then close the socket (if its descriptor is still ours)."""
     sender = _SENDER
     if sender:
-        sender.flush(_time())
+        sender.flush(_time(), _EXIT)
         sender.release()
 
 

@@ -3,7 +3,9 @@ Applying a plan: the one library step between a finished plan and the backend th
 
 Layer: ``poprun.apply``; imports its own modules (:mod:`~poprun.apply.control`,
 :mod:`~poprun.apply.relay`, :mod:`~poprun.apply.attempts`, :mod:`~poprun.apply.limits`, and lazily
-:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and ``poprun.partitions`` (lazily), ``poprun.planner.plan`` and ``poprun.core``. It never prints and never exits: the CLI maps its
+:mod:`~poprun.apply.channel` and :mod:`~poprun.apply.progress`: none imports this one), ``poprun.backends`` and
+``poprun.partitions`` (lazily), ``poprun.planner.plan`` (and ``poprun.planner.address``, lazily: a listening run's
+ssh configuration) and ``poprun.core``. It never prints and never exits: the CLI maps its
 events to the status line and logs, and its result to an exit status
 (:mod:`poprun.cli.run`); ``poprun.render.outcome`` shows the result.
 
@@ -102,7 +104,7 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
-    channel = _channel(plan, relay, record) if _listens(plan, record) else None  # its socket is made meanwhile
+    channel = _channel(plan, relay, record, environ) if _listens(plan, record) else None  # made meanwhile
     _watched(observers, channel)
     from poprun.apply.ports import master_port
 
@@ -169,14 +171,24 @@ def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:
                 or getattr(observe, "notify", ""))
 
 
-def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None) -> Channel:
-    """Return the run's progress channel, its socket being made in its own thread (docs/progress.md)."""
+def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None, environ: Mapping[str, str]) -> Channel:
+    """
+    Return the run's progress channel, its socket being made in its own thread (docs/progress.md).
+
+    With the ssh backend, the channel's thread looks (a second into the run) for hosts that ssh
+    reaches through a jump host, whose progress cannot reach poprun (PR449).
+    """
     from poprun.apply.channel import Channel, here
     from poprun.apply.progress import Board
+    from poprun.planner.address import ssh_proxy
 
     board = Board(tuple(i.host for i in plan.instances))
-    channel = Channel(board, remote=not all(here(plan)), emit=relay.event,
-                      write=record.write_progress if record is not None else None)
+    local = here(plan)
+    proxied = dict.fromkeys(i.host for i, at in zip(plan.instances, local, strict=True) if not at)
+    ssh = plan.backend.traits.own_ssh_sessions()  # its hosts' SSH_CONNECTION is where their progress goes
+    channel = Channel(board, remote=not all(local), emit=relay.event,
+                      write=record.write_progress if record is not None else None,
+                      proxy=lambda host: ssh_proxy(host, environ), proxied=tuple(proxied) if ssh else ())
     channel.start()
     return channel
 
@@ -199,7 +211,11 @@ def _heard(channel: Channel | None, record: RunRecord | None) -> tuple[Diagnosti
         record.progress = channel.report()
     if channel.error is not None:
         return (unopened(channel.error),)
-    return (forged(channel.forged, channel.received),) if channel.forged else ()
+    from poprun.apply.channel import jumped
+
+    unreachable = channel.unreachable()
+    return ((forged(channel.forged, channel.received),) if channel.forged else ()) + (
+        (jumped(unreachable),) if unreachable else ())
 
 
 def _unstarted(exc: Stopped | KeyError | DiagnosticError, control: Control) -> ApplyResult:

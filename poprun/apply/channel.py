@@ -2,8 +2,9 @@
 The progress channel's receiving end: a UDP socket and the thread that reads it into the run's :class:`~poprun.apply.progress.Board`.
 
 Layer: ``poprun.apply``; imports :mod:`poprun.apply.progress`, :mod:`poprun.core.progress`,
-:mod:`poprun.core.events` and the standard library (``socket``, ``select``, ``hmac`` and ``json`` in
-its own thread, never on the launch path); never the relay, the attempts or
+:mod:`poprun.core.events`, ``popdist.env``'s names and the standard library (``_socket``, ``select``, ``hmac``
+and ``json`` in its own thread, never on the launch path; ``ctypes`` and ``struct`` once strangers send to it,
+``poprun.core.diagnostic`` when it warns); never the relay, the attempts or
 :func:`~poprun.apply.apply`, which hand it what it needs (``emit``, ``write``). Imported only by a
 run that listens (a run record, or a feature that reads the board; docs/progress.md).
 
@@ -16,10 +17,11 @@ instance's ``POPRUN_PROGRESS`` and the run's ``POPRUN_PROGRESS_TOKEN`` (:func:`a
 The thread reads in batches; every datagram costs a bounded amount (at most 1,400 bytes are
 looked at, a forged one only up to its token), and the thread keeps its own CPU time under
 :data:`BUDGET` of the wall clock: past it, it sleeps to the end of the period while the kernel
-drops what does not fit the socket's buffer. So a flood of forged datagrams costs poprun at
-most that share of one core, and the run's own datagrams still arrive among them. What is
-dropped (forged, malformed, stale, an index beyond the plan) is counted, and told once at the
-end (PR448).
+drops what does not fit the socket's buffer. After :data:`FILTER_AFTER` datagrams of strangers
+the socket gets a filter (classic BPF) that drops every datagram without the run's token in the
+kernel, before it is queued: a flood then costs poprun nothing and crowds out none of the run's
+own. What is dropped here (forged, malformed, stale, an index beyond the plan) is counted, and
+the strangers' told once at the end (PR448).
 
 About once a second (:data:`TICK_S`) it tells an ``instance-progress`` event for each instance
 heard from since its last (its latest state: at most one a second per instance) and hands
@@ -37,7 +39,7 @@ import time
 from popdist import env as names
 from poprun.apply.progress import Board, StepSummary
 from poprun.core.events import InstanceProgressed
-from poprun.core.progress import MAX_DATAGRAM, InstanceProgress, parse
+from poprun.core.progress import MAGIC, MAX_DATAGRAM, InstanceProgress, parse
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -48,7 +50,7 @@ if TYPE_CHECKING:
     from poprun.core.events import Event
     from poprun.planner.plan import LaunchPlan
 
-__all__ = ["BUDGET", "TICK_S", "Channel", "addresses", "forged", "here", "progress_data", "unopened"]
+__all__ = ["BUDGET", "TICK_S", "Channel", "addresses", "forged", "here", "jumped", "progress_data", "unopened"]
 
 TICK_S = 1.0  # events and progress.json at most this often
 BUDGET = 0.1  # the share of one core the reading thread may take (over each PERIOD_S)
@@ -56,6 +58,9 @@ PERIOD_S = 0.1
 BATCH = 256  # datagrams read before the budget and the clock are looked at again
 RECEIVE_BUFFER = 4 << 20  # bytes asked of the kernel for the socket's buffer (bursts of many instances)
 READY_S = 5.0  # the longest the launch waits for the socket to be made
+_NAMED = 4  # hosts a warning names (then: and N more)
+FILTER_AFTER = 64  # datagrams of strangers after which the socket gets a filter that drops theirs in the kernel
+PROXIES = 256  # hosts whose ssh configuration is read for a jump host (ssh -G each), the first of the plan
 _LOOPBACK = "127.0.0.1"
 
 
@@ -104,6 +109,10 @@ def event_of(progress: InstanceProgress) -> InstanceProgressed:
                               metrics=progress.metrics)
 
 
+def _untold(_event: Event) -> None:
+    """Tell nothing: what the channel's thread tells once its sink raised."""
+
+
 def _joined(*variables: Mapping[int, Mapping[str, str]]) -> dict[int, dict[str, str]]:
     """Return the variables of each instance, from all of ``variables`` (later ones win)."""
     joined: dict[int, dict[str, str]] = {}
@@ -136,14 +145,19 @@ class Channel:
     """
 
     def __init__(self, board: Board, *, remote: bool, emit: Callable[[Event], None],
-                 write: Callable[[Mapping[str, object]], None] | None = None) -> None:
+                 write: Callable[[Mapping[str, object]], None] | None = None,
+                 proxy: Callable[[str], str | None] | None = None, proxied: Sequence[str] = ()) -> None:
         self.board, self._remote, self._emit, self._write = board, remote, emit, write
+        self._proxy, self._proxied = proxy, tuple(proxied)[:PROXIES]
+        self.proxied: dict[str, str] = {}  # host -> how ssh reaches it through another (ProxyJump, ProxyCommand): PR449
+        self.hosts_heard: set[str] = set()  # the hosts of the instances heard from
         self.token = os.urandom(16).hex()
         self.port = 0
         self.error: OSError | None = None  # why the socket could not be made (the run goes on without progress)
         self.forged = 0  # datagrams dropped as not the run's: another token, malformed (PR448)
         self.dropped = 0  # the run's datagrams dropped: an older attempt's, an index beyond the plan
         self.received = 0  # datagrams kept
+        self.filtered = False  # the kernel drops datagrams without the token (a filter on the socket, after strangers)
         self._socket: _socket.socket | None = None
         self._wake: tuple[int, int] | None = None  # a pipe that wakes the thread to end
         self._ready = threading.Event()
@@ -211,7 +225,7 @@ class Channel:
     def report(self) -> dict[str, object]:
         """Return report.json's ``progress``: each instance's summary of the last attempt, and the datagrams counted."""
         return {"instances": summary_data(self.board.summaries()), "received": self.received,
-                "dropped": self.dropped, "forged": self.forged}
+                "dropped": self.dropped, "forged": self.forged, "filtered": self.filtered}
 
     def close(self) -> None:
         """Stop the thread (woken at once) and close the socket (idempotent)."""
@@ -256,6 +270,7 @@ class Channel:
             if now - ticked >= TICK_S:
                 ticked = now
                 self._tick()
+                self._look_for_proxies()
             try:
                 readable, _, _ = select.select([sock.fileno(), wake[0]], [], [], min(TICK_S, 0.25))
             except (OSError, ValueError):  # closed meanwhile
@@ -279,14 +294,37 @@ class Channel:
             update = parse(datagram, token)
             if update is None:
                 self.forged += 1
+                if self.forged == FILTER_AFTER:  # strangers: the kernel drops theirs from now on
+                    self.filtered = _filter(sock, token)
             elif self.board.feed(update, now):
                 self.received += 1
             else:
                 self.dropped += 1
 
+    def _look_for_proxies(self) -> None:
+        """Find the hosts ssh reaches through another (once, a second into the run: never during its start)."""
+        hosts, self._proxied = self._proxied, ()
+        for host in hosts:
+            if self._closing.is_set() or self._proxy is None:
+                return
+            how = self._proxy(host)
+            if how is not None:
+                self.proxied[host] = how
+
     def _heard(self, progress: InstanceProgress) -> None:
         """Keep the instance's latest state until the next tick tells it (the board's listener)."""
         self._changed[progress.index] = progress
+        self.hosts_heard.add(progress.host)
+
+    def unreachable(self) -> dict[str, str]:
+        """
+        Return the hosts ssh reaches through another whose instances were never heard, while others' were (for PR449).
+
+        Nothing when no instance was heard at all: a program that reports no progress loses none.
+        """
+        if not self.received:
+            return {}
+        return {host: how for host, how in self.proxied.items() if host not in self.hosts_heard}
 
     def _tick(self) -> None:
         """Tell the instances heard from since their last event (one each), and write progress.json."""
@@ -297,8 +335,11 @@ class Channel:
                 del self._changed[progress.index]
                 self._told[progress.index] = now
             snapshot = self.board.snapshot() if due else ()
-        for progress in due:
-            self._emit(event_of(progress))
+        try:
+            for progress in due:
+                self._emit(event_of(progress))
+        except Exception:  # noqa: BLE001 - a sink that raised: the main thread meets it at its own next event
+            self._emit = _untold
         if due:
             self._keep(snapshot)
 
@@ -356,6 +397,39 @@ def _probe(sock: _socket.socket, port: int) -> None:
         sock.recv(1)  # loopback delivers within sendto: it never counts as a datagram of a stranger
 
 
+def _filter(sock: _socket.socket, token: bytes) -> bool:
+    """
+    Attach a socket filter that keeps only datagrams beginning ``PRP1 TOKEN``; return whether the kernel took it.
+
+    A classic BPF program (``SO_ATTACH_FILTER``), run by the kernel on each datagram before it is
+    queued: a stranger's datagram then costs poprun nothing and takes no room in the socket's
+    buffer, so a flood neither burns poprun's time nor crowds out the run's own. The program
+    compares the datagram's first 37 bytes (after the 8 bytes of UDP header the filter sees) with
+    ``PRP1 `` and the token, and the parser still checks every datagram it keeps.
+    """
+    import ctypes
+    import struct
+
+    wanted = MAGIC + token
+    words = [(8 + at, int.from_bytes(wanted[at:at + 4], "big")) for at in range(0, len(wanted) - 3, 4)]
+    program: list[tuple[int, int, int, int]] = []
+    drop = 2 * len(words) + 3  # the index of the last instruction, from the first
+    for at, value in words:
+        program += [(_BPF_LD_W_ABS, 0, 0, at), (_BPF_JEQ_K, 0, drop - len(program) - 2, value)]
+    program += [(_BPF_LD_B_ABS, 0, 0, 8 + len(wanted) - 1), (_BPF_JEQ_K, 0, 1, wanted[-1])]
+    program += [(_BPF_RET_K, 0, 0, 0xFFFFFFFF), (_BPF_RET_K, 0, 0, 0)]
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *each) for each in program))
+    try:
+        sock.setsockopt(_SOL_SOCKET, _SO_ATTACH_FILTER, struct.pack("HL", len(program), ctypes.addressof(code)))
+    except OSError:
+        return False
+    return True
+
+
+_SOL_SOCKET, _SO_ATTACH_FILTER = 1, 26  # Linux
+_BPF_LD_W_ABS, _BPF_LD_B_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x30, 0x15, 0x06
+
+
 def _setup(sock: _socket.socket) -> None:
     import _socket as socket  # see _open
 
@@ -390,3 +464,19 @@ def forged(count: int, received: int) -> Diagnostic:
                    span=SourceSpan.environment("progress channel"),
                    hint="another program sends to the port, or an instance runs a popdist of another version "
                         "than poprun's; docs/progress.md")
+
+
+def jumped(proxied: Mapping[str, str]) -> Diagnostic:
+    """Return PR449: the instances on hosts that ssh reaches through another host send their progress where poprun is not."""
+    from poprun.core.diagnostic import warning
+    from poprun.core.span import SourceSpan
+
+    shown = sorted(proxied.items())
+    named = ", ".join(f"{host} ({how})" for host, how in shown[:_NAMED]) + (
+        f" and {len(shown) - _NAMED} more" if len(shown) > _NAMED else "")
+    return warning("PR449", "progress cannot reach poprun from hosts reached through a jump host",
+                   detail=f"ssh reaches {named} through another host, and none of their instances was heard while "
+                          "others were: their SSH_CONNECTION names that host, not poprun, so their progress went there",
+                   span=SourceSpan.environment("ssh configuration"),
+                   hint="run poprun on a machine that reaches the hosts directly, or use --backend mpirun (its "
+                        "instances send their progress to the address that reached poprun); docs/progress.md")

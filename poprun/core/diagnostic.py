@@ -172,6 +172,7 @@ CODES: dict[str, str] = {
     "PR446": "health check could not reach a host",
     "PR447": "progress channel could not be opened",
     "PR448": "progress datagrams that were not the run's were dropped",
+    "PR449": "progress cannot reach poprun from hosts reached through a jump host",
     "PR450": "this backend cannot restart one instance",
     "PR460": "backend plugin could not be made",
     "PR461": "backend plugin failed to launch",

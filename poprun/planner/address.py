@@ -30,22 +30,42 @@ def ssh_hostname(name: str, environ: Mapping[str, str]) -> str | None:
     with ``CanonicalizeHostname`` or ``Match exec`` does more); ``-F $POPRUN_SSH_CONFIG`` when set,
     as the ssh backend runs it. None when ssh is missing or fails.
     """
+    return _ssh_settings(name, environ).get("hostname") or None
+
+
+def ssh_proxy(name: str, environ: Mapping[str, str]) -> str | None:
+    """
+    Return how ssh reaches ``name`` through another host (``ProxyJump J``, ``ProxyCommand C``), or None when directly.
+
+    Read as :func:`ssh_hostname` reads ``HostName``; None too when ssh is missing or fails.
+    """
+    settings = _ssh_settings(name, environ)
+    for key, shown in (("proxyjump", "ProxyJump"), ("proxycommand", "ProxyCommand")):
+        value = settings.get(key, "")
+        if value and value.lower() != "none":
+            return f"{shown} {value}"
+    return None
+
+
+def _ssh_settings(name: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """Return ``ssh -G NAME``'s settings (lower-case key to value; the first of a repeated key), {} when it fails."""
     import subprocess
 
     config = environ.get(SSH_CONFIG)
-    command = ["ssh", *(["-F", config] if config else []), "-G", name]
+    command = ["ssh", *(["-F", config] if config else []), "-G", "--", name]
     try:
         done = subprocess.run(command, capture_output=True, text=True, timeout=5, check=False,  # noqa: S603
                               stdin=subprocess.DEVNULL, errors="replace")
     except (OSError, subprocess.TimeoutExpired):
-        return None
+        return {}
     if done.returncode != 0:
-        return None
+        return {}
+    settings: dict[str, str] = {}
     for line in done.stdout.splitlines():
         key, _, value = line.partition(" ")
-        if key == "hostname" and value.strip():
-            return value.strip()
-    return None
+        if value.strip():
+            settings.setdefault(key.lower(), value.strip())
+    return settings
 
 
 def slurm_node_address(name: str, environ: Mapping[str, str]) -> str | None:

@@ -57,6 +57,10 @@ class Traits:
         """Return whether the backend may start instances through ssh (ssh, and mpirun's rsh agent)."""
         return self.reaches in ("ssh", "mpirun")
 
+    def own_ssh_sessions(self) -> bool:
+        """Return whether poprun's own ssh sessions start the instances (the ssh backend; not mpirun's rsh agent)."""
+        return self.reaches == "ssh"
+
     def follows_allocation(self) -> bool:
         """Return whether the backend starts instances through a Slurm allocation's srun when in one."""
         return self.reaches in ("srun", "mpirun")

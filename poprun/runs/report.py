@@ -35,7 +35,7 @@ def report_data(record: RunRecord, result: ApplyResult, status: int) -> dict[str
     run went on, and the end's) later: older reports lack them; an attempt's ``hosts`` and ``replan``, why they
     changed, with a membership policy only). ``progress`` when the run listened for progress (docs/progress.md):
     ``{"instances": [{index, host, attempt, steps, calls, last_step, total, step_time_ms: {min, median, p90, max},
-    straggler_ratio}], "received": N, "dropped": N, "forged": N}``.
+    straggler_ratio}], "received": N, "dropped": N, "forged": N, "filtered": B}``.
     """
     error = result.error
     return {

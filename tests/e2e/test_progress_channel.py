@@ -21,6 +21,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from poprun.apply.channel import FILTER_AFTER
 from tests.e2e.progress_helpers import (
     PROGRAM,
     PY,
@@ -63,6 +64,8 @@ def test_local_instances_report_progress_into_events_report_and_schema(tmp_path:
     shown = poprun(environ(tmp_path / "runs"), "report", "last", cwd=tmp_path).stdout
     assert re.search(r"instance 1 on localhost: step (49|50)/50, \d+ steps in \d+ calls, step time min [\d.]+ / "
                      r"median [\d.]+ / p90 [\d.]+ / max [\d.]+ ms", shown), shown
+    assert 0o600 == (run / "progress.json").stat().st_mode & 0o777  # written as the record's other files are
+    assert not [p.name for p in run.iterdir() if p.name.startswith(".progress.json")]  # whole, renamed into place
     plan = (run / "plan.json").read_text()
     assert "POPRUN_PROGRESS_TOKEN" not in plan  # the token is kept out of the record (docs/progress.md)
     assert re.search(r'"POPRUN_PROGRESS": "127\.0\.0\.1:\d+"', plan), plan
@@ -254,10 +257,9 @@ def test_a_flood_of_forged_datagrams_neither_starves_the_run_nor_burns_poprun(tm
     assert 0 == proc.returncode, err
     run = only_run(runs)
     progress = json.loads((run / "report.json").read_text())["progress"]
-    assert progress["forged"] > 1000, progress  # the flood reached the port
-    assert {0, 1} == set(last_progress(run)), "the run's own progress never arrived"
-    assert max(e["step"] for e in last_progress(run).values()) >= TOTAL // 2
-    assert burnt / took < 0.6, (burnt, took)
+    assert (True, True) == (progress["forged"] >= FILTER_AFTER, progress["filtered"]), progress  # the flood came
+    assert {0: TOTAL - 1, 1: TOTAL - 1} == {i: e["step"] for i, e in last_progress(run).items()}  # the run's all came
+    assert burnt / took < 0.6, (burnt, took)  # a share of one core: by design 0.1 at most, none once filtered
 
 
 def test_progress_arrives_from_an_ipv6_only_sender_on_a_remote_style_socket(tmp_path: Path) -> None:
@@ -284,3 +286,17 @@ def test_progress_arrives_from_an_ipv6_only_sender_on_a_remote_style_socket(tmp_
 
     assert (2, 0) == (channel.received, channel.forged)
     assert [(0, 4.0, 8)] == [(p.index, p.step, p.total) for p in board.snapshot()]
+
+
+def test_verbose_tells_the_runs_progress_and_logs_stay_the_instances_output(tmp_path: Path) -> None:
+    """-v: an [I] Progress line naming the step, total, ETA and slowest instance; poprun logs holds only what instances printed."""
+    (tmp_path / "prog.py").write_text(PROGRAM)
+    env = environ(tmp_path / "runs")
+
+    done = poprun(env, "-v", *TWO, PY, "prog.py", "0.05", cwd=tmp_path)
+
+    assert 0 == done.returncode, done.stderr
+    assert re.search(r"\[I\] Progress: step \d+/50, ETA \d+ s \(slowest: instance [01] on localhost\)", done.stderr), \
+        done.stderr
+    logs = poprun(env, "logs", "last", cwd=tmp_path)
+    assert ["0 " + socket.gethostname(), "1 " + socket.gethostname()] == sorted(logs.stdout.splitlines()), logs.stderr

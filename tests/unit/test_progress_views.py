@@ -160,3 +160,72 @@ def test_a_fifo_a_link_or_a_huge_progress_json_shows_nothing_and_never_blocks(tm
     with (tmp_path / "progress.json").open("w") as file:
         file.truncate(5 << 20)
     assert (None, None, None) == read_progress(str(tmp_path))
+
+
+def test_a_sink_that_raises_silences_the_channels_events_not_its_reading() -> None:
+    """The channel's thread tells events through the relay; one that raises stops the telling, never the thread."""
+    import socket
+    import time
+
+    from poprun.apply.channel import Channel
+    from poprun.apply.progress import Board
+
+    told: list[object] = []
+
+    def emit(event: object) -> None:
+        told.append(event)
+        raise BrokenPipeError
+
+    channel = Channel(Board(("h1", "h2")), remote=False, emit=emit)  # type: ignore[arg-type]
+    channel.start()
+    try:
+        assert channel.ready(), channel.error
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for index in (0, 1):
+                body = json.dumps({"i": index, "a": 0, "k": "p", "s": 1, "n": 2, "t": 1.0, "c": 1}).encode()
+                sender.sendto(b"PRP1 " + channel.token.encode() + b" " + body, ("127.0.0.1", channel.port))
+                deadline = time.monotonic() + 10
+                while channel.received <= index and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                time.sleep(1.2)  # a tick: the first event is told (and raises), the second is not
+    finally:
+        channel.close()
+
+    assert (2, 1) == (channel.received, len(told))
+
+
+@pytest.mark.parametrize("remote", [False, True], ids=["loopback", "dual-stack"])
+def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs(remote: bool) -> None:
+    """64 datagrams without the token: a socket filter drops the rest in the kernel; the run's own (and only those) still come."""
+    import socket
+    import time
+
+    from poprun.apply.channel import FILTER_AFTER, Channel
+    from poprun.apply.progress import Board
+
+    channel = Channel(Board(), remote=remote, emit=lambda _event: None)
+    channel.start()
+    body = json.dumps({"i": 0, "a": 0, "k": "p", "s": 1, "n": 2, "t": 1.0, "c": 1}).encode()
+    near = channel.token[:-1] + ("0" if channel.token[-1] != "0" else "1")  # all but its last character
+
+    def wait(condition: object) -> None:
+        deadline = time.monotonic() + 10
+        while not condition() and time.monotonic() < deadline:  # type: ignore[operator]
+            time.sleep(0.02)
+
+    try:
+        assert channel.ready(), channel.error
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sender:
+            for _ in range(FILTER_AFTER):
+                sender.sendto(b"PRP1 " + b"0" * 32 + b" " + body, ("127.0.0.1", channel.port))
+            wait(lambda: channel.filtered)
+            for stranger in (b"PRP1 " + near.encode() + b" " + body, b"PRP2 " + channel.token.encode() + b" " + body,
+                             b"", b"PRP1 "):
+                sender.sendto(stranger, ("127.0.0.1", channel.port))
+            sender.sendto(b"PRP1 " + channel.token.encode() + b" " + body, ("127.0.0.1", channel.port))
+            wait(lambda: channel.received)
+            time.sleep(0.3)
+    finally:
+        channel.close()
+
+    assert (True, FILTER_AFTER, 1) == (channel.filtered, channel.forged, channel.received)

@@ -29,6 +29,7 @@ from tests.e2e.progress_helpers import (
     only_run,
     ps_shows_progress,
 )
+from tests.golden.harness import assert_golden
 from tests.testhosts import TestHosts
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
@@ -91,3 +92,25 @@ def test_ps_shows_the_step_and_eta_of_a_run_on_the_hosts(test_hosts: TestHosts, 
     assert 0 == proc.returncode, err
     assert {0, 1, 2, 3} == set(last_progress(only_run(runs)))
     assert TOTAL == 50
+
+
+GOLDEN = Path(__file__).parent / "golden"
+
+
+def test_a_host_reached_through_a_jump_host_is_named_once_for_its_lost_progress(test_hosts: TestHosts,
+                                                                               tmp_path: Path) -> None:
+    """ssh_config's ProxyJump h1 for h2: h2's SSH_CONNECTION names h1, its progress is lost, and PR449 says so once."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host h2\n  ProxyJump h1\n" + test_hosts.ssh_config.read_text())
+    runs = tmp_path / "runs"
+
+    done = poprun(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2", PY, "-c", PROGRAM,
+                  cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_SSH_CONFIG": str(config)}, timeout=150)
+
+    assert 0 == done.returncode, done.stderr
+    assert ["0 h1", "1 h2"] == sorted(done.stdout.splitlines())
+    assert [0] == sorted(last_progress(only_run(runs)))  # h1's instance is heard; h2's went to h1
+    assert_golden(GOLDEN / "PR449_a_host_reached_through_a_jump_host", f"{done.stderr}exit {done.returncode}\n")
+    quiet = poprun(test_hosts, "--host", "h1,h2", "--num-instances", "2", "--num-replicas", "2", PY, "-c", "pass",
+                   cwd=tmp_path, env={"POPRUN_RUNS_DIR": str(runs), "POPRUN_SSH_CONFIG": str(config)}, timeout=150)
+    assert (0, "") == (quiet.returncode, quiet.stderr)  # a program that reports no progress loses none: no warning
