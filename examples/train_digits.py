@@ -86,6 +86,7 @@ def train(model: nn.Module, data: TensorDataset, args: argparse.Namespace) -> tu
     loader = pdt.data_loader(data, batch_size=args.global_batch_size // replicas, seed=args.seed)
     optimizer = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=args.momentum)
     loss, step, start = torch.zeros(()), 0, time.perf_counter()
+    popdist.progress(step, args.steps)  # the run's own steps from the start (the loader's per-epoch count then only beats)
     while step < args.steps:
         for features, labels in loader:
             optimizer.zero_grad()

@@ -98,6 +98,7 @@ def train(args: argparse.Namespace) -> tuple[nn.Module, int, float]:
     sampler, per_epoch = loader.sampler, len(loader)
     crasher = 1 if popdist.getNumInstances() > 1 else 0
     loss = torch.zeros(())
+    popdist.progress(step, args.steps)  # where this attempt starts: 0, or the checkpoint's step
     while step < args.steps:
         sampler.set_epoch(step // per_epoch)  # type: ignore[attr-defined]
         skip = step % per_epoch

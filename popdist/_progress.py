@@ -55,8 +55,8 @@ NumPy scalars, a one-element tensor: a GPU tensor synchronises then, at most ten
 second, not at every step). A step that cannot be made a finite number (NaN, infinity, an
 object whose ``__float__`` raises, a string) turns that datagram into a heartbeat (``"k":"h"``,
 its metrics kept): the instance is alive, its step unknown. A metric value that is not a number
-is its ``str()`` cut to 64 characters, or null when even that raises; NaN and infinities are
-null. Keys are cut to 64 characters (``**metrics`` keys are always strings: Python refuses any
+is its ``str()`` cut to 64 characters (a list, tuple, dict or set: ``<list of N>``; bytes: their
+first 64), or null when even that raises; NaN and infinities are null. Keys are cut to 64 characters (``**metrics`` keys are always strings: Python refuses any
 other keyword at the call, before popdist runs); metrics are taken in the order given until the
 next does not fit, and the rest are counted in ``x``.
 
@@ -362,7 +362,7 @@ def _metrics(metrics: Mapping[Any, object], room: int) -> tuple[list[str], int]:
         if examined == _MAX_EXAMINED:
             break
         try:
-            name = (str.__str__(key) if isinstance(key, str) else str(key))[:MAX_TEXT]
+            name = _text(key)
             if name in keys:
                 continue
             member = f"{quoted(name)}:{_metric(value, quoted)}"
@@ -381,7 +381,7 @@ def _metric(value: object, quoted: Callable[[str], str]) -> str:
     if value is None:
         return "null"
     if isinstance(value, str):
-        return quoted(str.__str__(value)[:MAX_TEXT])
+        return quoted(_text(value))
     number = _number(value)
     if number is not None:
         return repr(number)
@@ -396,9 +396,26 @@ def _metric(value: object, quoted: Callable[[str], str]) -> str:
         else:
             return "null"
     try:
-        return quoted(str(value)[:MAX_TEXT])
+        return quoted(_text(value))
     except Exception:  # noqa: BLE001 - neither a number nor printable
         return "null"
+
+
+def _text(value: object) -> str:
+    """
+    Return ``value`` as text of at most :data:`MAX_TEXT` characters, at a cost that does not grow with it.
+
+    A string (a subclass's own methods never called) or bytes: their first characters; a
+    container: its type and length (``<list of 3>``: ``str()`` of a million items would take
+    long); anything else: its ``str()``, cut.
+    """
+    if isinstance(value, str):
+        return str.__getitem__(value, slice(0, MAX_TEXT))
+    if isinstance(value, bytes | bytearray | memoryview):
+        return str(bytes(value[:MAX_TEXT]))[:MAX_TEXT]
+    if isinstance(value, list | tuple | dict | set | frozenset):
+        return f"<{type(value).__name__} of {len(value)}>"
+    return str(value)[:MAX_TEXT]
 
 
 def _is_nan(value: object) -> bool:
@@ -439,14 +456,24 @@ def _number(value: object) -> int | float | None:
 
 
 def _start() -> _Sender | Literal[False]:
-    """Make this process's sender from its environment (once); False, progress off, when there is none."""
-    global _SENDER  # noqa: PLW0603 - once per process (and again in a forked child)
+    """
+    Make this process's sender from its environment (once); False, progress off, when there is none.
+
+    A call that comes while another is making it (another thread, or a signal handler
+    interrupting the code that was making it) is dropped, rather than making a second sender.
+    """
+    global _SENDER, _STARTING  # noqa: PLW0603 - once per process (and again in a forked child)
+    if _STARTING:  # from this test to the store below, no call: no other thread, no signal handler runs between
+        return False
+    _STARTING = True
     try:
         sender: _Sender | Literal[False] = _configure(os.environ)
     except Exception:  # noqa: BLE001 - an environment we cannot read is no progress
         sender = False
-    current = _SENDER  # from here to the store, no call: no other thread, no signal handler runs between
-    if current is not None:  # another thread (or a signal handler) made one first: the process keeps that one
+    finally:
+        _STARTING = False
+    current = _SENDER  # as above: nothing runs between this read and the store
+    if current is not None:  # made meanwhile after all (a thread that passed the test above with this one)
         if sender:
             sender.release()
         return current
@@ -463,6 +490,9 @@ def _configure(env: Mapping[str, str]) -> _Sender | Literal[False]:
     index, attempt = _contract.instance_index(env), max(_contract.integer(env, _contract.RESTART_COUNT, 0), 0)
     if address is None or not 0 <= index <= MAX_COUNT or attempt > MAX_COUNT:
         return False
+    import json.encoder  # noqa: F401 - imported here, at the first call, never first inside a send (a signal handler's)
+    import socket  # noqa: F401 - as json
+
     sender = _Sender(MAGIC + token.encode("ascii") + b" ", index, attempt)
     sender.resolve(*address)
     return sender
@@ -508,14 +538,15 @@ def _at_exit() -> None:
 
 def _forked() -> None:
     """In a forked child: start afresh at the next call (the parent's socket closed here, its state not sent)."""
-    global _SENDER  # the child is a process of its own
-    sender, _SENDER = _SENDER, None
+    global _SENDER, _STARTING  # the child is a process of its own
+    sender, _SENDER, _STARTING = _SENDER, None, False
     if sender:
         sender.release()
 
 
 _SENDER: _Sender | Literal[False] | None = None  # None: not yet looked; False: no progress in this process
 _OWN = False  # whether the program called progress() itself (popdist's helpers then only beat)
+_STARTING = False  # whether _start() is making the sender (a call meanwhile is dropped)
 atexit.register(_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)

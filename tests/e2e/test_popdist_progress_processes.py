@@ -197,8 +197,8 @@ def test_a_full_send_queue_drops_datagrams_without_blocking():
 
 
 @AS_ROOT
-def test_a_read_only_file_system_changes_nothing(receiver):
-    """Every mount read-only (a private mount namespace): popdist writes no file, so progress is sent as anywhere."""
+def test_a_read_only_file_system_changes_nothing(receiver, tmp_path):
+    """The root and the working directory read-only (a private mount namespace): popdist writes no file, progress is sent."""
     code = PRELUDE + textwrap.dedent("""
         try:
             open("popdist-probe", "w")
@@ -208,15 +208,18 @@ def test_a_read_only_file_system_changes_nothing(receiver):
             popdist.progress(2, 2)
             print("read-only")
     """)
-    script = f'mount --make-rprivate / && mount -o remount,bind,ro / && exec {sys.executable} -c "$0"'
+    here = str(tmp_path)
+    script = ('mount --make-rprivate / && mount -o remount,bind,ro / && mount --bind "$1" "$1" && '
+              f'mount -o remount,bind,ro "$1" && cd "$1" && exec {sys.executable} -c "$0"')
     environ = environment(f"127.0.0.1:{receiver.port}") | {"PYTHONDONTWRITEBYTECODE": "1"}
-    done = subprocess.run(["unshare", "--mount", "sh", "-c", script, code], env=environ, capture_output=True, text=True,
-                          timeout=120, check=False, cwd="/")
+    done = subprocess.run(["unshare", "--mount", "sh", "-c", script, code, here], env=environ, capture_output=True,
+                          text=True, timeout=120, check=False)
 
     if done.returncode != 0 and "mount" in done.stderr:
         pytest.skip(f"cannot remount read-only here: {done.stderr.strip()}")
     assert (0, "read-only\n") == (done.returncode, done.stdout), done.stderr
     assert [(1, 2), (2, 2)] == [(d["s"], d["n"]) for d in receiver.receive(2)]
+    assert [] == list(tmp_path.iterdir())
 
 
 def test_a_million_calls_a_second_are_at_most_ten_datagrams_a_second_and_cheap(receiver):

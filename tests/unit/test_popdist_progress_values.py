@@ -12,6 +12,7 @@ import fractions
 import os
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from decimal import Decimal
 
@@ -111,7 +112,7 @@ def test_any_value_as_step_total_step_time_or_metric_sends_one_well_formed_datag
     (Decimal("1.5"), 1.5), (Decimal("NaN"), None), (Decimal("sNaN"), None), (fractions.Fraction(1, 4), 0.25),
     (np.int64(5), 5), (np.float32(0.5), 0.5), (np.bool_(1), 1), (torch.tensor(2.5), 2.5), (torch.tensor(3), 3),
     (Hostile(), None), ("x" * 100, "x" * 64), ('a"\n\x00\u00e9\U0001f600', 'a"\n\x00\u00e9\U0001f600'),
-    (None, None), ([1, 2], "[1, 2]"),
+    (None, None), ([1, 2], "<list of 2>"), (b"\x00ab", "b'\\x00ab'"), (bytearray(10**6), "b'" + "\\x00" * 15 + "\\x"),
 ])
 def test_metric_values_become_numbers_null_or_short_strings(channel, value, expected):
     """A metric is a finite number, null (NaN, infinities, unprintable) or its text cut to 64 characters."""
@@ -120,6 +121,42 @@ def test_metric_values_become_numbers_null_or_short_strings(channel, value, expe
     popdist.progress(1, metric=value)
 
     assert {"metric": expected} == one(receiver)["m"]
+
+
+def test_a_metric_of_ten_million_items_costs_what_a_small_one_does(channel):
+    """A list, dict or string of 10**7 items as a metric: sent as a short text, without walking it."""
+    receiver, clock = channel
+    huge = list(range(10**7))
+    values = [huge, dict.fromkeys(huge), set(huge), "y" * 10**7, bytes(10**7)]
+    popdist.progress(0)
+    one(receiver)
+    for value in values:
+        clock.advance(0.2)
+        began = time.perf_counter()
+        popdist.progress(1, big=value)
+        assert time.perf_counter() - began < 0.05  # walking 10**7 items would take seconds
+    fence(receiver.port)
+
+    assert ["<list of 10000000>", "<dict of 10000000>", "<set of 10000000>", "y" * 64, "b'" + "\\x00" * 15 + "\\x"] == [
+        d["m"]["big"] for d in receiver.until_fence()]
+
+
+def test_a_call_that_comes_while_the_sender_is_being_made_is_dropped_not_a_second_sender(channel, monkeypatch):
+    """A call from inside the sender's making (as a signal handler's would be): dropped; the first call's sender is kept."""
+    receiver, _ = channel
+    made, real = [], _progress._configure
+
+    def configure(env):
+        made.append(popdist.progress(99))  # re-entered: returns at once, makes nothing
+        return real(env)
+
+    monkeypatch.setattr(_progress, "_configure", configure)
+
+    popdist.progress(1)
+
+    assert [None] == made
+    assert [1] == [d["s"] for d in receiver.receive(1)]
+    assert _progress._SENDER and not _progress._STARTING
 
 
 @pytest.mark.parametrize(("step", "total", "expected"), [
@@ -171,7 +208,7 @@ def test_keys_that_are_not_strings_are_made_strings_or_left_out():
 
     got = strict_parse(_progress.datagram(HEAD, 0, 0, state, 1))
 
-    assert ({"1": 1.0, "(2, 3)": "a", "None": 2, "b'b'": 6}, 1) == (got["m"], got["x"])
+    assert ({"1": 1.0, "<tuple of 2>": "a", "None": 2, "b'b'": 6}, 1) == (got["m"], got["x"])
 
 
 def test_the_sender_never_writes_into_a_file_the_program_put_on_its_descriptor(channel, tmp_path):
