@@ -79,6 +79,7 @@ class Notifier:
         self._cancel = threading.Event()  # kill what runs now, run nothing more
         self._counts: dict[str, int] = {}  # kind of failure -> how often (in the order they first happened)
         self._details: dict[str, tuple[str, str]] = {}  # kind of failure -> what the last one said, its last output
+        self._events: dict[str, tuple[str, ...]] = {}  # kind of failure -> the kinds of the events it happened for
         self.sent = 0  # notifications whose command ran and succeeded
         self._worker: threading.Thread | None = None
 
@@ -130,19 +131,22 @@ class Notifier:
     def warnings(self) -> tuple[Diagnostic, ...]:
         """Return a PR467 warning for each kind of failure so far, in the order they first happened."""
         with self._cond:
-            found = [(kind, count, *self._details[kind]) for kind, count in self._counts.items()]
+            found = [(kind, count, *self._details[kind], self._events.get(kind, ()))
+                     for kind, count in self._counts.items()]
         return tuple(warning("PR467", "notifier failed",
-                             detail=detail + (f" ({count} times)" if count > 1 else "")
+                             detail=detail + _how_often(count, events)
                              + (f"; its last output: {output}" if output else ""),
                              span=SourceSpan.environment("the --notify command"),
-                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail, output in found)
+                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail, output, events in found)
 
-    def _fail(self, kind: str, detail: str, tail: bytes) -> None:
-        """Note a failure of ``kind`` (under the lock or not: the lock is reentrant)."""
+    def _fail(self, kind: str, detail: str, tail: bytes, event: str = "") -> None:
+        """Note a failure of ``kind`` (for an ``event`` of that kind), under the lock or not: the lock is reentrant."""
         text = _last_lines(tail)
         with self._cond:
             self._counts[kind] = self._counts.get(kind, 0) + 1
             self._details[kind] = (detail, text)
+            if event:
+                self._events[kind] = tuple(dict.fromkeys((*self._events.get(kind, ()), event)))
 
     def _work(self) -> None:
         while True:
@@ -210,19 +214,19 @@ class Notifier:
             return
         if status is None:
             if self._cancel.is_set():
-                self._fail("cut", f"the notify command for {kind} was still running when poprun ended "
-                           f"(at most {_seconds(self.timeout_s)} after the run): it was killed", tail)
+                self._fail("cut", "the notify command was still running when poprun ended "
+                           f"(at most {_seconds(self.timeout_s)} after the run): it was killed", tail, kind)
             else:
-                self._fail("timeout", f"the notify command for {kind} did not end within "
-                           f"{_seconds(self.timeout_s)}: it was killed", tail)
+                self._fail("timeout", f"the notify command did not end within {_seconds(self.timeout_s)}: it was "
+                           "killed", tail, kind)
         elif status == 127:  # noqa: PLR2004 - the shell's "command not found"
-            self._fail("missing", f"the notify command for {kind} was not found (status 127)", tail)
+            self._fail("missing", "the notify command was not found: status 127", tail, kind)
         elif status < 0:
             from poprun.core.outcome import signal_name
 
-            self._fail("signal", f"the notify command for {kind} was killed by {signal_name(-status)}", tail)
+            self._fail("signal", f"the notify command was killed by {signal_name(-status)}", tail, kind)
         else:
-            self._fail("status", f"the notify command for {kind} failed with status {status}", tail)
+            self._fail("status", f"the notify command failed with status {status}", tail, kind)
 
 
 def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
@@ -292,6 +296,13 @@ def _read(fd: int, tail: bytearray) -> bool:
         tail += data
         del tail[:-TAIL]
     return True
+
+
+def _how_often(count: int, events: tuple[str, ...]) -> str:
+    """Return `` (3 times, for attempt-ended and run-ended)``, `` (for run-ended)`` or ""."""
+    times = f"{count} times" if count > 1 else ""
+    kinds = f"for {' and '.join(events)}" if events else ""
+    return f" ({', '.join(p for p in (times, kinds) if p)})" if times or kinds else ""
 
 
 def _last_lines(tail: bytes) -> str:

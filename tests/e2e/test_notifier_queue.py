@@ -91,7 +91,7 @@ def test_a_command_that_hangs_is_killed_at_its_deadline_and_the_next_runs(tmp_pa
     warnings = _close_when_sent(n, 1)
 
     assert ["run-ended"] == [json.loads(line)["event"] for line in (tmp_path / "got.jsonl").read_text().splitlines()]
-    assert ["the notify command for attempt-ended did not end within 0.5 s: it was killed"] == [
+    assert ["the notify command did not end within 0.5 s: it was killed (for attempt-ended)"] == [
         w.detail for w in warnings]
 
 

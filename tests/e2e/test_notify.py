@@ -174,7 +174,7 @@ def test_a_failing_notifier_is_one_warning_with_its_output_and_changes_nothing(e
     assert 0 == result.returncode, result.stderr
     assert 1 == result.stderr.count("warning[PR467]"), result.stderr
 
-    told = re.search(r"failed with status 4 \((\d+) times\); its last output: webhook said 503", result.stderr)
+    told = re.search(r"failed with status 4 \((\d+) times, for attempt-ended and run-ended\); its last output: webhook said 503", result.stderr)
     assert told is not None, result.stderr
     assert int(told.group(1)) == len(kinds_told(tmp_path / "runs"))  # every chosen event of the run: each failed
     report = json.loads(next((tmp_path / "runs").glob("*/report.json")).read_text())
@@ -186,7 +186,7 @@ def test_a_missing_notifier_is_a_warning(env, tmp_path):
     result = poprun(env, tmp_path, "--notify", "no-such-notifier --to ops", "true")
 
     assert 0 == result.returncode
-    assert "the notify command for run-ended was not found (status 127)" in result.stderr
+    assert "the notify command was not found: status 127 (for run-ended)" in result.stderr
     assert "no-such-notifier: not found" in result.stderr
 
 
@@ -264,7 +264,7 @@ def test_a_stop_signal_while_poprun_waits_for_its_notifier_ends_the_wait(env, tm
     # THEN it ends within seconds, with the run's status, the notifier killed and said so
     assert time.monotonic() - started < 10
     assert 3 == proc.returncode, err
-    assert "the notify command for run-ended was still running when poprun ended" in err
+    assert "the notify command was still running when poprun ended" in err
     assert {} == marked.survivors(within_s=5)
 
 
