@@ -93,23 +93,19 @@ def apply(plan: LaunchPlan, *, sink: EventSink, registry: BackendRegistry | None
     control, environ = control or Control(), os.environ if env_source is None else env_source
     relay, clock = Relay(plan, sink, record, environ), Clock(record)
     run_id = record.id if record is not None else new_id(time.time())
-    observers = _observers(plan, environ, run_id, relay)
+    observers = _observers(plan, environ, run_id, relay, control)
     try:  # a stop may come while the first event waits on its reader (a stdout nobody reads)
         relay.event(RunStarted(run=record.id if record is not None else "", backend=plan.backend.name,
                                instances=len(plan.instances), hosts=plan.topology.hosts))
         backend = _backend(registry, plan, observers)
-    except Stopped as exc:
-        return _finish(ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals)), relay, record,
-                       clock, observers)
-    except (KeyError, DiagnosticError) as exc:  # UnknownBackendError is both; a plugin that cannot be made (PR460)
-        return _finish(ApplyResult(statuses=(), error=_unmade(exc)), relay, record, clock, observers)
+    except (Stopped, KeyError, DiagnosticError) as exc:  # a stop; an unknown backend, a plugin unmade (PR460), PR469
+        return _finish(_unstarted(exc, control), relay, record, clock, observers)
     run = Run(control, tell=relay.stopping, gate=Gate())
     relay.started = run.instance_started
     control.bind(run)
     released: list[Diagnostic] = []  # what releasing the partition warns about, told at the very end
-    channel = _channel(plan, relay, record, environ) if _listens(plan, record) else None  # its socket is made meanwhile
-    if channel is not None and observers is not None:
-        observers.watch(channel.board.snapshot)
+    channel = _channel(plan, relay, record, environ) if _listens(plan, record) else None  # made meanwhile
+    _watched(observers, channel)
     from poprun.apply.ports import master_port
 
     try:
@@ -156,13 +152,14 @@ def _backend(registry: BackendRegistry, plan: LaunchPlan, observers: Observers |
     return registry.get(plan.backend.name)
 
 
-def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay) -> Observers | None:
+def _observers(plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay,
+               control: Control) -> Observers | None:
     """Return the run's notifier and metrics file, listening to ``relay``; None for a plan with neither (no import)."""
     if not plan.observe.active:
         return None
     from poprun.apply.observe import Observers
 
-    return Observers(plan, environ, run_id, relay)
+    return Observers(plan, environ, run_id, relay, control)
 
 
 def _listens(plan: LaunchPlan, record: RunRecord | None) -> bool:
@@ -219,6 +216,19 @@ def _heard(channel: Channel | None, record: RunRecord | None) -> tuple[Diagnosti
     unreachable = channel.unreachable()
     return ((forged(channel.forged, channel.received),) if channel.forged else ()) + (
         (jumped(unreachable),) if unreachable else ())
+
+
+def _unstarted(exc: Stopped | KeyError | DiagnosticError, control: Control) -> ApplyResult:
+    """Return how a run ended that stopped, or whose backend could not be had, before anything of it was made."""
+    if isinstance(exc, Stopped):
+        return ApplyResult(statuses=(), error=_stopped(exc), signals=tuple(control.signals))
+    return ApplyResult(statuses=(), error=_unmade(exc))
+
+
+def _watched(observers: Observers | None, channel: Channel | None) -> None:
+    """Have the metrics file read the instances' progress from the channel's board."""
+    if channel is not None and observers is not None:
+        observers.watch(channel.board.snapshot)
 
 
 def _unmade(exc: KeyError | DiagnosticError) -> ApplyError:

@@ -44,6 +44,7 @@ if TYPE_CHECKING:
 __all__ = ["INTERVAL_S", "STATES", "MetricsFile", "render"]
 
 INTERVAL_S = 1.0  # how often the file is replaced while the run lives
+CLOSE_S = 5.0  # the longest the end waits for a version being written
 STATES = ("starting", "running", "restarting", "stopping", "succeeded", "failed", "stopped")
 _STOPPED = (129, 130, 143)  # stopped by SIGHUP, SIGINT, SIGTERM with no instance to blame
 
@@ -75,7 +76,8 @@ class MetricsFile:
     def __init__(self, path: str, *, run_id: str, backend: str,
                  snapshot: Callable[[], Sequence[Progress]] | None = None) -> None:
         self.path, self._run_id, self._backend, self._snapshot = path, run_id, backend, snapshot
-        self._lock = threading.RLock()  # reentrant: a stop signal's handler may tell an event
+        self._lock = threading.RLock()  # the run's state; reentrant: a stop signal's handler may tell an event
+        self._writing = threading.Lock()  # held while a version is written: never by event(), which must not wait
         self._state, self._attempt, self._restarts = "starting", 0, 0
         self._made: set[str] = set()  # temporary files this poprun made and has not renamed yet
         self._problems: dict[str, str] = {}  # cause -> what the first failure said (told once)
@@ -85,8 +87,7 @@ class MetricsFile:
 
     def watch(self, snapshot: Callable[[], Sequence[Progress]]) -> None:
         """Read each instance's progress from ``snapshot`` (the run's board) from now on."""
-        with self._lock:
-            self._snapshot = snapshot
+        self._snapshot = snapshot
 
     def start(self) -> None:
         """Write the file now, then once a second from a thread of its own, until :meth:`close`."""
@@ -114,16 +115,27 @@ class MetricsFile:
                                "stopped" if status in _STOPPED and cause is None else "failed")
 
     def close(self) -> tuple[Diagnostic, ...]:
-        """Stop the thread, write the file once more (the run's last state); return the warnings (PR240)."""
+        """
+        Stop the thread, write the file once more (the run's last state); return the warnings (PR240).
+
+        A write that does not return (a file system that hangs) holds the end at most :data:`CLOSE_S`.
+        """
         self._stop.set()
         if self._thread is not None:
-            self._thread.join(10.0)
-        self.write()
+            self._thread.join(CLOSE_S)
+        if not self._writing.acquire(timeout=CLOSE_S):
+            self._note("hang", f"a version of {self.path} was still being written {CLOSE_S:.0f} s after the run "
+                               "ended: its file system does not answer, and the last state was not written")
+        else:
+            try:
+                self._write_locked()
+                for leftover in sorted(self._made):  # made by this poprun (a write cut short): by record, not name
+                    with contextlib.suppress(OSError):
+                        os.unlink(leftover)
+                self._made.clear()
+            finally:
+                self._writing.release()
         with self._lock:
-            for leftover in sorted(self._made):  # made by this poprun (a write cut short): by record, never by name
-                with contextlib.suppress(OSError):
-                    os.unlink(leftover)
-            self._made.clear()
             return tuple(warning("PR240", "metrics file cannot be written", detail=detail,
                                  span=SourceSpan.environment("the --metrics-file"),
                                  hint="make room, or give a path in a folder this user can write (the last version "
@@ -136,15 +148,20 @@ class MetricsFile:
 
     def write(self) -> None:
         """Replace the file with the run's state now; a failure is noted (once per cause), never raised."""
+        with self._writing:
+            self._write_locked()
+
+    def _write_locked(self) -> None:
         try:
             progress = tuple(self._snapshot()) if self._snapshot is not None else ()
         except Exception as exc:  # noqa: BLE001 - the metrics never end the run
             progress = ()
             self._note("snapshot", f"the instances' progress could not be read: {type(exc).__name__}: {exc}")
-        with self._lock:
-            text = render(run_id=self._run_id, backend=self._backend, state=self._state, attempt=self._attempt,
-                          restarts=self._restarts, progress=progress)
-            self._replace(text.encode("utf-8"))
+        with self._lock:  # the state only: the events' thread never waits for the disk
+            state, attempt, restarts = self._state, self._attempt, self._restarts
+        text = render(run_id=self._run_id, backend=self._backend, state=state, attempt=attempt, restarts=restarts,
+                      progress=progress)
+        self._replace(text.encode("utf-8"))
 
     def _replace(self, data: bytes) -> None:
         import errno

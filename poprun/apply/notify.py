@@ -40,7 +40,7 @@ from poprun.core.span import SourceSpan
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Callable, Mapping
 
     from poprun.core.diagnostic import Diagnostic
     from poprun.core.events import Event
@@ -79,6 +79,7 @@ class Notifier:
         self._cancel = threading.Event()  # kill what runs now, run nothing more
         self._counts: dict[str, int] = {}  # kind of failure -> how often (in the order they first happened)
         self._details: dict[str, tuple[str, str]] = {}  # kind of failure -> what the last one said, its last output
+        self._events: dict[str, tuple[str, ...]] = {}  # kind of failure -> the kinds of the events it happened for
         self.sent = 0  # notifications whose command ran and succeeded
         self._worker: threading.Thread | None = None
 
@@ -102,25 +103,26 @@ class Notifier:
                 self._worker.start()
             self._cond.notify_all()
 
-    def close(self) -> tuple[Diagnostic, ...]:
+    def close(self, *, interrupted: Callable[[], bool] = lambda: False) -> tuple[Diagnostic, ...]:
         """
         Wait for the notifications queued at most one deadline, then kill what runs and drop what waits.
 
-        Return the warnings (PR467), one per kind of failure.
+        ``interrupted`` ends the wait sooner when it turns true (a stop signal meanwhile). Return
+        the warnings (PR467), one per kind of failure.
         """
         deadline = time.monotonic() + self.timeout_s
         with self._cond:
             self._closing = True
             self._cond.notify_all()
-            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0:
-                self._cond.wait(left)
+            while (self._queue or self._busy) and (left := deadline - time.monotonic()) > 0 and not interrupted():
+                self._cond.wait(min(left, 0.1))
             if self._queue or self._busy:
                 waiting = len(self._queue)
                 self._queue.clear()
                 self._cancel.set()
                 if waiting:
                     self._fail("left", f"{waiting} notification{'s' * (waiting != 1)} still waiting when poprun "
-                               f"ended ({_seconds(self.timeout_s)} after the run) were not sent", b"")
+                               "ended were not sent", b"")
             worker = self._worker
         if worker is not None:
             worker.join(5.0)  # the command is killed at once: this is the time to reap it
@@ -129,19 +131,22 @@ class Notifier:
     def warnings(self) -> tuple[Diagnostic, ...]:
         """Return a PR467 warning for each kind of failure so far, in the order they first happened."""
         with self._cond:
-            found = [(kind, count, *self._details[kind]) for kind, count in self._counts.items()]
+            found = [(kind, count, *self._details[kind], self._events.get(kind, ()))
+                     for kind, count in self._counts.items()]
         return tuple(warning("PR467", "notifier failed",
-                             detail=detail + (f" ({count} times)" if count > 1 else "")
+                             detail=detail + _how_often(count, events)
                              + (f"; its last output: {output}" if output else ""),
                              span=SourceSpan.environment("the --notify command"),
-                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail, output in found)
+                             hint=_HINTS.get(kind, _HINT)) for kind, count, detail, output, events in found)
 
-    def _fail(self, kind: str, detail: str, tail: bytes) -> None:
-        """Note a failure of ``kind`` (under the lock or not: the lock is reentrant)."""
+    def _fail(self, kind: str, detail: str, tail: bytes, event: str = "") -> None:
+        """Note a failure of ``kind`` (for an ``event`` of that kind), under the lock or not: the lock is reentrant."""
         text = _last_lines(tail)
         with self._cond:
             self._counts[kind] = self._counts.get(kind, 0) + 1
             self._details[kind] = (detail, text)
+            if event:
+                self._events[kind] = tuple(dict.fromkeys((*self._events.get(kind, ()), event)))
 
     def _work(self) -> None:
         while True:
@@ -164,21 +169,30 @@ class Notifier:
 
     def _notify(self, kind: str, line: bytes) -> None:
         """Run the command once with ``line`` on its standard input; note how it failed, if it did."""
-        from poprun.process.watchdog import Watchdog, WatchdogError, kill_adopted_carrying
+        from poprun.process.watchdog import Watchdog, WatchdogError, forget_own, kill_adopted_carrying, starting_own
 
         mark = os.urandom(8).hex()
         env = self._env | {COMMAND: self._command, EVENT: kind, "POPRUN_RUN_ID": self._run_id, _MARK: mark}
-        try:
-            watchdog = Watchdog(env=self._env)
-        except WatchdogError as exc:
-            self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
-            return
         proc: subprocess.Popen[bytes] | None = None
-        try:
+        unstarted: OSError | None = None
+        with starting_own() as own:  # a launch's end, meanwhile, must not take them for what it left behind
+            try:
+                watchdog = Watchdog(env=self._env)
+            except WatchdogError as exc:
+                self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
+                return
+            own(watchdog.pid)
             argv = ["/bin/sh", "-c", _SCRIPT, "poprun-notify", watchdog.cgroup.path if watchdog.cgroup else ""]
             try:
                 proc = subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,  # noqa: S603
                                         stderr=subprocess.STDOUT, process_group=watchdog.group)
+                own(proc.pid)
+            except OSError as exc:
+                unstarted = exc
+        try:
+            try:
+                if unstarted is not None or proc is None:
+                    raise unstarted or OSError(0, "no process")
                 watchdog.await_ready()
             except (OSError, WatchdogError) as exc:
                 self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
@@ -189,6 +203,7 @@ class Notifier:
             if proc is not None:
                 with contextlib.suppress(subprocess.TimeoutExpired):
                     proc.wait(5.0)  # killed with its group just now: reaped at once
+            forget_own(watchdog.pid, *((proc.pid,) if proc is not None else ()))
             kill_adopted_carrying(f"{_MARK}={mark}".encode(), watchdog.group, within_s=0.5)
         self._judge(kind, status, tail)
 
@@ -199,19 +214,19 @@ class Notifier:
             return
         if status is None:
             if self._cancel.is_set():
-                self._fail("cut", f"the notify command for {kind} was still running when poprun ended "
-                           f"({_seconds(self.timeout_s)} after the run): it was killed", tail)
+                self._fail("cut", "the notify command was still running when poprun ended "
+                           f"(at most {_seconds(self.timeout_s)} after the run): it was killed", tail, kind)
             else:
-                self._fail("timeout", f"the notify command for {kind} did not end within "
-                           f"{_seconds(self.timeout_s)}: it was killed", tail)
+                self._fail("timeout", f"the notify command did not end within {_seconds(self.timeout_s)}: it was "
+                           "killed", tail, kind)
         elif status == 127:  # noqa: PLR2004 - the shell's "command not found"
-            self._fail("missing", f"the notify command for {kind} was not found (status 127)", tail)
+            self._fail("missing", "the notify command was not found: status 127", tail, kind)
         elif status < 0:
             from poprun.core.outcome import signal_name
 
-            self._fail("signal", f"the notify command for {kind} was killed by {signal_name(-status)}", tail)
+            self._fail("signal", f"the notify command was killed by {signal_name(-status)}", tail, kind)
         else:
-            self._fail("status", f"the notify command for {kind} failed with status {status}", tail)
+            self._fail("status", f"the notify command failed with status {status}", tail, kind)
 
 
 def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
@@ -281,6 +296,13 @@ def _read(fd: int, tail: bytearray) -> bool:
         tail += data
         del tail[:-TAIL]
     return True
+
+
+def _how_often(count: int, events: tuple[str, ...]) -> str:
+    """Return `` (3 times, for attempt-ended and run-ended)``, `` (for run-ended)`` or ""."""
+    times = f"{count} times" if count > 1 else ""
+    kinds = f"for {' and '.join(events)}" if events else ""
+    return f" ({', '.join(p for p in (times, kinds) if p)})" if times or kinds else ""
 
 
 def _last_lines(tail: bytes) -> str:

@@ -10,7 +10,8 @@ these modules.
 Both hear every event the relay tells (as its listeners); the metrics file reads the instances'
 progress from the run's board, once one is given (:meth:`Observers.watch`). :meth:`Observers.close`
 ends both once the run has ended (run-ended told): the metrics file's last version, then at most
-one notify deadline for the notifications left; it returns their warnings (PR240, PR467).
+one notify deadline for the notifications left (a stop signal meanwhile ends the wait); it
+returns their warnings (PR240, PR467).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping, Sequence
 
+    from poprun.apply.control import Control
     from poprun.apply.metrics import MetricsFile
     from poprun.apply.notify import Notifier
     from poprun.apply.relay import Relay
@@ -34,8 +36,10 @@ __all__ = ["Observers"]
 class Observers:
     """The run's notifier and metrics file (either may be None), listening to ``relay``."""
 
-    def __init__(self, plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay) -> None:
+    def __init__(self, plan: LaunchPlan, environ: Mapping[str, str], run_id: str, relay: Relay,
+                 control: Control) -> None:
         o = plan.observe
+        self._control = control
         self.refused: Diagnostic | None = None  # PR469: the launch does not start
         self.notifier: Notifier | None = None
         self.metrics: MetricsFile | None = None
@@ -68,7 +72,8 @@ class Observers:
         if self.metrics is not None:
             found += self.metrics.close()
         if self.notifier is not None:
-            found += self.notifier.close()
+            stops = len(self._control.signals)  # a stop signal from now on ends the wait for the notifications
+            found += self.notifier.close(interrupted=lambda: len(self._control.signals) > stops)
         return tuple(found)
 
 

@@ -49,8 +49,9 @@ import selectors
 import signal
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterator, Mapping, Sequence
 
 from poprun.core.process import start_time
 from poprun.process.cgroup import Cgroup
@@ -115,6 +116,11 @@ os.wait()
 _READY_S = 5.0  # the longest launch() waits for the watchdog to be ready
 _PR_SET_CHILD_SUBREAPER = 36
 _subreaper = False  # whether become_subreaper() succeeded in this process
+# Children poprun starts for itself beside a launch (a notification's command and its watchdog): never taken for
+# processes a launch left behind (kill_adopted), which a launch's end kills. The lock spans starting one and
+# recording its pid, and each round of choosing and killing, so that none is seen in between.
+_OWN: set[int] = set()
+_OWN_LOCK = threading.Lock()
 _cgroups: dict[int, Cgroup] = {}  # the process group of each open watchdog that has a cgroup -> that cgroup
 
 
@@ -283,7 +289,26 @@ def kill_adopted(group: int, known: Collection[int], since: int, *, within_s: fl
     children are re-parented here in turn); for at most ``within_s``. ``known`` are children to
     leave alone. Return the pids killed.
     """
-    return _kill_children(lambda pid: pid not in known and _start_time(pid) >= since, group, within_s)
+    return _kill_children(lambda pid: pid not in known and pid not in _OWN and _start_time(pid) >= since, group,
+                          within_s)
+
+
+@contextlib.contextmanager
+def starting_own() -> Iterator[Callable[[int], None]]:
+    """
+    Start children of poprun's own beside a launch: yield the function that records each one's pid.
+
+    While the block runs no launch's end takes a child for one it left behind; a child recorded
+    is never taken until :func:`forget_own` (call it once the child is reaped).
+    """
+    with _OWN_LOCK:
+        yield _OWN.add
+
+
+def forget_own(*pids: int) -> None:
+    """Forget children recorded by :func:`starting_own` (reaped: their pids may be reused)."""
+    with _OWN_LOCK:
+        _OWN.difference_update(pids)
 
 
 def kill_adopted_carrying(needle: bytes, group: int, *, within_s: float = 1.0) -> list[int]:
@@ -306,12 +331,13 @@ def _kill_children(chosen: Callable[[int], bool], group: int, within_s: float) -
     killed: list[int] = []
     deadline = time.monotonic() + within_s
     while _subreaper and time.monotonic() < deadline:
-        found = [pid for pid in _children() if chosen(pid)]
-        for pid in found:
-            with contextlib.suppress(OSError):
-                if os.getpgid(pid) == pid:  # it leads a group of its own (setsid): take the group
-                    os.killpg(pid, signal.SIGKILL)
-                os.kill(pid, signal.SIGKILL)
+        with _OWN_LOCK:  # no child of poprun's own starts between choosing and killing
+            found = [pid for pid in _children() if chosen(pid)]
+            for pid in found:
+                with contextlib.suppress(OSError):
+                    if os.getpgid(pid) == pid:  # it leads a group of its own (setsid): take the group
+                        os.killpg(pid, signal.SIGKILL)
+                    os.kill(pid, signal.SIGKILL)
         for pid in found:
             with contextlib.suppress(ChildProcessError):
                 os.waitpid(pid, 0)

@@ -206,3 +206,18 @@ def test_a_full_disk_is_one_warning_and_the_last_version_stays(env, tmp_path):
     assert ["..", "filler", "first.prom", "status=0"] == sorted(listing.split())[1:], run.stdout  # no .tmp file
     assert text.endswith("# EOF\n")
     assert "poprun_run_info" in [f.name for f in openmetrics(text)]
+
+
+def test_a_restarted_run_counts_its_restarts_and_attempt(env, tmp_path):
+    """A run that fails once and restarts: the file ends with attempt 1, one restart, succeeded."""
+    path = tmp_path / "poprun.prom"
+
+    run = subprocess.run([PY, "-m", "poprun.cli.main", "--max-restarts", "1", "--restart-backoff", "0.05",
+                          "--min-uptime", "0", "--metrics-file", str(path), "sh", "-c",
+                          '[ "$POPRUN_RESTART_COUNT" = 1 ] || exit 5'], env=env, cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120, check=False)
+
+    assert 0 == run.returncode, run.stderr
+    found = {(s.name, s.labels.get("state")): s.value for f in openmetrics(path.read_text()) for s in f.samples}
+    assert (1, 1, 1) == (found["poprun_attempt", None], found["poprun_restarts_total", None],
+                         found["poprun_run_state", "succeeded"])

@@ -229,3 +229,37 @@ def test_the_thread_replaces_the_file_each_second_until_closed(tmp_path):
 
     assert 'poprun_run_state{run_id="r",state="succeeded"} 1\n' in path.read_text()
     assert metrics.writes >= 2
+
+
+def test_a_disk_that_never_answers_holds_neither_the_events_nor_the_end(tmp_path, monkeypatch):
+    """fsync stuck (a hung NFS server, injected): event() returns at once, close() within its bound, one PR240."""
+    import threading
+    import time
+
+    from poprun.apply import metrics as module
+
+    stuck = threading.Event()
+    real_fsync = os.fsync
+
+    def hang(fd: int) -> None:
+        stuck.set()
+        time.sleep(60)
+        real_fsync(fd)
+
+    metrics = MetricsFile(str(tmp_path / "poprun.prom"), run_id="r", backend="local")
+    monkeypatch.setattr(module, "CLOSE_S", 1.0)
+    monkeypatch.setattr(os, "fsync", hang)
+    writer = threading.Thread(target=metrics.write, daemon=True)
+    writer.start()
+    assert stuck.wait(10)
+
+    started = time.monotonic()
+    metrics.event(RunEnded(status=0))
+    told = time.monotonic() - started
+    warnings = metrics.close()
+    closed = time.monotonic() - started
+
+    assert told < 0.5
+    assert closed < 1.0 + 3
+    assert [(f"a version of {tmp_path / 'poprun.prom'} was still being written 1 s after the run ended: its file "
+            "system does not answer, and the last state was not written")] == [w.detail for w in warnings]

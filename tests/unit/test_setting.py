@@ -36,7 +36,9 @@ def test_every_poprun_variable_read_in_the_code_is_a_setting_or_not_one_on_purpo
     known = {"POPRUN_EVENTS", "POPRUN_SLURM_LAUNCH", "POPRUN_OUTPUT_RELAY", "POPRUN_SSH_COPY_ID_SECRET",
              "POPRUN_RUN_ID", "POPRUN_RESTART_COUNT", "POPRUN_PRE_RESTART_MARK", "POPRUN_UPDATE_GOLDEN",
              "POPRUN_HEALTH_TOKEN", "POPRUN_HEALTH_END",  # the health check's marks on a host (poprun.apply.health)
-             "POPRUN_PROGRESS", "POPRUN_PROGRESS_TOKEN"}  # the progress channel, set by apply (docs/progress.md)
+             "POPRUN_PROGRESS", "POPRUN_PROGRESS_TOKEN",  # the progress channel, set by apply (docs/progress.md)
+             # what the notify command's shell is given (poprun.apply.notify): the command, the event's kind, a mark
+             "POPRUN_NOTIFY_COMMAND", "POPRUN_NOTIFY_EVENT", "POPRUN_NOTIFY_MARK"}
     root = Path(__file__).parents[2] / "poprun"
     spelled = {m for f in root.rglob("*.py") for m in re.findall(r"POPRUN_[A-Z][A-Z_]*[A-Z]", f.read_text())}
 
