@@ -124,7 +124,9 @@ def _joined(*variables: Mapping[int, Mapping[str, str]]) -> dict[int, dict[str, 
 
 def _number(value: float | None) -> float | None:
     """Return a step as JSON shows it best: an int when it is whole."""
-    return int(value) if value is not None and value.is_integer() and abs(value) < 2**53 else value
+    if value is None or type(value) is int:  # a whole step sent as one stays exact
+        return value
+    return int(value) if value.is_integer() and abs(value) < 2**53 else value
 
 
 def _ms(seconds: float | None) -> float | None:

@@ -142,7 +142,8 @@ def _update(data: dict[str, object]) -> Update | None:
     step: float | None = None
     total = data.get("n")
     if kind == _PROGRESS:
-        step = _finite(data.get("s"))
+        sent = data.get("s")  # a whole step stays whole (a float would round one above 2**53)
+        step = sent if type(sent) is int and abs(sent) < 2**63 else _finite(sent)
         if step is None or not (total is None or _count(total, 0)):
             return None
     else:
