@@ -11,6 +11,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
     POLICY=/usr/sbin/policy-rc.d MADE=
     if [ ! -e "$POLICY" ]; then
         printf '#!/bin/sh\nexit 101\n' > "$POLICY" && chmod 755 "$POLICY" && MADE=1
+        trap '[ -z "$MADE" ] || rm -f "$POLICY"' EXIT  # also when apt-get fails
     fi
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${DEBIAN_PACKAGES[@]}" >/dev/null
