@@ -169,15 +169,18 @@ class Notifier:
 
     def _notify(self, kind: str, line: bytes) -> None:
         """Run the command once with ``line`` on its standard input; note how it failed, if it did."""
+        from poprun.process.cgroup import outside
         from poprun.process.watchdog import Watchdog, WatchdogError, forget_own, kill_adopted_carrying, starting_own
 
         mark = os.urandom(8).hex()
         env = self._env | {COMMAND: self._command, EVENT: kind, "POPRUN_RUN_ID": self._run_id, _MARK: mark}
         proc: subprocess.Popen[bytes] | None = None
         unstarted: OSError | None = None
-        with starting_own() as own:  # a launch's end, meanwhile, must not take them for what it left behind
+        # born outside any launch's cgroup (a launch's end kills what is in it), and never taken by a
+        # launch's end for what it left behind
+        with outside(), starting_own() as own:
             try:
-                watchdog = Watchdog(env=self._env)
+                watchdog = Watchdog(env=self._env, launch=False)
             except WatchdogError as exc:
                 self._fail("start", f"the notify command could not start ({exc.strerror})", b"")
                 return

@@ -41,15 +41,22 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import time
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
+    from collections.abc import Iterator
     from threading import Event, Thread
 
 SWITCH = "POPRUN_CGROUP"  # "0": make no cgroup (moving poprun in costs one RCU grace period, some ms)
 _KILL_WAIT_S = 1.0  # the longest kill() waits for the cgroup to empty
 _own: list[str | None] = []  # this process's own cgroup directory, once looked up
+# poprun inside a launch's cgroup: what it forks then is born there, and a launch's end kills it. Children
+# poprun starts for itself beside a launch (a notification's command) are started outside(): never while
+# poprun is inside one, and no move in begins until they are out on their own.
+_gate = threading.Condition()
+_gate_state = [0, 0]  # [cgroups this process is inside (or moving into), children being started outside()]
 _ahead: list[Cgroup] = []  # the cgroup Cgroup.ahead() made, until Cgroup.make() takes it or release_ahead()
 _PRIME_S = 0.25  # the longest prime() keeps the kernel ready (a launch plans in some ms)
 _PRIME_EVERY_S = 0.004  # well within a grace period: each move then finds the kernel ready
@@ -93,20 +100,42 @@ class Cgroup:
 
     def __init__(self, path: str, parent: str) -> None:
         self.path, self.parent = path, parent
-        self._inside = False
+        self._in = False
         self._mover: Thread | None = None  # the thread moving this process in (ahead()), until joined
 
+    @property
+    def _inside(self) -> bool:
+        return self._in
+
+    @_inside.setter
+    def _inside(self, inside: bool) -> None:
+        """Say that this process is inside (or moving into) the cgroup, or out; a move in waits while a child starts outside()."""
+        with _gate:
+            if inside and not self._in:
+                while _gate_state[1]:
+                    _gate.wait()
+                _gate_state[0] += 1
+            elif self._in and not inside:
+                _gate_state[0] -= 1
+                _gate.notify_all()
+            self._in = inside
+
     @classmethod
-    def make(cls) -> Cgroup | None:
+    def make(cls, *, take_ahead: bool = True) -> Cgroup | None:
         """
         Make a new cgroup under this process's own; return it, or None where that cannot be done (or ``POPRUN_CGROUP=0``).
 
-        The cgroup :meth:`ahead` made, when there is one, is returned instead (once).
-        :func:`prime`'s thread is stopped first.
+        The cgroup :meth:`ahead` made, when there is one, is returned instead (once; not with
+        ``take_ahead`` false: a cgroup of poprun's own children), once no child is being started
+        :func:`outside` (the launch it becomes will kill what is in it). :func:`prime`'s thread is
+        stopped first.
         """
         stop_priming()
-        if _ahead:
-            return _ahead.pop()
+        if _ahead and take_ahead:
+            with _gate:
+                while _gate_state[1]:
+                    _gate.wait()
+                return _ahead.pop()
         parent = None if os.environ.get(SWITCH) == "0" else _own_directory()
         if parent is None:
             return None
@@ -265,3 +294,23 @@ def _keep_ready(procs: str, stop: Event) -> None:
         except OSError:  # not ours to write (a cgroup v2 that is not delegated): nothing to ready
             return
         stop.wait(_PRIME_EVERY_S)
+
+
+@contextlib.contextmanager
+def outside() -> Iterator[None]:
+    """
+    Start children of poprun's own in this block: never inside a launch's cgroup, where a launch's end would kill them.
+
+    It waits until this process is inside no launch's cgroup, and no move in begins until it
+    ends: start the children and let them move into a cgroup of their own meanwhile.
+    """
+    with _gate:  # a cgroup made ahead that no launch took yet is never killed (released as it is)
+        while _gate_state[0] - sum(made._in for made in _ahead):  # noqa: SLF001 - the module's own records
+            _gate.wait()
+        _gate_state[1] += 1
+    try:
+        yield
+    finally:
+        with _gate:
+            _gate_state[1] -= 1
+            _gate.notify_all()

@@ -134,16 +134,18 @@ class Watchdog:
 
     ``remove`` names the directories to remove if poprun dies (the temporary executable cache).
     ``group`` is the process group every instance must join (``process_group=``); ``cgroup``
-    the launch's cgroup, or None where cgroup v2 cannot be written.
+    the launch's cgroup, or None where cgroup v2 cannot be written. ``launch`` false: the group of
+    a child of poprun's own (a notification's command), which never takes the cgroup made ahead
+    for the next launch.
 
     Raises:
         WatchdogError: when ``/bin/sh`` cannot be started.
     """
 
-    def __init__(self, *, remove: Sequence[str] = (), env: Mapping[str, str] | None = None) -> None:
+    def __init__(self, *, remove: Sequence[str] = (), env: Mapping[str, str] | None = None, launch: bool = True) -> None:
         read_end, self._write_end = os.pipe()  # both close-on-exec: only poprun holds the write end
         self._ready_fd, ready_write = os.pipe()
-        self.cgroup = Cgroup.make()
+        self.cgroup = Cgroup.make(take_ahead=launch)  # a launch's takes the cgroup made ahead for it
         try:
             self._proc = subprocess.Popen(  # noqa: S603 - a fixed script
                 ["/bin/sh", "-c", _SCRIPT, "poprun-watchdog", sys.executable or "python3", _CLEANUP,

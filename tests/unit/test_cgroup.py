@@ -151,3 +151,44 @@ def test_priming_ends_quietly_where_the_cgroup_is_not_writable() -> None:
     stop = threading.Event()
     cgroup._keep_ready("/nonexistent-poprun/cgroup.procs", stop)  # returns: the write fails
     assert not stop.is_set()
+
+
+# Inside a launch's cgroup, a thread starts a child of poprun's own with outside(): it waits until
+# poprun left the cgroup, so the launch's kill spares the child; a move in waits for it in turn.
+_OUTSIDE = """
+import subprocess, threading, time
+from poprun.process import cgroup
+
+made = cgroup.Cgroup.make()
+made.enter()
+started = []
+def start():
+    with cgroup.outside():
+        started.append(subprocess.Popen(["sleep", "30"]))
+thread = threading.Thread(target=start)
+thread.start()
+thread.join(0.5)
+print("waited" if not started else "did not wait")
+made.kill()  # leaves first: the child then starts, outside
+thread.join(30)
+child = started[0]
+with open(f"/proc/{child.pid}/cgroup") as file:
+    print("outside" if made.path.rsplit("/", 1)[1] not in file.read() else "inside")
+time.sleep(0.2)
+print("alive" if child.poll() is None else "killed")
+child.kill()
+child.wait()
+made.remove()
+"""
+
+
+def test_a_child_started_outside_is_born_out_of_a_launchs_cgroup_and_outlives_its_kill() -> None:
+    """outside() waits while poprun is inside a launch's cgroup; the child it starts then is not killed with it."""
+    made = Cgroup.make()
+    if made is None:
+        pytest.skip("no writable cgroup v2 with cgroup.kill here")
+    made.remove()
+
+    result = subprocess.run([sys.executable, "-c", _OUTSIDE], capture_output=True, text=True, timeout=60, check=False)
+
+    assert ("waited\noutside\nalive\n", 0) == (result.stdout, result.returncode), result.stderr
