@@ -83,7 +83,7 @@ class _Instance:
     """One instance's state in the current attempt (the board's lock held)."""
 
     __slots__ = ("attempt", "calls", "heard", "max", "metrics", "min", "recent", "since", "step",
-                 "steps", "straggler", "total", "window")
+                 "steps", "straggler", "total", "window", "worst")
 
     def __init__(self, attempt: int, window: int) -> None:
         self.attempt = attempt
@@ -99,6 +99,7 @@ class _Instance:
         self.min: float | None = None
         self.max: float | None = None
         self.straggler: float | None = None
+        self.worst: float | None = None  # the largest straggler ratio told in the attempt (the report keeps it)
 
     def progress(self, update: Update, window: int) -> None:
         step = update.step
@@ -223,6 +224,8 @@ class Board:
             state = self._instances.get(index)
             if state is not None:
                 state.straggler = ratio
+                if ratio is not None and (state.worst is None or ratio > state.worst):
+                    state.worst = ratio
 
     def summaries(self) -> tuple[StepSummary, ...]:
         """Return each instance's summary of the current attempt, for the report, by index."""
@@ -253,4 +256,4 @@ class Board:
             min_ms=None if state.min is None else state.min * 1000,
             median_ms=median(recent) * 1000 if recent else None,
             p90_ms=nearest_rank(recent, 90) * 1000 if recent else None,
-            max_ms=None if state.max is None else state.max * 1000, straggler_ratio=state.straggler)
+            max_ms=None if state.max is None else state.max * 1000, straggler_ratio=state.worst)

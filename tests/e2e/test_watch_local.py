@@ -135,8 +135,8 @@ STRAGGLES = """
 import os, time, popdist
 index = int(os.environ["POPDIST_INSTANCE_INDEX"])
 attempt = int(os.environ.get("POPRUN_RESTART_COUNT", "0"))
-for step in range(1, 201):
-    popdist.progress(step, 200)
+for step in range(1, 121):
+    popdist.progress(step, 120)
     time.sleep(0.08 if index == 2 and attempt == 0 else 0.02)
 """
 

@@ -222,3 +222,15 @@ def test_feeding_from_threads_loses_no_call() -> None:
         thread.join()
 
     assert [p.calls for p in board.snapshot()] == [1000] * 4
+
+
+def test_the_summary_keeps_the_largest_straggler_ratio_after_the_instance_recovered() -> None:
+    """ps shows whether an instance is a straggler now; the report keeps the largest ratio it was told by."""
+    board = Board(("h1",))
+    board.feed(update(), now=1.0)
+    board.straggler(0, 2.5)
+    board.straggler(0, 4.0)
+    board.straggler(0, None)  # recovered
+
+    assert [p.straggler_ratio for p in board.snapshot()] == [None]
+    assert [s.straggler_ratio for s in board.summaries()] == [4.0]

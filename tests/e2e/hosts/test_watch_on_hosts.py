@@ -135,12 +135,12 @@ def test_an_instance_slowed_to_a_quarter_is_named_a_straggler_within_30_s(test_h
         pid = instance_pid(run_id(tmp_path), 2)
         reported(tmp_path, 2, at_least=1)
         began = time.monotonic()
-        with duty_cycle(pid):  # to its end: a straggler still when the run ends, the report keeps its ratio
+        with duty_cycle(pid):  # until it is told: then it runs at full speed, and the report keeps its ratio
             assert wait_for(lambda: events(tmp_path, "straggler"), within_s=30), "no straggler told within 30 s"
             took = time.monotonic() - began
             ps = subprocess.run([PY, "-m", "poprun.cli.main", "ps", "--json"], capture_output=True, text=True,
                                 env=os.environ | {"POPRUN_RUNS_DIR": str(tmp_path / "runs")}, timeout=60, check=False)
-            _, err = finish(proc)
+        _, err = finish(proc)
     finally:
         if proc.poll() is None:
             finish(proc)
