@@ -228,11 +228,15 @@ def render_report_progress(progress: object) -> str:
 
 
 def _numbers(data: dict[str, object], keys: tuple[str, ...], *, whole: bool = False) -> bool:
-    """Return whether every one of ``keys`` in ``data`` is a finite number (an int with ``whole``), not a bool."""
+    """
+    Return whether every one of ``keys`` in ``data`` is a finite number (an int with ``whole``), not a bool.
+
+    Without ``whole`` the number is shown as a float: an int no float holds (400 digits) is none.
+    """
     import math
 
-    return all((type(data.get(key)) is int or (not whole and type(data.get(key)) is float
-                                               and math.isfinite(data[key])))  # type: ignore[arg-type]
+    return all((type(data.get(key)) is int and (whole or abs(data[key]) < 2**1023))  # type: ignore[arg-type]
+               or (not whole and type(data.get(key)) is float and math.isfinite(data[key]))  # type: ignore[arg-type]
                for key in keys)
 
 

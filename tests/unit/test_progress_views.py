@@ -71,6 +71,16 @@ def test_report_lists_each_instances_steps_and_step_times() -> None:
     assert "" == render_report_progress({"instances": "no"}) == render_report_progress(None)
 
 
+def test_report_leaves_out_numbers_no_float_holds() -> None:
+    """An int of 400 digits in report.json (hand-edited, damaged) is no number: left out, never an OverflowError."""
+    huge = 10**400
+    progress = {"instances": [
+        {"index": 0, "host": "h1", "steps": 2, "calls": 2, "last_step": huge, "total": 5,
+         "step_time_ms": {"min": 1, "median": huge, "p90": 1, "max": 1}, "straggler_ratio": huge}]}
+
+    assert "progress:\n  instance 0 on h1: no step, 2 steps in 2 calls\n" == render_report_progress(progress)
+
+
 def event(index: int, step: float | None, eta_ms: int | None, *, attempt: int = 0) -> InstanceProgressed:
     """Return instance ``index``'s progress event on host h<index>."""
     return InstanceProgressed(index=index, host=f"h{index}", attempt=attempt, step=step, total=200, eta_ms=eta_ms)
@@ -142,7 +152,9 @@ def test_ps_reads_the_least_step_and_the_largest_eta(tmp_path: Path) -> None:
     {"v": 1, "instances": [{"step": "1"}]}, {"v": 1, "instances": [{"step": 1, "total": -1}]},
     {"v": 1, "instances": [{"step": 1, "total": True}]}, {"v": 1, "instances": [{"step": 1, "eta_ms": -5}]},
     '{"v": 1, "instances": [{"step": NaN}]}', '{"v": 1, "instances": [{"step": 1e999}]}',
-    {"v": 1, "instances": []}, "[" * 100000 + "]" * 100000])
+    {"v": 1, "instances": []}, "[" * 100000 + "]" * 100000,
+    '{"v": 1, "instances": [{"step": 1%s}]}' % ("0" * 400),  # no float holds it
+    '{"v": 1, "instances": [{"step": 1, "eta_ms": 1%s}]}' % ("0" * 400)])
 def test_a_progress_json_not_as_poprun_writes_it_shows_nothing(tmp_path: Path, bad: object) -> None:
     """Wrong types, values out of range, nested too deep: no progress, never an error."""
     assert (None, None, None) == read_progress(str(write(tmp_path, bad)))
@@ -229,3 +241,20 @@ def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs(rem
         channel.close()
 
     assert (True, FILTER_AFTER, 1) == (channel.filtered, channel.forged, channel.received)
+
+
+def test_a_report_with_a_start_no_float_holds_is_listed_by_its_id_time(tmp_path: Path) -> None:
+    """report.json's ``started`` of 400 digits (hand-edited, damaged): ps lists the run, never an OverflowError."""
+    import sys
+
+    from poprun.runs.store import run_info
+
+    env = {**os.environ, "POPRUN_RUNS_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "poprun.cli.main", "--", "true"], env=env, check=True, timeout=60, capture_output=True)
+    (run_id,) = os.listdir(tmp_path)
+    report = tmp_path / run_id / "report.json"
+    report.write_text(json.dumps({**json.loads(report.read_text()), "started": 10**400}))
+
+    info = run_info(str(tmp_path), run_id)
+    assert (info.state, info.status) == ("ended", 0)
+    assert info.started is not None and 0 < info.started < 2**40
