@@ -258,3 +258,21 @@ def test_a_report_with_a_start_no_float_holds_is_listed_by_its_id_time(tmp_path:
     info = run_info(str(tmp_path), run_id)
     assert (info.state, info.status) == ("ended", 0)
     assert info.started is not None and 0 < info.started < 2**40
+
+
+def test_the_record_thins_an_instances_progress_lines_beyond_their_limit(tmp_path: Path, monkeypatch) -> None:
+    """A long run's events.jsonl: past the limit an instance's progress lines are kept once a minute, others' all."""
+    from poprun.runs import record as recording
+
+    monkeypatch.setattr(recording, "PROGRESS_EVENTS_LIMIT", 1000)
+    record = recording.RunRecord.create({"POPRUN_RUNS_DIR": str(tmp_path)})
+    for step in range(100):
+        record.event(event(0, step, 1000))
+    record.event(event(1, 5, 1000))
+    record.close()
+
+    lines = [json.loads(line) for line in (Path(record.path) / "events.jsonl").read_text().splitlines()]
+    zero = [line["step"] for line in lines if line["event"] == "instance-progress" and line["index"] == 0]
+    assert 1000 <= sum(len(json.dumps(line)) for line in lines if line.get("index") == 0) < 1300
+    assert zero == list(range(len(zero))) and 4 < len(zero) < 10  # the first ~1000 bytes, then none within a minute
+    assert [line["step"] for line in lines if line.get("index") == 1] == [5]
