@@ -47,7 +47,9 @@ def test_ps_shows_a_progress_column_while_a_run_reports_progress() -> None:
 
 @pytest.mark.parametrize(("step", "total", "eta", "text"), [
     (None, None, None, "-"), (3.0, None, None, "3"), (1.25, 4, None, "1.25/4"), (120.0, 200, 3725.0, "120/200 ETA 1 h 2 min"),
-    (7.0, 9, 0.2, "7/9 ETA 0 s"), (7.0, 9, 59.6, "7/9 ETA 1 min 0 s")])
+    (7.0, 9, 0.2, "7/9 ETA 0 s"), (7.0, 9, 59.6, "7/9 ETA 1 min 0 s"),
+    (3.9e301, 100, 1e300, "3.9e+301/100 ETA over 100000 h"), (1e20, None, None, "1e+20"), (0.9995, 1, None, "1/1"),
+    (-39.0, 100, 0.0, "-39/100 ETA 0 s"), (2.0**53, 10, 360000000.0, "9.007e+15/10 ETA over 100000 h")])
 def test_progress_reads_as_step_total_and_eta(step: float | None, total: int | None, eta: float | None, text: str) -> None:
     """A step without a total, fractions, ETAs in whole units."""
     assert text == render_progress(step, total, eta)
