@@ -8,9 +8,11 @@ for a metrics path); imported by :func:`poprun.apply.apply` only for a plan with
 and reads each instance's progress from the run's board (its ``snapshot()``); a thread of its
 own writes the file once a second while the run lives, and :meth:`MetricsFile.close` once more
 at its end, with the run's last state. The file is never written in place: each version is
-a temporary file made in the same folder by this poprun (``O_EXCL``, a name of its own, not
-ending in ``.prom`` so that no textfile collector reads it half-written), written, ``fsync``'d
-and renamed over the path. poprun deletes only the temporary files it made, by record. A write
+a temporary file made in the same folder by this poprun (``O_EXCL``, ``O_NOFOLLOW``, a name of
+its own: a dot, the first :data:`TMP_PREFIX` bytes of the file's name, a random part, not
+ending in ``.prom``, so that no textfile collector reads it half-written), written,
+``fsync``'d and renamed over the path (a hard link at the path is replaced, never written
+through). poprun deletes only the temporary files it made, by record. A write
 that fails (a full disk, a folder gone or not writable, something that is not a regular file
 put at the path) is a warning (PR240), once per cause, and the last version stays; the next
 second tries again. The file is left after the run with its final state.
@@ -45,6 +47,7 @@ __all__ = ["INTERVAL_S", "STATES", "MetricsFile", "render"]
 
 INTERVAL_S = 1.0  # how often the file is replaced while the run lives
 CLOSE_S = 5.0  # the longest the end waits for a version being written
+TMP_PREFIX = 64  # bytes of the file's name that begin its temporary file's (which must fit in 255)
 STATES = ("starting", "running", "restarting", "stopping", "succeeded", "failed", "stopped")
 _STOPPED = (129, 130, 143)  # stopped by SIGHUP, SIGINT, SIGTERM with no instance to blame
 
@@ -179,7 +182,8 @@ class MetricsFile:
             self._note("kind", f"something that is not a regular file is at {self.path}: it is left as it is and no "
                                "metrics are written there")
             return
-        tmp = os.path.join(folder, f".{name}.{os.urandom(6).hex()}.tmp")
+        short = os.fsdecode(os.fsencode(name)[:TMP_PREFIX])  # a name of 254 bytes leaves no room for more
+        tmp = os.path.join(folder, f".{short}.{os.urandom(6).hex()}.tmp")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
         except OSError as exc:

@@ -13,7 +13,8 @@ never waits. One worker thread runs the command for each line, one at a time, in
 
 - with ``/bin/sh``, the command itself only in the child's environment
   (``POPRUN_NOTIFY_COMMAND``, removed before it runs), never in an argument that ``ps`` shows;
-- the line on its standard input, its standard output and error read into a bounded tail;
+- the line on its standard input, its standard output and error read into a bounded tail (at
+  a bounded rate past :data:`FREE_OUTPUT`: a command that writes without end costs no core);
 - in a process group of its own led by a watchdog (:mod:`poprun.process.watchdog`), in its
   cgroup where cgroup v2 can be written: the group is killed when the command ends or at its
   deadline (``--notify-timeout``), whichever is first, and nothing of it is left should poprun
@@ -52,6 +53,7 @@ QUEUE = 100  # lines waiting for the command at most; beyond, the oldest is drop
 COMMAND = "POPRUN_NOTIFY_COMMAND"  # the command, in its shell's environment only
 EVENT = "POPRUN_NOTIFY_EVENT"  # the kind of the event on its standard input
 TAIL = 2048  # bytes of the command's output kept for a warning
+FREE_OUTPUT = 16 << 20  # bytes of its output read as fast as it writes; beyond, at most 20 MiB a second
 _TAIL_LINES = 5
 # The shell moves itself into the watchdog's cgroup (when given one), takes the command out of its environment
 # (what it starts does not inherit it) and runs it: the command is in no argument.
@@ -248,6 +250,7 @@ def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
     os.set_blocking(proc.stdin.fileno(), False)
     os.set_blocking(proc.stdout.fileno(), False)
     pending = memoryview(line)
+    read = 0  # bytes of its output read: past FREE_OUTPUT, at a bounded rate (a flood costs poprun no core)
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
         selector.register(proc.stdin, selectors.EVENT_WRITE)
@@ -259,8 +262,14 @@ def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
                 for key, _ in selector.select(min(left, 0.05)):
                     if key.fileobj is proc.stdin:
                         pending = _write(proc, selector, pending)
-                    elif not _read(proc.stdout.fileno(), tail):
+                        continue
+                    got = _read(proc.stdout.fileno(), tail)
+                    if got is None:
                         selector.unregister(proc.stdout)
+                    else:
+                        read += got
+                    if read >= FREE_OUTPUT:
+                        cancel.wait(0.05)  # a command that writes without end: 1 MiB a turn, 20 turns a second
             with contextlib.suppress(OSError):
                 _read(proc.stdout.fileno(), tail)  # what it wrote last, without waiting for what it left behind
             return proc.returncode, bytes(tail)
@@ -285,20 +294,22 @@ def _write(proc: subprocess.Popen[bytes], selector: object, pending: memoryview)
     return pending
 
 
-def _read(fd: int, tail: bytearray) -> bool:
-    """Read what the command wrote into ``tail`` (its last :data:`TAIL` bytes); return False at its end."""
+def _read(fd: int, tail: bytearray) -> int | None:
+    """Read what the command wrote into ``tail`` (its last :data:`TAIL` bytes), 1 MiB at most; return how much, None at its end."""
+    got = 0
     for _ in range(16):  # a command that writes without end is read again at the next turn, after the deadline check
         try:
             data = os.read(fd, 65536)
         except BlockingIOError:
-            return True
+            return got
         except OSError:
-            return False
+            return None
         if not data:
-            return False
+            return None
+        got += len(data)
         tail += data
         del tail[:-TAIL]
-    return True
+    return got
 
 
 def _how_often(count: int, events: tuple[str, ...]) -> str:

@@ -12,7 +12,11 @@ calls, when poprun last heard from it, and its step times:
   clock (from the datagram that last advanced it) counts ``k = min(W, max(1, int(n)))`` step
   times of ``dt / n`` each; when the instance gave its own step time (``d``), ``k`` times ``d``
   instead (and one ``d`` for its first datagram). A datagram whose step did not advance counts
-  none; one whose clock went back counts none (and starts the next interval there).
+  none; one whose clock went back counts none (and starts the next interval there), and so
+  does one whose clock jumped ahead: ``dt`` more than :data:`CLOCK_JUMP_RATIO` times the time
+  poprun's own clock saw between the two datagrams plus :data:`CLOCK_JUMP_S` (the instance's
+  clock was set forward, or poprun read the earlier datagram late: that interval is unknown,
+  and counting it would fill the window with a step time of hours).
 - A step that goes back (a resumed run, a restarted instance) starts the window afresh.
 - The window holds the last W step times (``window``, default 20): ``step_time_s`` is their
   median, ``steps_per_s`` their count over their sum; ``eta_s`` is ``(total - step) *
@@ -40,6 +44,7 @@ if TYPE_CHECKING:
 
 WINDOW = 20
 SUMMARY_STEPS = 4096
+CLOCK_JUMP_RATIO, CLOCK_JUMP_S = 1.5, 5.0  # an interval of the instance's clock beyond poprun's by this is not counted
 
 
 @record
@@ -82,13 +87,14 @@ def nearest_rank(values: Sequence[float], percent: int) -> float:
 class _Instance:
     """One instance's state in the current attempt (the board's lock held)."""
 
-    __slots__ = ("attempt", "calls", "heard", "max", "metrics", "min", "recent", "since", "step",
+    __slots__ = ("attempt", "calls", "heard", "heard_since", "max", "metrics", "min", "recent", "since", "step",
                  "steps", "straggler", "total", "window", "worst")
 
     def __init__(self, attempt: int, window: int) -> None:
         self.attempt = attempt
         self.step: float | None = None
         self.since = 0.0  # the instance's clock when ``step`` was reached
+        self.heard_since = 0.0  # poprun's clock when it heard of ``step``
         self.total: int | None = None
         self.calls = 0
         self.heard = 0.0
@@ -101,10 +107,10 @@ class _Instance:
         self.straggler: float | None = None
         self.worst: float | None = None  # the largest straggler ratio told in the attempt (the report keeps it)
 
-    def progress(self, update: Update, window: int) -> None:
+    def progress(self, update: Update, window: int, now: float) -> None:
         step = update.step
         assert step is not None
-        previous, since = self.step, self.since
+        previous, since, heard_since = self.step, self.since, self.heard_since
         self.total = update.total
         if update.metrics or update.left_out:
             self.metrics = update.metrics
@@ -112,16 +118,16 @@ class _Instance:
             self.window.clear()  # gone back: a resumed run or a restart; the window starts afresh
             previous = None
         if previous is None:
-            self.step, self.since = step, update.time
+            self.step, self.since, self.heard_since = step, update.time, now
             if update.step_time is not None:
                 self._count((update.step_time,))
             return
         if step == previous:
             return
         advanced, elapsed = step - previous, update.time - since
-        self.step, self.since = step, update.time
-        if update.step_time is None and elapsed < 0:
-            return  # the instance's clock went back: no interval to count
+        self.step, self.since, self.heard_since = step, update.time, now
+        if update.step_time is None and not 0 <= elapsed <= (now - heard_since) * CLOCK_JUMP_RATIO + CLOCK_JUMP_S:
+            return  # the instance's clock went back, or jumped ahead of poprun's: no interval to count
         each = update.step_time if update.step_time is not None else elapsed / advanced
         self._count((each,) * min(window, max(1, int(advanced))))
 
@@ -180,7 +186,7 @@ class Board:
             state.calls += update.calls
             state.heard = now
             if update.step is not None:
-                state.progress(update, self._window)
+                state.progress(update, self._window, now)
             elif update.metrics or update.left_out:
                 state.metrics = update.metrics
             progress = self._progress(update.index, state, now)

@@ -171,14 +171,14 @@ OBSERVE_KEY = "observe."
 
 def describe_observe(o: Observe) -> str:
     """Return the notifier and the metrics file in one line (what ``plan`` shows)."""
+    from poprun.core.secret import printable
+
     parts = []
     if o.notify:
-        from poprun.core.secret import printable
-
         parts.append(f"notify '{_short(printable(o.notify))}' on {', '.join(o.notify_on)} (each at most "
                      f"{_seconds(o.notify_timeout_ms)})")
     if o.metrics_file:
-        parts.append(f"metrics in {o.metrics_file} (once a second)")
+        parts.append(f"metrics in {printable(o.metrics_file)} (once a second)")
     return "; ".join(parts) or "no notifier, no metrics file"
 
 
@@ -199,7 +199,7 @@ def render_observe(plan: LaunchPlan) -> str:
                      f"end poprun waits for those left at most {_seconds(o.notify_timeout_ms)} in all; a failure is a "
                      "warning, never the run's")
     if o.metrics_file:
-        lines.append(f"  metrics: {o.metrics_file}, OpenMetrics text replaced once a second while the run lives and "
+        lines.append(f"  metrics: {printable(o.metrics_file)}, OpenMetrics text replaced once a second while the run lives and "
                      "at its end (run state, attempt, restarts, each instance's step, step time and ETA)")
     rows = [[d.key.removeprefix(OBSERVE_KEY), _short(printable(str(d.value))), d.source, d.reason]
             for d in plan.explanation if d.key.startswith(OBSERVE_KEY)]

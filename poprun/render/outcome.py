@@ -73,6 +73,10 @@ def render_limit(result: ApplyResult) -> str:
     else:
         lines.append("No instance's stack could be read (install py-spy, or run Python instances with "
                      "PYTHONFAULTHANDLER=1).")
+    if result.limit == "heartbeat":  # a long step is a hang by this rule: say how a program that is not hung avoids it
+        lines.append("An instance that computes longer than --heartbeat-timeout between two reports is hung by "
+                     "this rule: call popdist.heartbeat() inside long steps (a checkpoint, an evaluation), or give a "
+                     "longer --heartbeat-timeout.")
     return "\n".join(lines) + "\n"
 
 

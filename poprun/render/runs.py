@@ -66,9 +66,11 @@ def render_ps_json(runs: Iterable[RunInfo], now: float) -> str:
 
 
 def render_step(step: float) -> str:
-    """Return a step as people read it: ``120``, ``1.5`` (at most three decimals)."""
+    """Return a step as people read it: ``120``, ``1.5`` (at most three decimals), ``3.9e+301`` (from 10**15 on)."""
     step = float(step)
-    return str(int(step)) if step.is_integer() and abs(step) < 1e15 else f"{step:.3f}".rstrip("0")  # noqa: PLR2004
+    if abs(step) >= 1e15:  # noqa: PLR2004 - no column holds 300 digits
+        return f"{step:.4g}"
+    return str(int(step)) if step.is_integer() else f"{step:.3f}".rstrip("0").rstrip(".")
 
 
 def render_progress(step: float | None, total: int | None, eta_s: float | None) -> str:
@@ -80,8 +82,13 @@ def render_progress(step: float | None, total: int | None, eta_s: float | None) 
 
 
 def render_eta(seconds: float) -> str:
-    """Return an ETA in whole units: ``35 s``, ``3 min 4 s``, ``1 h 2 min``."""
+    """Return an ETA in whole units: ``35 s``, ``3 min 4 s``, ``1 h 2 min``; ``over 100000 h`` beyond (no 300 digits)."""
+    if seconds >= ETA_SHOWN_H * 3600:
+        return f"over {ETA_SHOWN_H} h"
     return f"{round(seconds)} s" if seconds < 59.5 else render_duration(round(seconds))  # noqa: PLR2004
+
+
+ETA_SHOWN_H = 100000  # the longest ETA shown as it is (11 years)
 
 
 def _hosts(hosts: tuple[str, ...], compress: Callable[[Iterable[str]], str]) -> str:
@@ -228,11 +235,15 @@ def render_report_progress(progress: object) -> str:
 
 
 def _numbers(data: dict[str, object], keys: tuple[str, ...], *, whole: bool = False) -> bool:
-    """Return whether every one of ``keys`` in ``data`` is a finite number (an int with ``whole``), not a bool."""
+    """
+    Return whether every one of ``keys`` in ``data`` is a finite number (an int with ``whole``), not a bool.
+
+    Without ``whole`` the number is shown as a float: an int no float holds (400 digits) is none.
+    """
     import math
 
-    return all((type(data.get(key)) is int or (not whole and type(data.get(key)) is float
-                                               and math.isfinite(data[key])))  # type: ignore[arg-type]
+    return all((type(data.get(key)) is int and (whole or abs(data[key]) < 2**1023))  # type: ignore[arg-type]
+               or (not whole and type(data.get(key)) is float and math.isfinite(data[key]))  # type: ignore[arg-type]
                for key in keys)
 
 

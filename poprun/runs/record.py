@@ -18,6 +18,9 @@ one place. The layout is in ``docs/runs.md``:
 - ``plan.json``: the plan as applied (the values added at apply time included; forwarded
   values by name only), in the format of ``poprun plan --format json``;
 - ``events.jsonl``: one event per line, ``{"v": 1, "event": KIND, "time": UNIX_SECONDS, ...}``;
+  an instance's ``instance-progress`` lines (one a second) up to :data:`PROGRESS_EVENTS_LIMIT`
+  bytes, then one every :data:`PROGRESS_EVENTS_THIN_S` seconds (a long run's record stays small;
+  ``--events`` still gets every one, and ``progress.json`` and the report stay exact);
 - ``logs/N.stdout``, ``logs/N.stderr``: instance N's output, whole lines, as it printed them,
   up to ``POPRUN_RUN_LOG_LIMIT`` bytes per instance (64 MiB by default); ``logs/order``: one
   ``N stream bytes`` line per piece written, so that ``poprun logs`` merges the instances'
@@ -67,6 +70,8 @@ LOG_LIMIT = "POPRUN_RUN_LOG_LIMIT"  # bytes of output kept per instance (64 MiB)
 RUN_ID = names.RUN_ID  # the run's id, in every instance's environment (popdist's contract)
 DEFAULT_KEEP = 100
 DEFAULT_LOG_LIMIT = 64 << 20
+PROGRESS_EVENTS_LIMIT = 16 << 20  # bytes of one instance's instance-progress lines kept in events.jsonl at one a second
+PROGRESS_EVENTS_THIN_S = 60.0  # beyond them, one of its lines kept at most this often
 MARK = ".poprun-run"
 RESERVE = ".reserve"  # room kept for report.json should the disk fill up
 RESERVE_BYTES = 16 << 10  # a report without the failures' tails, for a few hundred instances
@@ -150,6 +155,7 @@ class RunRecord:
         self.observed: dict[int, dict[str, object]] = {}  # instance -> what it ran as (poprun.runs.verify)
         self._pruning: tuple[str, int] | None = None  # (the runs' directory, runs kept): old runs not pruned yet
         self.progress: dict[str, object] | None = None  # report.json's progress (each instance's steps), when it listened
+        self._progress_kept: dict[int, tuple[int, float]] = {}  # instance -> (progress-event bytes kept, when last)
 
     @classmethod
     def create(cls, environ: Mapping[str, str], *, now: float | None = None, prune: bool = True) -> RunRecord:
@@ -225,7 +231,19 @@ class RunRecord:
             return
         self._time(event)
         line = event_line(event, time.time()) if data is None else mask_text(dumps(dict(data))) + "\n"
+        if event.kind == "instance-progress" and not self._progress_line(event.index, len(line)):  # type: ignore[union-attr]
+            return
         self._guard(lambda: self._write_all(self._events, line.encode(errors="surrogateescape")))
+
+    def _progress_line(self, index: int, size: int) -> bool:
+        """Return whether instance ``index``'s progress line of ``size`` bytes is kept (see the module docstring)."""
+        now = time.monotonic()
+        with self._lock:
+            kept, last = self._progress_kept.get(index, (0, float("-inf")))
+            if kept >= PROGRESS_EVENTS_LIMIT and now - last < PROGRESS_EVENTS_THIN_S:
+                return False
+            self._progress_kept[index] = (kept + size, now)
+            return True
 
     def _time(self, event: Event) -> None:
         """Keep what ``event`` says of the launch's phases (summed over the attempts) and slow hosts, for the report."""

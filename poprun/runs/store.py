@@ -291,13 +291,17 @@ def read_progress(path: str) -> tuple[float | None, int | None, float | None]:
 
 
 def _finite(value: object) -> bool:
-    return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type] # a number, as checked
+    """Return whether ``value`` is a finite number a float holds (an int of 400 digits is not: no OverflowError)."""
+    try:
+        return type(value) in (int, float) and math.isfinite(value)  # type: ignore[arg-type] # a number, as checked
+    except OverflowError:
+        return False
 
 
 def _a_time(value: object) -> bool:
     """Return whether ``value`` is a time (UNIX seconds) a record can hold: a finite number from 1970 to 9999."""
-    return (isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            and 0 <= value <= LATEST)
+    return (isinstance(value, int | float) and not isinstance(value, bool) and 0 <= value <= LATEST
+            and math.isfinite(value))  # the range first: an int of 400 digits is out of it, not an OverflowError
 
 
 def _typed(data: Mapping[str, Any], key: str, kind: type | tuple[type, ...], path: str) -> Any:

@@ -240,6 +240,20 @@ def test_a_notifier_that_prints_megabytes_and_ignores_its_input_is_harmless(env,
     assert time.monotonic() - started < 30
 
 
+def test_a_notifier_that_writes_without_end_costs_poprun_no_core(env, tmp_path):
+    """``yes`` for its 3 s deadline: read at a bounded rate, so poprun and it use a fraction of a core, not two."""
+    import resource
+
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    result = poprun(env, tmp_path, "--notify", "yes", "--notify-timeout", "3", "true")
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+
+    assert 0 == result.returncode, result.stderr
+    assert "was still running when poprun ended (at most 3 s after the run)" in result.stderr  # its whole deadline
+    used = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    assert used < 1.5, f"{used:.2f} s of CPU in 3 s"  # before: a core (or two) for the whole deadline
+
+
 def test_an_event_not_chosen_is_not_notified(env, tmp_path):
     """--notify-on attempt-ended: no run-ended line."""
     result = poprun(env, tmp_path, "--notify", APPEND, "--notify-on", "attempt-ended", "true")

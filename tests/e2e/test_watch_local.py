@@ -83,6 +83,7 @@ def test_a_hung_instance_ends_the_run_with_124_naming_it_and_its_host_with_its_s
     assert 124 == done.returncode, done.stderr
     text = "instance 1 on localhost sent no progress or heartbeat for 2 s (--heartbeat-timeout)"
     assert f"poprun: {text}; every instance was stopped" in done.stderr
+    assert "call popdist.heartbeat() inside long steps (a checkpoint, an evaluation)" in done.stderr
     (limit,) = events(tmp_path, "limit-reached")
     assert ("heartbeat", 1, "localhost") == (limit["limit"], limit["instance"], limit["host"])
     assert limit["after_ms"] >= 2000

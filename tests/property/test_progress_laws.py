@@ -8,7 +8,7 @@ import statistics
 from hypothesis import given
 from hypothesis import strategies as st
 
-from poprun.apply.progress import Board
+from poprun.apply.progress import CLOCK_JUMP_RATIO, CLOCK_JUMP_S, Board
 from poprun.core.progress import MAX_DATAGRAM, Update, parse
 
 TOKEN = b"0123456789abcdef0123456789abcdef"
@@ -68,19 +68,19 @@ def reference(updates: list[tuple[float, float, float | None]], window: int) -> 
     """
     times: list[float] = []
     step: float | None = None
-    since = 0.0
-    for new, at, own in updates:
+    since = heard = 0.0
+    for now, (new, at, own) in enumerate(updates):  # poprun hears update number n at n seconds
         if step is not None and new < step:
             times, step = [], None
         if step is None:
-            step, since = new, at
+            step, since, heard = new, at, now
             times += [own] if own is not None else []
         elif new != step:
-            advanced, elapsed = new - step, at - since
-            step, since = new, at
+            advanced, elapsed, seen = new - step, at - since, now - heard
+            step, since, heard = new, at, now
             if own is not None:
                 times += [own] * min(window, max(1, int(advanced)))
-            elif elapsed >= 0:
+            elif 0 <= elapsed <= seen * CLOCK_JUMP_RATIO + CLOCK_JUMP_S:
                 times += [elapsed / advanced] * min(window, max(1, int(advanced)))
     return times[-window:]
 

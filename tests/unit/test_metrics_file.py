@@ -154,6 +154,19 @@ def test_each_version_replaces_the_file_and_leaves_no_temporary_file(tmp_path):
     assert 2 + 1 == metrics.writes
 
 
+@pytest.mark.parametrize("name", ["m" * 249 + ".prom", "é" * 125 + ".prom"])
+def test_a_name_as_long_as_the_file_system_allows_is_written(tmp_path, name):
+    """A name of 254 bytes is a valid path: its temporary file's name must fit too (255 bytes), not fail every write."""
+    path = tmp_path / name
+    metrics = MetricsFile(str(path), run_id="r", backend="local", snapshot=lambda: [progress(0)])
+
+    metrics.write()
+
+    assert () == metrics.close()
+    assert path.read_text().endswith("# EOF\n")
+    assert [name] == [p.name for p in tmp_path.iterdir()]
+
+
 @pytest.mark.parametrize("make", ["fifo", "symlink", "directory"])
 def test_something_that_is_not_a_regular_file_at_the_path_is_left_alone(tmp_path, make):
     """A FIFO, a link or a folder put at the path: never written through nor replaced; one warning."""

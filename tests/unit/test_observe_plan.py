@@ -117,6 +117,17 @@ def test_explain_says_what_is_notified_when_with_which_deadline_and_where_the_me
                                                     for r in rows]
 
 
+def test_explain_and_plan_show_a_metrics_path_with_control_characters_escaped(tmp_path):
+    """A path with a newline and a terminal escape is shown escaped, on its one line, as the command is."""
+    status, out, err = run("plan", "--explain", "--metrics-file", str(tmp_path / "x\ny\x1b[31m.prom"), "true")
+
+    assert 0 == status, err
+    assert "\x1b" not in out
+    shown = f"{tmp_path}/x\\ny\\x1b[31m.prom"
+    assert f"; metrics in {shown} (once a second)" in out or f"observe: metrics in {shown} (once a second)" in out
+    assert f"  metrics: {shown}, OpenMetrics text" in out
+
+
 def test_diff_shows_a_changed_notifier(tmp_path):
     """plan --diff: the observe section names what changed."""
     saved = tmp_path / "old.json"

@@ -269,6 +269,31 @@ def test_a_closed_descriptor_is_forgotten_and_a_new_socket_opened(channel):
     assert [1, 2] == [d["s"] for d in receiver.receive(2)]
 
 
+def test_a_child_forked_without_exec_sends_its_own_calls_never_the_parents_waiting_state(channel):
+    """fork() while the parent holds an unsent call: the child's first call goes at once with c=1; the parent's stays its own."""
+    receiver, clock = channel
+    popdist.progress(1, 10)
+    clock.advance(0.05)
+    popdist.progress(2, 10)  # waits, coalesced
+
+    pid = os.fork()
+    if pid == 0:  # the child: one call, then it exits through atexit (its own state only)
+        code = 1
+        try:
+            popdist.progress(7, 10, child=1)
+            code = 0
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    clock.advance(0.2)
+    popdist.progress(3, 10)
+
+    assert 0 == status
+    got = receiver.receive(3)
+    assert [(1, 1), (7, 1), (3, 2)] == [(d["s"], d["c"]) for d in got]
+    assert [{}, {"child": 1}, {}] == [d.get("m", {}) for d in got]
+
+
 def test_thirty_two_threads_at_once_lose_no_call_and_send_within_the_rate(channel, monkeypatch):
     """32 threads x 2,000 calls on the real clock: every datagram well formed, the counts add up to every call."""
     receiver, _ = channel

@@ -234,3 +234,23 @@ def test_the_summary_keeps_the_largest_straggler_ratio_after_the_instance_recove
 
     assert [p.straggler_ratio for p in board.snapshot()] == [None]
     assert [s.straggler_ratio for s in board.summaries()] == [4.0]
+
+
+def test_a_clock_that_jumps_ahead_of_poprun_counts_no_interval() -> None:
+    """The instance's clock was set forward an hour between two steps poprun heard 1 s apart: no step time of an hour."""
+    board = Board(window=3)
+    for step, at, now in ((0, 10.0, 10.0), (1, 11.0, 11.0), (4, 3611.0, 12.0), (5, 3612.0, 13.0)):
+        board.feed(update(step=step, time=at), now=now)
+
+    assert board.step_times(0) == (1.0, 1.0)
+    assert board.summaries()[0].max_ms == 1000.0
+
+
+def test_intervals_poprun_read_in_a_burst_are_unknown_and_later_ones_count() -> None:
+    """poprun read 10 s of datagrams at once (it was stopped): those intervals are unknown; the step still moves."""
+    board = Board()
+    for step, at, now in ((0, 0.0, 30.0), (1, 10.0, 30.1), (2, 20.0, 30.2), (3, 30.0, 40.2), (4, 40.0, 50.2)):
+        board.feed(update(step=step, time=at), now=now)
+
+    assert board.step_times(0) == (10.0, 10.0)
+    assert board.snapshot()[0].step == 4

@@ -47,7 +47,9 @@ def test_ps_shows_a_progress_column_while_a_run_reports_progress() -> None:
 
 @pytest.mark.parametrize(("step", "total", "eta", "text"), [
     (None, None, None, "-"), (3.0, None, None, "3"), (1.25, 4, None, "1.25/4"), (120.0, 200, 3725.0, "120/200 ETA 1 h 2 min"),
-    (7.0, 9, 0.2, "7/9 ETA 0 s"), (7.0, 9, 59.6, "7/9 ETA 1 min 0 s")])
+    (7.0, 9, 0.2, "7/9 ETA 0 s"), (7.0, 9, 59.6, "7/9 ETA 1 min 0 s"),
+    (3.9e301, 100, 1e300, "3.9e+301/100 ETA over 100000 h"), (1e20, None, None, "1e+20"), (0.9995, 1, None, "1/1"),
+    (-39.0, 100, 0.0, "-39/100 ETA 0 s"), (2.0**53, 10, 360000000.0, "9.007e+15/10 ETA over 100000 h")])
 def test_progress_reads_as_step_total_and_eta(step: float | None, total: int | None, eta: float | None, text: str) -> None:
     """A step without a total, fractions, ETAs in whole units."""
     assert text == render_progress(step, total, eta)
@@ -69,6 +71,16 @@ def test_report_lists_each_instances_steps_and_step_times() -> None:
                 "  3 datagrams not the run's dropped (PR448)\n")
     assert expected == render_report_progress(progress)
     assert "" == render_report_progress({"instances": "no"}) == render_report_progress(None)
+
+
+def test_report_leaves_out_numbers_no_float_holds() -> None:
+    """An int of 400 digits in report.json (hand-edited, damaged) is no number: left out, never an OverflowError."""
+    huge = 10**400
+    progress = {"instances": [
+        {"index": 0, "host": "h1", "steps": 2, "calls": 2, "last_step": huge, "total": 5,
+         "step_time_ms": {"min": 1, "median": huge, "p90": 1, "max": 1}, "straggler_ratio": huge}]}
+
+    assert "progress:\n  instance 0 on h1: no step, 2 steps in 2 calls\n" == render_report_progress(progress)
 
 
 def event(index: int, step: float | None, eta_ms: int | None, *, attempt: int = 0) -> InstanceProgressed:
@@ -142,7 +154,9 @@ def test_ps_reads_the_least_step_and_the_largest_eta(tmp_path: Path) -> None:
     {"v": 1, "instances": [{"step": "1"}]}, {"v": 1, "instances": [{"step": 1, "total": -1}]},
     {"v": 1, "instances": [{"step": 1, "total": True}]}, {"v": 1, "instances": [{"step": 1, "eta_ms": -5}]},
     '{"v": 1, "instances": [{"step": NaN}]}', '{"v": 1, "instances": [{"step": 1e999}]}',
-    {"v": 1, "instances": []}, "[" * 100000 + "]" * 100000])
+    {"v": 1, "instances": []}, "[" * 100000 + "]" * 100000,
+    '{"v": 1, "instances": [{"step": 1%s}]}' % ("0" * 400),  # no float holds it
+    '{"v": 1, "instances": [{"step": 1, "eta_ms": 1%s}]}' % ("0" * 400)])
 def test_a_progress_json_not_as_poprun_writes_it_shows_nothing(tmp_path: Path, bad: object) -> None:
     """Wrong types, values out of range, nested too deep: no progress, never an error."""
     assert (None, None, None) == read_progress(str(write(tmp_path, bad)))
@@ -229,3 +243,38 @@ def test_after_strangers_the_kernel_drops_their_datagrams_and_keeps_the_runs(rem
         channel.close()
 
     assert (True, FILTER_AFTER, 1) == (channel.filtered, channel.forged, channel.received)
+
+
+def test_a_report_with_a_start_no_float_holds_is_listed_by_its_id_time(tmp_path: Path) -> None:
+    """report.json's ``started`` of 400 digits (hand-edited, damaged): ps lists the run, never an OverflowError."""
+    import sys
+
+    from poprun.runs.store import run_info
+
+    env = {**os.environ, "POPRUN_RUNS_DIR": str(tmp_path)}
+    subprocess.run([sys.executable, "-m", "poprun.cli.main", "--", "true"], env=env, check=True, timeout=60, capture_output=True)
+    (run_id,) = os.listdir(tmp_path)
+    report = tmp_path / run_id / "report.json"
+    report.write_text(json.dumps({**json.loads(report.read_text()), "started": 10**400}))
+
+    info = run_info(str(tmp_path), run_id)
+    assert (info.state, info.status) == ("ended", 0)
+    assert info.started is not None and 0 < info.started < 2**40
+
+
+def test_the_record_thins_an_instances_progress_lines_beyond_their_limit(tmp_path: Path, monkeypatch) -> None:
+    """A long run's events.jsonl: past the limit an instance's progress lines are kept once a minute, others' all."""
+    from poprun.runs import record as recording
+
+    monkeypatch.setattr(recording, "PROGRESS_EVENTS_LIMIT", 1000)
+    record = recording.RunRecord.create({"POPRUN_RUNS_DIR": str(tmp_path)})
+    for step in range(100):
+        record.event(event(0, step, 1000))
+    record.event(event(1, 5, 1000))
+    record.close()
+
+    lines = [json.loads(line) for line in (Path(record.path) / "events.jsonl").read_text().splitlines()]
+    zero = [line["step"] for line in lines if line["event"] == "instance-progress" and line["index"] == 0]
+    assert 1000 <= sum(len(json.dumps(line)) for line in lines if line.get("index") == 0) < 1300
+    assert zero == list(range(len(zero))) and 4 < len(zero) < 10  # the first ~1000 bytes, then none within a minute
+    assert [line["step"] for line in lines if line.get("index") == 1] == [5]
