@@ -182,7 +182,7 @@ def _channel(plan: LaunchPlan, relay: Relay, record: RunRecord | None, environ: 
     from poprun.planner.setting import straggler_rule
 
     window, _ = straggler_rule({s.name: s.value for s in plan.backend.settings})  # W: the straggler rule's window
-    board = Board(tuple(i.host for i in plan.instances), window=window)
+    board = Board(tuple(i.host for i in plan.instances), window=window, last_attempt=plan.recovery.max_restarts)
     local = here(plan)
     proxied = dict.fromkeys(i.host for i, at in zip(plan.instances, local, strict=True) if not at)
     ssh = plan.backend.traits.own_ssh_sessions()  # its hosts' SSH_CONNECTION is where their progress goes

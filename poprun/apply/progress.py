@@ -149,8 +149,9 @@ class Board:
     """
 
     def __init__(self, hosts: Sequence[str] = (), *, window: int = WINDOW,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, last_attempt: int | None = None) -> None:
         self._hosts = tuple(hosts)
+        self._last = last_attempt  # no attempt is numbered above it (the plan's --max-restarts)
         self._window = max(1, window)
         self._clock = clock
         self._lock = threading.Lock()
@@ -173,10 +174,11 @@ class Board:
         Take one instance's update, heard at monotonic time ``now``; return whether it was kept.
 
         Dropped (False): an index outside the plan's instances, an attempt older than the
-        board's or than the instance's latest, or a newer one than the board's.
+        board's or than the instance's latest, or one above the last the run can have. A newer
+        one than the instance's starts it afresh (it was restarted alone: ``--restart-scope instance``).
         """
         with self._lock:
-            if self._hosts and update.index >= len(self._hosts):
+            if (self._hosts and update.index >= len(self._hosts)) or (self._last is not None and update.attempt > self._last):
                 return False
             state = self._instances.get(update.index)
             if update.attempt < self._attempt or (state is not None and update.attempt < state.attempt):

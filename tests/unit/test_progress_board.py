@@ -254,3 +254,13 @@ def test_intervals_poprun_read_in_a_burst_are_unknown_and_later_ones_count() -> 
 
     assert board.step_times(0) == (10.0, 10.0)
     assert board.snapshot()[0].step == 4
+
+
+def test_an_attempt_above_the_last_the_run_can_have_is_dropped() -> None:
+    """A datagram claiming attempt 2**31-1 (only a holder of the token can send one) never hides the instance's own."""
+    board = Board(("h1",), last_attempt=1)
+
+    assert not board.feed(update(step=1, attempt=2**31 - 1), now=1.0)
+    assert board.feed(update(step=2, attempt=0), now=2.0)
+    assert board.feed(update(step=3, attempt=1), now=3.0)  # restarted alone: its attempt 1 is its own
+    assert [(p.attempt, p.step) for p in board.snapshot()] == [(1, 3)]
