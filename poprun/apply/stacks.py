@@ -59,19 +59,24 @@ _STATES = {"R": "running", "S": "sleeping", "D": "in uninterruptible wait", "T":
 __all__ = ["FAULTHANDLER", "KILL_SCRIPT", "STACKS_SCRIPT", "STACKS_TIMEOUT_S", "collect_stacks", "end_instance",
            "kill_script", "parse_stacks", "stacks_script"]
 
-# Records, one a line: "proc PID INDEX HEX(stat) HEX(wchan)", "stack PID HEX(py-spy's dump)",
-# "spyfail PID HEX(py-spy's words)", "note PID WORD" (see _NOTES), and "@done" at the end.
-STACKS_SCRIPT = """\
-__poprun_id=@RUN_ID@; __poprun_want=" @WANTED@ "; __poprun_me=$$; __poprun_skip=@SKIP@; __poprun_abrt=
-__poprun_hex() { od -An -v -tx1 2>/dev/null | tr -d ' \\n'; }
-__poprun_tmo=; command -v timeout >/dev/null 2>&1 && __poprun_tmo="timeout -s KILL @PY_SPY_S@"
+# The loop over this user's processes that carry the run's id (POPRUN_RUN_ID in /proc/PID/environ,
+# the script itself and SKIP left out), with each one's variables in $__poprun_env: both scripts begin so.
+_EACH_PROCESS = """\
 for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/environ 2>/dev/null); do
   __poprun_d=${__poprun_e%/environ}; __poprun_p=${__poprun_d#/proc/}
   case $__poprun_p in ''|*[!0-9]*|"$__poprun_me"|"$__poprun_skip") continue;; esac
   [ -O "$__poprun_d" ] || continue
   __poprun_env=$(tr '\\0' '\\n' < "$__poprun_e" 2>/dev/null) || continue
   printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPRUN_RUN_ID=$__poprun_id" || continue
-  __poprun_i=$(printf '%s\\n' "$__poprun_env" | sed -n 's/^POPDIST_INSTANCE_INDEX=//p' | head -n 1)
+"""
+
+# Records, one a line: "proc PID INDEX HEX(stat) HEX(wchan)", "stack PID HEX(py-spy's dump)",
+# "spyfail PID HEX(py-spy's words)", "note PID WORD" (see _NOTES), and "@done" at the end.
+STACKS_SCRIPT = """\
+__poprun_id=@RUN_ID@; __poprun_want=" @WANTED@ "; __poprun_me=$$; __poprun_skip=@SKIP@; __poprun_abrt=
+__poprun_hex() { od -An -v -tx1 2>/dev/null | tr -d ' \\n'; }
+__poprun_tmo=; command -v timeout >/dev/null 2>&1 && __poprun_tmo="timeout -s KILL @PY_SPY_S@"
+""" + _EACH_PROCESS + """  __poprun_i=$(printf '%s\\n' "$__poprun_env" | sed -n 's/^POPDIST_INSTANCE_INDEX=//p' | head -n 1)
   case $__poprun_i in ''|*[!0-9]*) continue;; esac
   case $__poprun_want in *" $__poprun_i "*) ;; *) continue;; esac
   tr '\\0' '\\n' < "$__poprun_d/cmdline" 2>/dev/null | grep -qx poprun-instance && continue
@@ -112,13 +117,7 @@ echo @done"""
 # get SIGKILL and SIGCONT (a stopped one too). "killed PID" a line each, "@done" at the end.
 KILL_SCRIPT = """\
 __poprun_id=@RUN_ID@; __poprun_want=@INDEX@; __poprun_count=@COUNT@; __poprun_me=$$; __poprun_skip=@SKIP@
-for __poprun_e in $(grep -l -F -e "POPRUN_RUN_ID=$__poprun_id" /proc/[0-9]*/environ 2>/dev/null); do
-  __poprun_d=${__poprun_e%/environ}; __poprun_p=${__poprun_d#/proc/}
-  case $__poprun_p in ''|*[!0-9]*|"$__poprun_me"|"$__poprun_skip") continue;; esac
-  [ -O "$__poprun_d" ] || continue
-  __poprun_env=$(tr '\\0' '\\n' < "$__poprun_e" 2>/dev/null) || continue
-  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPRUN_RUN_ID=$__poprun_id" || continue
-  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPDIST_INSTANCE_INDEX=$__poprun_want" || continue
+""" + _EACH_PROCESS + """  printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPDIST_INSTANCE_INDEX=$__poprun_want" || continue
   printf '%s\\n' "$__poprun_env" | grep -qxF -e "POPRUN_RESTART_COUNT=$__poprun_count" || continue
   tr '\\0' '\\n' < "$__poprun_d/cmdline" 2>/dev/null | grep -qx poprun-instance && continue
   kill -KILL "$__poprun_p" 2>/dev/null && echo "killed $__poprun_p"
