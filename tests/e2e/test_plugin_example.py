@@ -81,8 +81,10 @@ def test_the_plan_records_the_plugins_traits_and_setting_and_the_launch_uses_it(
                  env={"POPRUN_NICE_LEVEL": "7"})
 
     backend = json.loads(planned.stdout)["backend"]
-    assert ({"name": "POPRUN_NICE_LEVEL", "value": "7", "source": "environment variable POPRUN_NICE_LEVEL"},
-            True, "none") == (*backend["settings"], backend["traits"]["all_here"], backend["traits"]["reaches"])
+    nice = [s for s in backend["settings"] if s["name"] == "POPRUN_NICE_LEVEL"]  # beside apply's (the straggler rule's)
+    assert ([{"name": "POPRUN_NICE_LEVEL", "value": "7", "source": "environment variable POPRUN_NICE_LEVEL"}],
+            True, "none") == (nice, backend["traits"]["all_here"], backend["traits"]["reaches"])
+    assert {"POPRUN_STRAGGLER_FACTOR", "POPRUN_STRAGGLER_WINDOW"} <= {s["name"] for s in backend["settings"]}
     assert 0 == ran.returncode, ran.stderr
     assert [str(os.nice(0) + 7)] * 2 == ran.stdout.split()
 
