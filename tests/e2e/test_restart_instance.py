@@ -221,21 +221,25 @@ def test_poprun_killed_during_the_delay_leaves_nothing(tmp_path: Path) -> None:
         "from poprun.backends.conformance import EventSink, RestartOnce, probe_plan\n"
         "from poprun.backends.local import LocalBackend\n"
         f"FAILS = {FAILS!r}\n"
+        "made = threading.Event()  # a busy machine may tell the restart before launch() returned\n"
         "class Sink(EventSink):\n"
         "    def event(self, event):\n"
         "        if getattr(event, 'restarting', False):\n"
+        "            made.wait(30)\n"
         "            print(launch._watchdog.group, launch._procs[0].pid, flush=True)\n"
         "launch = LocalBackend().launch(probe_plan(FAILS, Path.cwd(), backend='local'), env_source=dict(os.environ),\n"
         "                               sink=Sink(), restarter=RestartOnce(delay_s=60))\n"
+        "made.set()\n"
         "launch.wait()\n")
     proc = subprocess.Popen([sys.executable, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, text=True,
                             env=os.environ | {"PYTHONPATH": str(Path(__file__).parents[2])})
     assert proc.stdout is not None
-    group, pid = (int(word) for word in proc.stdout.readline().split())
-
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stdout.close()
+    try:
+        group, pid = (int(word) for word in proc.stdout.readline().split())
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
 
     assert wait_for(lambda: group_is_empty(group), within_s=5)
     assert wait_for(lambda: not alive(pid), within_s=5)
