@@ -54,6 +54,7 @@ COMMAND = "POPRUN_NOTIFY_COMMAND"  # the command, in its shell's environment onl
 EVENT = "POPRUN_NOTIFY_EVENT"  # the kind of the event on its standard input
 TAIL = 2048  # bytes of the command's output kept for a warning
 FREE_OUTPUT = 16 << 20  # bytes of its output read as fast as it writes; beyond, at most 20 MiB a second
+_TURN = 1 << 20  # ... read in turns of 1 MiB, 50 ms apart
 _TAIL_LINES = 5
 # The shell moves itself into the watchdog's cgroup (when given one), takes the command out of its environment
 # (what it starts does not inherit it) and runs it: the command is in no argument.
@@ -251,6 +252,7 @@ def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
     os.set_blocking(proc.stdout.fileno(), False)
     pending = memoryview(line)
     read = 0  # bytes of its output read: past FREE_OUTPUT, at a bounded rate (a flood costs poprun no core)
+    turn = 0  # bytes read since the last pause (a pipe gives 64 KiB a read: a turn is 1 MiB of reads)
     with selectors.DefaultSelector() as selector:
         selector.register(proc.stdout, selectors.EVENT_READ)
         selector.register(proc.stdin, selectors.EVENT_WRITE)
@@ -267,8 +269,9 @@ def _talk(proc: subprocess.Popen[bytes], line: bytes, deadline: float,
                     if got is None:
                         selector.unregister(proc.stdout)
                     else:
-                        read += got
-                    if read >= FREE_OUTPUT:
+                        read, turn = read + got, turn + got
+                    if read >= FREE_OUTPUT and turn >= _TURN:
+                        turn = 0
                         cancel.wait(0.05)  # a command that writes without end: 1 MiB a turn, 20 turns a second
             with contextlib.suppress(OSError):
                 _read(proc.stdout.fileno(), tail)  # what it wrote last, without waiting for what it left behind
