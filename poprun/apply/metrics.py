@@ -82,7 +82,7 @@ class MetricsFile:
         self._lock = threading.RLock()  # the run's state; reentrant: a stop signal's handler may tell an event
         self._writing = threading.Lock()  # held while a version is written: never by event(), which must not wait
         self._state, self._attempt, self._restarts = "starting", 0, 0
-        self._made: set[str] = set()  # temporary files this poprun made and has not renamed yet
+        self._made: dict[str, tuple[int, int]] = {}  # temporary files made and not renamed yet: path -> (dev, inode)
         self._problems: dict[str, str] = {}  # cause -> what the first failure said (told once)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -132,9 +132,8 @@ class MetricsFile:
         else:
             try:
                 self._write_locked()
-                for leftover in sorted(self._made):  # made by this poprun (a write cut short): by record, not name
-                    with contextlib.suppress(OSError):
-                        os.unlink(leftover)
+                for leftover, made in sorted(self._made.items()):  # a write cut short: by record, not name
+                    _unlink_own(leftover, made)
                 self._made.clear()
             finally:
                 self._writing.release()
@@ -190,25 +189,34 @@ class MetricsFile:
             cause = "folder" if exc.errno in (errno.ENOENT, errno.ENOTDIR) else f"open-{exc.errno}"
             self._note(cause, f"no file can be made in {folder}: {exc.strerror}")
             return
-        self._made.add(tmp)
+        self._made[tmp] = _identity(os.fstat(fd))
         try:
             with os.fdopen(fd, "wb") as out:
                 out.write(data)
                 out.flush()
                 os.fsync(out.fileno())
             os.rename(tmp, self.path)
-            self._made.discard(tmp)
+            self._made.pop(tmp, None)
             self.writes += 1
         except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)  # made above by this poprun
-            self._made.discard(tmp)
+            _unlink_own(tmp, self._made.pop(tmp))
             why = "the disk is full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
             self._note(f"write-{exc.errno}", f"{self.path} could not be replaced ({why}): the last version stays")
 
     def _note(self, cause: str, detail: str) -> None:
         with self._lock:
             self._problems.setdefault(cause, detail)
+
+
+def _identity(found: os.stat_result) -> tuple[int, int]:
+    return found.st_dev, found.st_ino
+
+
+def _unlink_own(path: str, made: tuple[int, int]) -> None:
+    """Remove the temporary file this poprun made at ``path``, only while that name is still that file (never another's)."""
+    with contextlib.suppress(OSError):
+        if _identity(os.lstat(path)) == made:
+            os.unlink(path)
 
 
 def render(*, run_id: str, backend: str, state: str, attempt: int, restarts: int,

@@ -276,3 +276,19 @@ def test_a_disk_that_never_answers_holds_neither_the_events_nor_the_end(tmp_path
     assert closed < 1.0 + 3
     assert [(f"a version of {tmp_path / 'poprun.prom'} was still being written 1 s after the run ended: its file "
             "system does not answer, and the last state was not written")] == [w.detail for w in warnings]
+
+
+def test_a_temporary_file_replaced_by_another_is_not_removed(tmp_path: Path) -> None:
+    """poprun removes its own temporary file by its record (device, inode), never another file put at that name."""
+    from poprun.apply.metrics import _identity, _unlink_own
+
+    ours = tmp_path / ".m.prom.tmp"
+    ours.write_text("ours")
+    made = _identity(os.lstat(ours))
+    other = tmp_path / "other"
+    other.write_text("someone else's")
+    os.rename(other, ours)  # swapped in between
+
+    _unlink_own(str(ours), made)
+
+    assert "someone else's" == ours.read_text()
