@@ -278,7 +278,7 @@ def test_a_disk_that_never_answers_holds_neither_the_events_nor_the_end(tmp_path
             "system does not answer, and the last state was not written")] == [w.detail for w in warnings]
 
 
-def test_a_temporary_file_replaced_by_another_is_not_removed(tmp_path: Path) -> None:
+def test_a_temporary_file_replaced_by_another_is_not_removed(tmp_path):
     """poprun removes its own temporary file by its record (device, inode), never another file put at that name."""
     from poprun.apply.metrics import _identity, _unlink_own
 
