@@ -40,6 +40,7 @@ from popdist import env as names
 from poprun.apply.progress import Board, StepSummary
 from poprun.core.events import InstanceProgressed
 from poprun.core.progress import MAGIC, MAX_DATAGRAM, InstanceProgress, parse
+from poprun.core.threads import start_thread
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -175,7 +176,7 @@ class Channel:
     def start(self) -> None:
         """Begin making the socket and reading it (in the channel's thread); :meth:`ready` waits for it."""
         try:
-            self._thread.start()
+            start_thread(self._thread)
         except RuntimeError as exc:  # no thread can be had (a process limit): the run goes on without progress
             self.error = OSError(11, f"no thread for the progress channel ({exc})")  # EAGAIN, as clone(2) says it
             self._ready.set()

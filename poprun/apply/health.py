@@ -56,6 +56,7 @@ from poprun.core.events import HealthChecked
 from poprun.core.record import record
 from poprun.core.secret import mask_text, printable
 from poprun.core.span import SourceSpan
+from poprun.core.threads import spawn
 from poprun.process.hostscript import CancelledError, Scope, scope
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up)
@@ -185,8 +186,7 @@ def _start(order: Sequence[str], one: Callable[[str], None], slots: threading.Bo
         if stop is not None and stop.is_set():
             slots.release()
             return threads
-        thread = threading.Thread(target=one, args=(host,), name=f"poprun-health-{host}", daemon=True)
-        thread.start()
+        thread = spawn(one, args=(host,), name=f"poprun-health-{host}")
         threads.append(thread)
     return threads
 

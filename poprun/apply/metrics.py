@@ -34,6 +34,7 @@ import threading
 
 from poprun.core.diagnostic import warning
 from poprun.core.span import SourceSpan
+from poprun.core.threads import spawn
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -95,8 +96,7 @@ class MetricsFile:
     def start(self) -> None:
         """Write the file now, then once a second from a thread of its own, until :meth:`close`."""
         self.write()
-        self._thread = threading.Thread(target=self._keep, name="poprun-metrics", daemon=True)
-        self._thread.start()
+        self._thread = spawn(self._keep, name="poprun-metrics")
 
     def event(self, event: Event) -> None:
         """Follow the run's state, attempt and restarts from ``event``; never waits."""

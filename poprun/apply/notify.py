@@ -38,6 +38,7 @@ import time
 
 from poprun.core.diagnostic import warning
 from poprun.core.span import SourceSpan
+from poprun.core.threads import spawn
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -102,8 +103,7 @@ class Notifier:
                            b"")
             self._queue.append((event.kind, line))
             if self._worker is None:
-                self._worker = threading.Thread(target=self._work, name="poprun-notify", daemon=True)
-                self._worker.start()
+                self._worker = spawn(self._work, name="poprun-notify")
             self._cond.notify_all()
 
     def close(self, *, interrupted: Callable[[], bool] = lambda: False) -> tuple[Diagnostic, ...]:

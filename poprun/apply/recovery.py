@@ -31,6 +31,7 @@ import time
 from collections.abc import Callable, Mapping
 
 from poprun.core.outcome import signal_name
+from poprun.core.threads import spawn
 from poprun.planner.plan import Recovery
 
 PRE_RESTART_TIMEOUT_S = 600.0  # the pre-restart command's longest run: a health check that hangs ends the run
@@ -195,8 +196,7 @@ class LimitWatch:
         self.fired = ""  # the limit reached: "timeout" or "stall"
         self._wake = threading.Event()
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="poprun-limits", daemon=True)
-        self._thread.start()
+        self._thread = spawn(self._run, name="poprun-limits")
 
     def output(self) -> None:
         """Tell that an instance wrote output now."""

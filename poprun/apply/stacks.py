@@ -37,6 +37,7 @@ from collections.abc import Mapping
 
 from popdist import env as names
 from poprun.apply.hostrun import run_script
+from poprun.core.threads import start_thread
 
 STACKS_TIMEOUT_S = 20.0  # a default for the caller: py-spy on a few processes, over a slow link
 PY_SPY_S = 10  # one py-spy dump at most (a process it cannot attach to)
@@ -253,7 +254,7 @@ def collect_stacks(backend: object, hosts: Mapping[int, str], run_id: str, *, en
     threads = [threading.Thread(target=read, args=(host,), name=f"poprun-stacks-{n}", daemon=True)
                for n, host in enumerate(by_host)]
     for thread in threads:
-        thread.start()
+        start_thread(thread)
     for thread in threads:
         thread.join(timeout_s + 5)
     result: dict[int, str] = {}

@@ -33,6 +33,7 @@ import time
 
 from poprun.core.events import Straggler
 from poprun.core.record import record
+from poprun.core.threads import spawn
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -145,8 +146,7 @@ class Watch:
         board.listen(self._heard)  # type: ignore[attr-defined]
         self._thread: threading.Thread | None = None
         if thread and (heartbeat_s > 0 or restart):
-            self._thread = threading.Thread(target=self._run, name="poprun-watch", daemon=True)
-            self._thread.start()
+            self._thread = spawn(self._run, name="poprun-watch")
 
     # -- what apply tells ---------------------------------------------------------------
     def hosts(self, hosts: Sequence[str]) -> None:

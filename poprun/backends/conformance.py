@@ -29,7 +29,6 @@ import json
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -50,6 +49,7 @@ from poprun.backends.base import (
     capabilities,
 )
 from poprun.core.record import evolve, positional_record, record
+from poprun.core.threads import spawn
 from poprun.planner import plan as p
 
 if TYPE_CHECKING:
@@ -205,8 +205,7 @@ def _expect(expected: object, actual: object, what: str) -> None:
 def _wait(launch: Launch, within_s: float = WAIT_S) -> ApplyResult:
     """Return ``launch.wait()``; kill the launch and fail when it takes longer than ``within_s``."""
     box: list[ApplyResult] = []
-    waiter = threading.Thread(target=lambda: box.append(launch.wait()), daemon=True)
-    waiter.start()
+    waiter = spawn(lambda: box.append(launch.wait()))
     waiter.join(within_s)
     if not box:
         launch.terminate(0)

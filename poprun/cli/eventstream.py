@@ -26,6 +26,7 @@ from collections.abc import Callable, Mapping
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.events import Event
 from poprun.core.span import SourceSpan
+from poprun.core.threads import spawn
 from poprun.planner.spec import Sourced
 
 VARIABLE = "POPRUN_EVENTS"
@@ -84,8 +85,7 @@ class EventStream:
             self._ready.notify_all()
             if self._writer is None or not self._writer.is_alive():  # none yet, or not in this process (a fork)
                 self._progress = time.monotonic()
-                self._writer = threading.Thread(target=self._write, name="poprun-events", daemon=True)
-                self._writer.start()
+                self._writer = spawn(self._write, name="poprun-events")
 
     def drain(self, *, stop: Callable[[], bool] = lambda: False) -> None:
         """

@@ -42,6 +42,7 @@ import time
 from collections.abc import Callable
 
 from poprun.backends.base import Event, Stream
+from poprun.core.threads import spawn
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
@@ -167,8 +168,7 @@ class Console:
                 self._draw()
         self._tell_broken()
         if self._ticker is None:
-            self._ticker = threading.Thread(target=self._tick, name="poprun-status", daemon=True)
-            self._ticker.start()
+            self._ticker = spawn(self._tick, name="poprun-status")
 
     @property
     def stops(self) -> int:

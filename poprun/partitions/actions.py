@@ -35,6 +35,7 @@ from typing import Self
 from popdist import env as names
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
 from poprun.core.record import record
+from poprun.core.threads import spawn
 from poprun.partitions import report
 from poprun.partitions.choice import provider_for
 from poprun.partitions.provider import (
@@ -155,8 +156,7 @@ class Lease:
         self._partition, self._provider, self._owner = partition, provider, owner
         self._stop = threading.Event()
         self._released = False
-        self._heartbeat = threading.Thread(target=self._renew, args=(ttl_s,), name="poprun-lease", daemon=True)
-        self._heartbeat.start()
+        self._heartbeat = spawn(self._renew, args=(ttl_s,), name="poprun-lease")
 
     @property
     def env(self) -> Mapping[str, str]:
@@ -351,8 +351,7 @@ def probe(partition: plan.Partition, environ: Mapping[str, str], *, timeout_s: f
         except ProviderError as exc:
             outcome.append(exc)
 
-    worker = threading.Thread(target=look, name="poprun-probe", daemon=True)  # bounds DNS waits too
-    worker.start()
+    worker = spawn(look, name="poprun-probe")  # bounds DNS waits too
     worker.join(timeout_s)
     result = outcome[0] if outcome else UnreachableError(f"no answer within {timeout_s:g} s")
     if isinstance(result, ProviderError):

@@ -36,6 +36,7 @@ from types import FrameType
 from typing import Any
 from urllib.parse import unquote
 
+from poprun.core.threads import spawn
 from poprun.partitions import wire
 from poprun.partitions.deadline import DeadlineSocket
 from poprun.partitions.provider import PartitionInfo, ProviderError
@@ -258,7 +259,7 @@ def start(host: str, port: int, db_path: str, inventory: Inventory | None = None
           request_timeout_s: float = REQUEST_TIMEOUT_S) -> EmulatorServer:
     """Return a running server (in a daemon thread); call its ``stop()`` when done."""
     server = EmulatorServer(host, port, Store(db_path, inventory), request_timeout_s=request_timeout_s)
-    threading.Thread(target=server.serve_forever, name="vipu-emulator", daemon=True).start()
+    spawn(server.serve_forever, name="vipu-emulator")
     return server
 
 
@@ -268,7 +269,7 @@ def serve(host: str, port: int, db_path: str, inventory: Inventory | None = None
     server = EmulatorServer(host, port, Store(db_path, inventory), request_timeout_s=request_timeout_s)
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
-        threading.Thread(target=server.shutdown, daemon=True).start()
+        spawn(server.shutdown)
 
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, stop)

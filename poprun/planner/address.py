@@ -91,7 +91,8 @@ def slurm_node_address(name: str, environ: Mapping[str, str]) -> str | None:
 def resolves(name: str, timeout_s: float = 2.0) -> bool | None:
     """Return whether ``name`` resolves on this machine; None when the resolver did not answer in ``timeout_s``."""
     import socket
-    import threading
+
+    from poprun.core.threads import spawn
 
     answer: list[bool] = []
 
@@ -103,7 +104,6 @@ def resolves(name: str, timeout_s: float = 2.0) -> bool | None:
         else:
             answer.append(True)
 
-    thread = threading.Thread(target=look_up, name="poprun-resolve", daemon=True)
-    thread.start()
+    thread = spawn(look_up, name="poprun-resolve")
     thread.join(timeout_s)
     return answer[0] if answer else None

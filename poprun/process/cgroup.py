@@ -1,7 +1,7 @@
 """
 A cgroup (v2) per launch: what a process group cannot hold, a cgroup does.
 
-Layer: ``poprun.process``; standard library only. Linux with a cgroup v2 hierarchy that this
+Layer: ``poprun.process``; the standard library and :mod:`poprun.core.threads`. Linux with a cgroup v2 hierarchy that this
 user may write to (a delegated systemd slice, a container, root) and ``cgroup.kill`` (Linux
 5.14). Anywhere else :meth:`Cgroup.make` returns None and nothing changes.
 
@@ -171,20 +171,14 @@ class Cgroup:
         """
         Begin :meth:`enter` in a thread (the move may wait for an RCU grace period); :meth:`enter` waits for it.
 
-        The thread starts with the stop signals blocked (SIGINT, SIGTERM, SIGHUP), as the launch's
+        The thread starts with the stop signals blocked (:mod:`poprun.core.threads`), as the launch's
         own threads do: they reach the main thread, whose handlers stop the launch.
         """
-        import signal
-        from threading import Thread
+        from poprun.core.threads import spawn
 
         if not self._inside:
             self._inside = True  # as in enter(): inside before the write
-            self._mover = Thread(target=self._move_in, name="poprun-cgroup", daemon=True)
-            held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-            try:
-                self._mover.start()
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, held)
+            self._mover = spawn(self._move_in, name="poprun-cgroup")
 
     def _move_in(self) -> None:
         try:
@@ -262,18 +256,15 @@ def prime() -> None:
     own = _own_directory()
     if own is None:
         return
-    import signal
     from threading import Event, Thread
+
+    from poprun.core.threads import start_thread
 
     stop = Event()
     thread = Thread(target=_keep_ready, args=(os.path.join(own, "cgroup.procs"), stop),
                     name="poprun-cgroup-primer", daemon=True)
     _primer.append((thread, stop))
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, (signal.SIGINT, signal.SIGTERM, signal.SIGHUP))
-    try:
-        thread.start()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, held)
+    start_thread(thread)
 
 
 def stop_priming() -> None:

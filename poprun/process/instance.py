@@ -24,6 +24,7 @@ from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE, NOT_FOUND
 from poprun.core.launching import TemporaryCache
 from poprun.core.purepath import absolute, exists, is_dir, pure
 from poprun.core.span import SourceSpan
+from poprun.core.threads import STOPS
 from poprun.planner.plan import Instance
 from poprun.process.files import made_here, which
 from poprun.process.output import Router
@@ -191,7 +192,6 @@ def bound_argv(instance: Instance) -> list[str]:
             *instance.argv]
 
 
-_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
 def start_supervising(thread: threading.Thread, announce: Callable[[], None], abort: Callable[[], None]) -> None:
@@ -205,7 +205,7 @@ def start_supervising(thread: threading.Thread, announce: Callable[[], None], ab
     to the main thread), and a stop that came is raised once the supervisor runs: then
     ``abort`` stops everything and waits for the supervisor's clean-up, and the exception goes on.
     """
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)
     try:
         announce()
         thread.start()

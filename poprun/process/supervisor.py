@@ -48,6 +48,7 @@ from poprun.core.events import Event, InstanceEnded, InstanceStarted, MpiWithout
 from poprun.core.exitstatus import SIGNALLED as _SIGNALLED  # a POSIX shell reports death by signal N as 128+N
 from poprun.core.launching import Gate, OutputSink, Restarter, Stream
 from poprun.core.outcome import ApplyResult, InstanceFailure
+from poprun.core.threads import spawn
 from poprun.planner.plan import LaunchPlan
 from poprun.process.files import remove_directories
 from poprun.process.instance import start_supervising
@@ -220,7 +221,7 @@ class LocalLaunch:
             self._pidfds[index] = os.pidfd_open(proc.pid)
         except (AttributeError, OSError):  # no pidfd (not Linux >= 5.3): wait without reaping
             self._waited.add(index)
-            threading.Thread(target=self._await_end, args=(proc.pid,), daemon=True).start()
+            spawn(self._await_end, args=(proc.pid,))
         else:
             self._selector.register(self._pidfds[index], selectors.EVENT_READ, index)
 
@@ -275,7 +276,7 @@ class LocalLaunch:
             with self._lock:
                 del self._due[index]
                 self._preparing.add(index)
-            threading.Thread(target=self._prepare, args=(index,), name="poprun-restart", daemon=True).start()
+            spawn(self._prepare, args=(index,), name="poprun-restart")
         with self._lock:
             given_up = sorted(i for i in self._held if i not in self._due and i not in self._preparing
                               and i not in self._respawned)

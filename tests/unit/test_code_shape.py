@@ -167,3 +167,51 @@ def test_no_module_imports_itself_through_others() -> None:
 def test_the_cycle_finder_finds_circles_and_only_circles(graph: dict[str, set[str]], expected: list[list[str]]) -> None:
     """The checker itself: a two-module circle is found, a chain is not."""
     assert _cycles(graph) == expected
+
+
+def _is_thread(node: ast.AST) -> bool:
+    return isinstance(node, ast.Call) and ast.unparse(node.func) in ("Thread", "threading.Thread")
+
+
+def _threads_started_bare(source: str) -> list[int]:
+    """Return the lines of ``.start()`` calls on threads made in ``source`` (``X = Thread(...)``, lists of them)."""
+    tree = ast.parse(source)
+    threads: set[str] = set()
+    lists: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign | ast.AnnAssign) and node.value is not None:
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if _is_thread(node.value):
+                threads.update(ast.unparse(target) for target in targets)
+            elif isinstance(node.value, ast.ListComp | ast.List) and any(_is_thread(n) for n in ast.walk(node.value)):
+                lists.update(ast.unparse(target) for target in targets)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.For) and ast.unparse(node.iter) in lists:
+            threads.add(ast.unparse(node.target))
+    return sorted(node.lineno for node in ast.walk(tree)
+                  if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "start"
+                  and not node.args and (_is_thread(node.func.value) or ast.unparse(node.func.value) in threads))
+
+
+def test_every_thread_is_started_with_the_stop_signals_blocked() -> None:
+    """poprun.core.threads says why: a stop signal a thread takes is not acted on while the main thread waits."""
+    allowed = {os.path.join("poprun", "core", "threads.py"),  # the one place that starts them
+               os.path.join("poprun", "process", "instance.py")}  # start_supervising: blocks them itself (STOPS)
+    offenders = []
+    for path in _sources():
+        name = os.path.relpath(path, ROOT)
+        if name.startswith("poprun") and name not in allowed:
+            with open(path, encoding="utf-8") as file:
+                offenders += [f"{name}:{line}" for line in _threads_started_bare(file.read())]
+    assert [] == offenders, "start threads with poprun.core.threads.spawn or start_thread"
+
+
+@pytest.mark.parametrize(("source", "lines"), [
+    ("import threading\nthreading.Thread(target=f).start()\n", [2]),
+    ("t = Thread(target=f)\nt.start()\n", [2]),
+    ("self.t: Thread = Thread(target=f)\nself.t.start()\n", [2]),
+    ("ts = [Thread(target=f) for _ in x]\nfor t in ts:\n    t.start()\n", [3]),
+    ("t = Thread(target=f)\nstart_thread(t)\nm = re.match(a, b)\nm.start()\n", []),
+])
+def test_the_bare_start_finder_finds_threads_and_only_threads(source: str, lines: list[int]) -> None:
+    assert lines == _threads_started_bare(source)

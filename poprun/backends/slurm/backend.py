@@ -60,7 +60,6 @@ import secrets
 import signal
 import subprocess
 import sys
-import threading
 import time
 import zlib
 from collections.abc import Mapping
@@ -81,6 +80,7 @@ from poprun.backends.slurm.hostcommand import outside_allocation, srun_missing
 from poprun.core.diagnostic import launch_error
 from poprun.core.exitstatus import CANNOT_LAUNCH, NOT_EXECUTABLE
 from poprun.core.span import SourceSpan
+from poprun.core.threads import spawn
 from poprun.planner.plan import LaunchPlan
 from poprun.planner.slurm import from_environ
 from poprun.process.files import private_directory, which
@@ -305,7 +305,7 @@ class SlurmLaunch(LauncherLaunch):
         with self._lock:
             if self._gentle:
                 self._gentle = False
-                threading.Thread(target=self._signal_step, name="poprun-scancel", daemon=True).start()
+                spawn(self._signal_step, name="poprun-scancel")
             now = time.monotonic()
             if self._kill_at is not None and now >= self._kill_at:
                 self._kill()

@@ -31,6 +31,7 @@ from poprun.core.diagnostic import launch_error
 from poprun.core.localhost import is_this_machine
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
+from poprun.core.threads import start_thread
 from poprun.planner.plan import LaunchPlan
 from poprun.process.instance import (
     DEFAULT_GRACE_S,
@@ -327,7 +328,7 @@ class _Heartbeat:
         self._stopped = threading.Event()
         self._thread = threading.Thread(target=self._run, name="poprun-heartbeat", daemon=True)
         if self._indices:
-            self._thread.start()
+            start_thread(self._thread)
 
     def _run(self) -> None:
         while not self._stopped.wait(self._interval_s):
