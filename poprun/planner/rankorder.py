@@ -14,7 +14,7 @@ Three orders:
   ``node7``, ``rack2``), labels compare one by one, a shorter name that is a prefix of a longer
   one first; within a label, runs of digits compare by value (``node7`` < ``node8`` < ``node66``),
   runs of other characters as text, a digit run before a text run; equal values with more
-  leading zeros after (``node66`` < ``node066``). Distinct names never compare equal, so the
+  leading zeros first (``node066`` < ``node66``, as :func:`poprun.core.hostlist.compress` sorts). Distinct names never compare equal, so the
   order is total and does not depend on the input's order (IP addresses sort by their numbers).
 - ``topology``: hosts grouped by the leaf switch (Slurm's topology/tree) or block
   (topology/block) they sit under, from a file in Slurm's ``topology.conf`` form or, inside an
@@ -161,8 +161,8 @@ def _logical_lines(text: str, reader: _Reader) -> Iterable[tuple[int, str]]:
         line = _uncomment(raw)
         if not held:
             start = number
-        if line.rstrip().endswith("\\"):
-            held += line.rstrip()[:-1] + " "
+        if line.endswith("\\"):  # joined as Slurm joins it: the backslash removed, nothing added
+            held += line[:-1]
             continue
         whole, held = held + line, ""
         if whole.strip():
@@ -228,13 +228,13 @@ def _names(reader: _Reader, line: _Line, key: str, budget: list[int]) -> tuple[s
                     column=column)
         return ()
     try:
-        names = expand(value, limit=budget[0])
+        names = expand(value)
     except HostlistError as exc:
         reader.fail("PR258", line, f"{key.capitalize()}={value[:60]}: {exc.message}", exc.hint,
                     column=column + exc.position, length=max(exc.length, 1))
         return ()
     budget[0] -= len(names)
-    if budget[0] <= 0:
+    if budget[0] < 0:
         reader.fail("PR258", line, f"the file names more than {MAX_HOSTS} hosts and switches",
                     "split the topology, or keep the part of the hosts you launch on", column=column)
         return ()
@@ -435,6 +435,7 @@ def scontrol_topology(environ: Mapping[str, str], *, timeout_s: float = SCONTROL
     """
     import os
     import shutil
+    import signal
     import subprocess
 
     where = SourceSpan.environment(SCONTROL)
@@ -448,7 +449,7 @@ def scontrol_topology(environ: Mapping[str, str], *, timeout_s: float = SCONTROL
             try:
                 out, err = proc.communicate(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                proc.kill()
+                os.killpg(proc.pid, signal.SIGKILL)  # its own session: a child holding the pipes goes too
                 proc.communicate()
                 raise _slurm_failed(where, f"scontrol did not answer within {timeout_s:g} s",
                                     "check the Slurm controller (scontrol ping), or give the file with "
