@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -355,3 +357,71 @@ def test_slurms_hostfile_lists_each_instances_planned_host(tmp_path: Path) -> No
 
     assert "--distribution=arbitrary" in srun_command(plan)
     assert ["tux0", "tux0", "tux11", "tux11"] == [i.host for i in plan.instances]
+
+
+# -- a saved plan's rank order is untrusted ------------------------------------------------------
+def tampered(tmp_path: Path, change: Callable[[dict[str, Any]], object]) -> list[str]:
+    """Return the PR114 details of the saved topology plan after ``change(data)``."""
+    plan = plan_of("-H", "tux[0-1,5]", "--num-replicas", "3", "--network-topology", "topology.conf",
+                   ctx=write(tmp_path)).plan
+    data = json.loads(to_json(plan))
+    change(data)
+    with pytest.raises(DiagnosticError) as info:
+        from_json(json.dumps(data))
+    return [d.detail for d in info.value.diagnostics]
+
+
+@pytest.mark.parametrize(("change", "detail"), [
+    (lambda d: d["rank_order"].update(mode="alphabetical"), "$.rank_order.mode is 'alphabetical', not one of"),
+    (lambda d: d["rank_order"].update(mode="natural"), "$.rank_order.source must be empty under the natural order"),
+    (lambda d: d["rank_order"]["groups"][0]["hosts"].append("tux5"), "$.rank_order.groups must name the plan's hosts"),
+    (lambda d: d["rank_order"]["groups"].reverse(), "$.rank_order.groups must name the plan's hosts"),
+    (lambda d: d["instances"][2].update(group="s0"), "$.instances[2].group is 's0'; host tux5 is in group 's1'"),
+    (lambda d: d["rank_order"]["groups"][0].update(name="s 0"), "$.rank_order.groups[0].name is 's 0'"),
+    (lambda d: d["rank_order"].update(kind="torus"), "$.rank_order.kind is 'torus', not tree or block"),
+    (lambda d: d.pop("rank_order"), "$.instances[0].group names a group under the given order"),
+])
+def test_a_saved_plans_rank_order_is_checked(tmp_path: Path, change: Callable[[dict[str, Any]], object],
+                                             detail: str) -> None:
+    found = tampered(tmp_path, change)
+
+    assert any(f.startswith(detail) for f in found), found
+
+
+def test_a_saved_natural_plan_must_be_in_natural_order() -> None:
+    data = json.loads(to_json(plan_of("-H", "n10,n9", "--num-replicas", "2", "--rank-order", "natural").plan))
+    data["topology"]["hosts"].reverse()
+
+    with pytest.raises(DiagnosticError) as info:
+        from_json(json.dumps(data))
+
+    assert "$.topology.hosts are not in natural order" in info.value.diagnostics[0].detail
+
+
+def test_diff_shows_the_order_the_groups_and_each_instances_new_host(tmp_path: Path) -> None:
+    from poprun.render.diff import diff_plans
+
+    ctx = write(tmp_path)
+    old = plan_of("-H", "tux[5,0]", "--num-replicas", "2", ctx=ctx).plan
+    new = plan_of("-H", "tux[5,0]", "--num-replicas", "2", "--network-topology", "topology.conf", ctx=ctx).plan
+
+    diff = diff_plans(old, new).changes
+    changes = {(c.section, c.key): (c.old, c.new) for c in diff}
+
+    assert ("given", "topology") == changes[("rank_order", "mode")]
+    assert ("tux5,tux0", "tux0,tux5") == changes[("rank_order", "host order")]
+    assert (None, "tux0") == changes[("rank_order", "group s0")]
+    assert [((0,), None, "s0"), ((1,), None, "s1")] == [(c.instances, c.old, c.new) for c in diff if c.key == "group"]
+    assert [((0,), "tux5", "tux0"), ((1,), "tux0", "tux5")] == [(c.instances, c.old, c.new) for c in diff if c.key == "host"]
+
+
+def test_toml_and_dsl_say_the_same_as_the_flags(tmp_path: Path) -> None:
+    from poprun.planner.dsl.read import parse_dsl
+    from poprun.planner.tomlspec import parse_toml
+
+    toml = parse_toml('[placement]\nrank_order = "natural"\nnetwork_topology = "t.conf"\n', file="s.toml")
+    dsl = parse_dsl("rank order natural\nnetwork topology t.conf\n", file="s.pop")
+    flags = parse_flags(["--rank-order", "natural", "--network-topology", "t.conf"]).spec
+
+    assert (toml.rank_order, toml.network_topology) == (dsl.rank_order, dsl.network_topology) == (
+        flags.rank_order, flags.network_topology)
