@@ -56,8 +56,8 @@ def _check_topology(plan: p.LaunchPlan, fail: Callable[[str, str], None]) -> Non
     r = plan.rank_order
     if r.kind not in ("tree", "block"):
         fail(f"{WHERE}.kind", f"is {r.kind[:40]!r}, not tree or block")
-    if not r.source or len(r.source) > MAX_SOURCE:
-        fail(f"{WHERE}.source", f"must name the topology's file or scontrol (1 to {MAX_SOURCE} characters)")
+    if not r.source or len(r.source) > MAX_SOURCE or not r.source.isprintable():
+        fail(f"{WHERE}.source", f"must name the topology's file or scontrol (1 to {MAX_SOURCE} printable characters)")
     names: set[str] = set()
     for g, group in enumerate(r.groups):
         for path, name in ((f"{WHERE}.groups[{g}].name", group.name),

@@ -521,7 +521,8 @@ def _topology_order(s: Solver, hosts: tuple[str, ...]) -> tuple[tuple[str, ...],
     file = s.spec.network_topology
     origin = s.spec.rank_order.origin if s.spec.rank_order is not None else SourceSpan.default("rank_order")
     if file is not None:
-        topology, source, where = read_topology(s, file), file.value, file.origin
+        source = file.value if file.value.isprintable() else ascii(file.value)  # explain and the plan show one line
+        topology, where = read_topology(s, file), file.origin
         reason = "the file given"
     elif _in_allocation(s.ctx.environ):
         source, where = SCONTROL, SourceSpan.environment(SCONTROL)

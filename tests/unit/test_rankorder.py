@@ -425,3 +425,27 @@ def test_toml_and_dsl_say_the_same_as_the_flags(tmp_path: Path) -> None:
 
     assert (toml.rank_order, toml.network_topology) == (dsl.rank_order, dsl.network_topology) == (
         flags.rank_order, flags.network_topology)
+
+
+def test_a_file_name_with_a_newline_is_shown_on_one_line(tmp_path: Path) -> None:
+    ctx = write(tmp_path)
+    (tmp_path / "top\nology.conf").write_text("SwitchName=s Nodes=n[1-2]\n")
+
+    plan = plan_of("-H", "n2,n1", "--num-replicas", "2", "--network-topology", "top\nology.conf", ctx=ctx).plan
+
+    assert "'top\\nology.conf'" == plan.rank_order.source
+    assert plan == from_json(to_json(plan))
+
+
+def test_a_replan_keeps_the_topology_order_with_the_spare_in_its_group(tmp_path: Path) -> None:
+    """tux1 is lost, spare tux2 takes its place: the next attempt is grouped again, tux2 under s0."""
+    from poprun.planner.replan import replan
+
+    ctx = write(tmp_path)
+    plan = plan_of("-H", "tux[5,1]", "--num-replicas", "2", "--spare-host", "tux2", "--network-topology",
+                   "topology.conf", ctx=ctx).plan
+
+    again = replan(plan, {"tux1": "lost"}, ctx).plan
+
+    assert (("tux1", "tux5"), ("tux2", "tux5")) == (plan.topology.hosts, again.topology.hosts)
+    assert ["s0", "s1"] == [i.group for i in again.instances]
