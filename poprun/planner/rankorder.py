@@ -60,6 +60,7 @@ SCONTROL = "scontrol show topology"
 SCONTROL_TIMEOUT_S = 20.0  # the controller's answer; a busy one answers within seconds
 MAX_OUTPUT = 4 * 1024 * 1024  # bytes of scontrol's answer read at most
 MAX_PROBLEMS = 20  # a file with more problems than this is not worth listing them all
+MAX_NAMES = 1_000_000  # hosts and switches a topology names in all (each host list: at most 100,000)
 _FILE_KEYS = ("switchname", "switches", "nodes", "linkspeed", "blockname", "blocksizes")
 _WORD = re.compile(r'\s*([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|[^\s"]*)(?=\s|$)')
 _NAME = re.compile(r"[A-Za-z0-9_.:][A-Za-z0-9_.:+-]*\Z")
@@ -235,7 +236,7 @@ def _names(reader: _Reader, line: _Line, key: str, budget: list[int]) -> tuple[s
         return ()
     budget[0] -= len(names)
     if budget[0] < 0:
-        reader.fail("PR258", line, f"the file names more than {MAX_HOSTS} hosts and switches",
+        reader.fail("PR258", line, f"the file names more than {MAX_NAMES} hosts and switches",
                     "split the topology, or keep the part of the hosts you launch on", column=column)
         return ()
     return names
@@ -261,7 +262,7 @@ class _Switch:
 
 def _tree(reader: _Reader, lines: list[_Line]) -> NetworkTopology | None:
     """Return the leaves of a switch tree in walk order (PR258/PR259 for what is not one)."""
-    budget = [MAX_HOSTS]
+    budget = [MAX_NAMES]
     switches: dict[str, _Switch] = {}
     for line in lines:
         name = _name(reader, line, "switchname")
@@ -345,7 +346,7 @@ def _walk(switches: dict[str, _Switch], parent: dict[str, str]) -> Iterable[Leaf
 
 def _blocks(reader: _Reader, lines: list[_Line]) -> NetworkTopology | None:
     """Return the blocks in the file's order, and the block sizes (PR258/PR259 for what is not one)."""
-    budget = [MAX_HOSTS]
+    budget = [MAX_NAMES]
     blocks: dict[str, Leaf] = {}
     owner: dict[str, str] = {}
     sizes: tuple[int, ...] = ()

@@ -240,8 +240,11 @@ def _hosts_text(hosts: tuple[str, ...]) -> str:
 def _group_rows(plan: LaunchPlan, groups: tuple[RankGroup, ...]) -> list[list[str]]:
     """Return the rows of the groups table: each group, its hosts, its instances and the switches above it."""
     rows = [["group", "hosts", "instances", "above"]]
+    by_host: dict[str, list[int]] = {}
+    for i in plan.instances:
+        by_host.setdefault(i.host, []).append(i.index)
     for g in groups:
-        mine = [i.index for i in plan.instances if i.host in g.hosts]
+        mine = sorted(index for host in g.hosts for index in by_host.get(host, ()))
         shown = (str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}") if mine else "-"
         rows.append([g.name, _short(_hosts_text(g.hosts), 60), shown, " < ".join(g.parents) or "-"])
     return rows

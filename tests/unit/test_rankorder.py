@@ -163,8 +163,8 @@ def test_a_file_naming_millions_of_hosts_is_refused_not_expanded() -> None:
 
     found = parse_problems(text)
 
-    assert ("PR258", 2) == found[0][:2]
-    assert "more than 100000 hosts and switches" in found[0][2]
+    assert ("PR258", 11) == found[0][:2]
+    assert "more than 1000000 hosts and switches" in found[0][2]
 
 
 def topology_file(tmp_path: Path, *argv: str) -> list[tuple[str, str]]:
