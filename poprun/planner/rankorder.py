@@ -60,6 +60,7 @@ SCONTROL = "scontrol show topology"
 SCONTROL_TIMEOUT_S = 20.0  # the controller's answer; a busy one answers within seconds
 MAX_OUTPUT = 4 * 1024 * 1024  # bytes of scontrol's answer read at most
 MAX_PROBLEMS = 20  # a file with more problems than this is not worth listing them all
+MAX_LEVELS = 64  # levels of switches in a tree (real networks have 2 to 4)
 MAX_NAMES = 1_000_000  # hosts and switches a topology names in all (each host list: at most 100,000)
 _FILE_KEYS = ("switchname", "switches", "nodes", "linkspeed", "blockname", "blocksizes")
 _WORD = re.compile(r'\s*([A-Za-z][A-Za-z0-9_]*)=("[^"]*"|[^\s"]*)(?=\s|$)')
@@ -312,24 +313,34 @@ def _parents(reader: _Reader, switches: dict[str, _Switch]) -> dict[str, str]:
                             column=column, length=length)
             else:
                 parent[child] = switch.name
-    for name, switch in switches.items():
-        seen, current = {name}, name
-        while current in parent and not reader.found:
-            current = parent[current]
-            if current in seen:
-                reader.fail("PR259", switch.line, f"switch {name} is below itself (a cycle through "
-                            f"{' -> '.join(_chain(parent, name))})", "a switch tree has no cycle: remove one link")
-                return parent
-            seen.add(current)
+    _check_cycles(reader, switches, parent)
     return parent
 
 
-def _chain(parent: dict[str, str], name: str) -> list[str]:
-    chain, current = [name], parent[name]
-    while current != name and current not in chain:
-        chain.append(current)
-        current = parent[current]
-    return [*chain, current]
+def _check_cycles(reader: _Reader, switches: dict[str, _Switch], parent: dict[str, str]) -> None:
+    """PR259 for the first cycle of parents (each switch is visited once: a chain of a million switches is linear)."""
+    state: dict[str, bool] = {}  # True: on the path walked now; False: known to reach a root
+    depth: dict[str, int] = {}  # switches above each one
+    for name in switches:
+        path: list[str] = []
+        current: str | None = name
+        while current is not None and current not in state:
+            state[current] = True
+            path.append(current)
+            current = parent.get(current)
+        if current is not None and state[current]:
+            cycle = path[path.index(current):]
+            reader.fail("PR259", switches[current].line, f"switch {current} is below itself (a cycle through "
+                        f"{' -> '.join([*cycle, current])})", "a switch tree has no cycle: remove one link")
+            return
+        above = depth[current] + 1 if current is not None else 0
+        for walked in reversed(path):
+            state[walked], depth[walked] = False, above
+            if above > MAX_LEVELS:
+                reader.fail("PR259", switches[walked].line, f"switch {walked} is more than {MAX_LEVELS} levels below "
+                            "the top of its tree", "a network has a few levels of switches: check the Switches= lists")
+                return
+            above += 1
 
 
 def _walk(switches: dict[str, _Switch], parent: dict[str, str]) -> Iterable[Leaf]:

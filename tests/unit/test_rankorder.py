@@ -449,3 +449,20 @@ def test_a_replan_keeps_the_topology_order_with_the_spare_in_its_group(tmp_path:
 
     assert (("tux1", "tux5"), ("tux2", "tux5")) == (plan.topology.hosts, again.topology.hosts)
     assert ["s0", "s1"] == [i.group for i in again.instances]
+
+
+def test_a_chain_of_switches_is_checked_in_linear_time_and_bounded_in_depth() -> None:
+    """100,000 switches each under the next: refused for its depth at once, not walked quadratically."""
+    text = "SwitchName=s0 Nodes=n1\n" + "".join(f"SwitchName=s{i} Switches=s{i - 1}\n" for i in range(1, 100_000))
+
+    found = parse_problems(text)
+
+    assert [("PR259", 99935, "switch s99934 is more than 64 levels below the top of its tree")] == found
+
+
+def test_a_long_cycle_is_found() -> None:
+    text = "".join(f"SwitchName=s{i} Switches=s{(i + 1) % 50}\n" for i in range(50))
+
+    found = parse_problems(text)
+
+    assert "PR259" == found[0][0] and found[0][2].startswith("switch s0 is below itself (a cycle through s0 -> s49 ->")
