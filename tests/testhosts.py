@@ -18,7 +18,8 @@ without calling :func:`down` (a SIGKILLed test). 64 hosts come up in about 2 s. 
 
 With ``slurm=True`` the hosts also form a real Slurm cluster: a private ``munged`` (its own
 key and socket in the state directory), a ``slurmctld`` here on a free port, and one
-``slurmd`` per host, started in the host's network namespace with the host's name
+``slurmd`` per host (the cluster has ``TopologyPlugin=topology/tree`` and the ``topology.conf`` of
+:func:`slurm_topology`), started in the host's network namespace with the host's name
 (``nsenter --net``, not ``ip netns exec``, which remounts /sys and leaves slurmd without its
 cgroup file system), each node with ``CPUs=2`` and a ``TmpFS`` of its own. Clients find it
 through ``SLURM_CONF`` (:meth:`TestHosts.env`). Needs ``munged``, ``slurmctld``, ``slurmd``
@@ -84,6 +85,7 @@ JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
+TopologyPlugin=topology/tree
 MpiDefault=none
 ReturnToService=2
 KillWait=5
@@ -99,6 +101,22 @@ TmpFS={slurm}/tmp-%n
 {nodes}
 PartitionName=poprun Nodes=ALL Default=YES State=UP MaxTime=INFINITE
 """
+# The cluster's network (topology.conf beside slurm.conf): two leaf switches under one spine, the hosts NOT in the
+# names' order (the first leaf holds the second host), so that a topology rank order differs from the given and the
+# natural ones: h2 | h1 h3 ... (rank order topology: h2, h1, h3, ...).
+SLURM_TOPOLOGY = """\
+# Written by tests/testhosts.py: two leaf switches under one spine.
+SwitchName=leaf1 Nodes={first}
+SwitchName=leaf2 Nodes={rest} LinkSpeed=100
+SwitchName=spine Switches=leaf[1-2]
+"""
+
+
+def slurm_topology(names: tuple[str, ...]) -> str:
+    """Return the test cluster's topology.conf: the second host alone under leaf1, the others under leaf2."""
+    if len(names) < 2:
+        return f"SwitchName=leaf1 Nodes={names[0]}\n"
+    return SLURM_TOPOLOGY.format(first=names[1], rest=",".join((names[0], *names[2:])))
 SSH_DEFAULTS = """\
 Host *
   User root
@@ -470,6 +488,7 @@ def start_slurm(hosts: TestHosts, tag: str, *, timeout_s: float) -> Path:
     (folder / "plugstack.conf").write_text("")
     nodes = "\n".join(f"NodeName={name} NodeAddr={address} CPUs=2 State=UNKNOWN"
                       for name, address in hosts.addresses.items())
+    (folder / "topology.conf").write_text(slurm_topology(hosts.names))
     conf = folder / "slurm.conf"
     conf.write_text(SLURM_CONFIG.format(tag=tag, controller=socket.gethostname().split(".")[0], port=_free_port(),
                                         address=hosts.subnet.rsplit(".", 1)[0] + ".1", slurm=folder, nodes=nodes))

@@ -26,6 +26,7 @@ BACKENDS = NAMES  # the built-ins (poprun.planner.trait.BUILTIN), in the order -
 VERSION_FORMATS = ("text", "full-json", "full-text")
 SCOPES = ("all", "instance")
 STRAGGLER_POLICIES = ("warn", "restart")
+RANK_ORDERS = ("given", "natural", "topology")  # poprun.planner.rankorder
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 
@@ -175,6 +176,13 @@ OPTIONS: tuple[Option, ...] = (
     _o("--numa-aware", "numa_aware", "bool", "Bind instances to NUMA nodes in a round-robin "
        "fashion", "placement.numa_aware", default="on with several instances per host", group="Placement",
        dsl_on="numa aware", dsl_off="numa unaware"),
+    _o("--rank-order", "rank_order", "choice", "The order of the hosts, which instance indices follow: given (as "
+       "listed), natural (node7 before node66) or topology (grouped by leaf switch or block of --network-topology, or "
+       "of Slurm inside an allocation)", "placement.rank_order", default="given, or topology with --network-topology",
+       choices=RANK_ORDERS, group="Placement", dsl="rank order"),
+    _o("--network-topology", "network_topology", "path", "A file in Slurm's topology.conf form (SwitchName/Switches/"
+       "Nodes, or BlockName/Nodes) for --rank-order topology", "placement.network_topology", group="Placement",
+       dsl="network topology"),
     _o("--process-placement", "process_placement", "choice", "Placement strategy: spreadnuma, "
        "scattersocket, scatternuma, close or disabled", "placement.strategy", default="spreadnuma",
        choices=PLACEMENTS, group="Placement", dsl="placement"),

@@ -89,6 +89,8 @@ class Instance:
     env: Environment
     placement: Placement
     mpi_local_args: tuple[str, ...]
+    # The leaf switch or block the host sits under (rank order topology). Added later: older plans lack it.
+    group: str | None = None
 
 
 @record
@@ -293,6 +295,47 @@ class Observe:
 NO_OBSERVE = Observe()
 
 
+@record
+class RankGroup:
+    """
+    One group of hosts of a topology rank order: a leaf switch (tree) or a block, and the plan's hosts under it.
+
+    ``hosts`` are in the plan's order (natural within the group); ``parents`` are the switches
+    above a leaf switch, the nearest first (``()`` for a block, or a leaf that is a root).
+    """
+
+    name: str
+    hosts: tuple[str, ...]
+    parents: tuple[str, ...] = ()
+
+
+@record
+class RankOrder:
+    """
+    The order of the hosts, which instance indices follow (docs/placement.md, "Rank order").
+
+    ``mode`` ``given``: the hosts as listed (the default, and the behaviour before rank orders
+    existed: plans written then lack this record and load with it); ``natural``: by
+    :func:`poprun.planner.rankorder.natural_key` (node7 before node66); ``topology``: grouped by
+    ``groups``, the leaf switches (``kind`` ``tree``) or blocks (``block``) read from ``source``
+    (the topology file's path, or ``scontrol show topology``), the groups in the order of a
+    depth-first walk of the switches (blocks: in the file's order), the hosts natural within each.
+    Instance *i* runs on ``topology.hosts[i // instances_per_host]``: the hosts are in this order.
+    """
+
+    mode: str = "given"
+    source: str = ""
+    kind: str = ""
+    groups: tuple[RankGroup, ...] = ()
+
+    def group_of(self, host: str) -> str | None:
+        """Return the group whose hosts include ``host``, or None."""
+        return next((g.name for g in self.groups if host in g.hosts), None)
+
+
+NO_RANK_ORDER = RankOrder()
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -397,6 +440,9 @@ class LaunchPlan:
     membership: Membership = NO_MEMBERSHIP
     # The notifier and the metrics file. Added later: plans written before lack it, and load with none.
     observe: Observe = NO_OBSERVE
+    # The order of the hosts. Added later: plans written before lack it, and load with the given order.
+    # Written to JSON only when it is not the given order (poprun.planner.serde).
+    rank_order: RankOrder = NO_RANK_ORDER
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""

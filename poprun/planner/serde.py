@@ -4,7 +4,9 @@ The LaunchPlan as versioned, deterministic JSON, and back.
 Layer: ``poprun.planner``; imports cattrs and the plan model.
 
 Same plan, same bytes: keys are sorted, lists keep their order. An instance's ``env`` is
-the object of values set at plan time; ``env_forward`` and ``env_unset`` list names. A string
+the object of values set at plan time; ``env_forward`` and ``env_unset`` list names. The rank order (``rank_order``, and each
+instance's ``group``) is written only when it is not the given order, so that the JSON of a
+plan that does not use it is what it was before rank orders existed. A string
 holding bytes that are not UTF-8 (a Latin-1 file name in argv) is ``{"$bytes": BASE64}``
 (:mod:`poprun.core.rawbytes`), so the text is UTF-8 and apply gets the exact bytes.
 """
@@ -131,7 +133,7 @@ def _converter() -> cattrs.Converter:
 
     def unstructure_instance(instance: p.Instance) -> dict[str, Any]:
         data: dict[str, Any] = {f.name: conv.unstructure(getattr(instance, f.name))
-                                for f in fields(p.Instance) if f.name != "env"}
+                                for f in fields(p.Instance) if f.name != "env" and (f.name != "group" or instance.group)}
         data["env"] = dict(instance.env.set)
         data["env_forward"] = list(instance.env.forward)
         data["env_unset"] = list(instance.env.unset)
@@ -180,8 +182,22 @@ def _converter() -> cattrs.Converter:
     conv.register_structure_hook(p.BackendChoice, structure_backend)
     conv.register_structure_hook(str | int | bool, structure_scalar)
     conv.register_unstructure_hook(p.Instance, unstructure_instance)
+    _plan_hook(conv)
     conv.register_structure_hook(p.Instance, structure_instance)
     return conv
+
+
+def _plan_hook(conv: cattrs.Converter) -> None:
+    """Write a plan's rank order only when it is not the given order (the JSON of other plans stays as it was)."""
+    unstructure_record = conv.get_unstructure_hook(p.LaunchPlan)
+
+    def unstructure_plan(plan: p.LaunchPlan) -> dict[str, Any]:
+        data: dict[str, Any] = unstructure_record(plan)
+        if plan.rank_order == p.NO_RANK_ORDER:
+            del data["rank_order"]
+        return data
+
+    conv.register_unstructure_hook(p.LaunchPlan, unstructure_plan)
 
 
 _CONVERTER: cattrs.Converter | None = None

@@ -51,7 +51,7 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True, explain_cas
 
     Diagnostics:
         PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
-        are warnings); PR226-PR229 (membership); PR238-PR240, PR468, PR469 (notifier, metrics file); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        are warnings); PR226-PR229 (membership); PR238-PR240, PR468, PR469 (notifier, metrics file); PR256-PR259, PR322, PR324 (rank order); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)
@@ -71,6 +71,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     topology = _topology(s, target)
     if topology is None:
         return None
+    topology, rank = _rank_order(s, topology)
     s.diags.extend(environment.validate_instance_args(s.spec, topology.num_instances))
     partition = policy.partition(s, topology)
     environment.check_user_env(s, partition=partition is not None)
@@ -89,6 +90,10 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
+    if rank.mode == "topology":
+        from poprun.planner.rankorder import with_groups
+
+        instances = with_groups(instances, rank)
     instances = bind(s, instances, placement)
     instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
@@ -110,8 +115,18 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
-        observe=observed,
+        observe=observed, rank_order=rank,
     )
+
+
+def _rank_order(s: Solver, topology: p.Topology) -> tuple[p.Topology, p.RankOrder]:
+    """Return the topology with its hosts in the rank order the spec asks for (no module to import when it names none)."""
+    if s.spec.rank_order is None and s.spec.network_topology is None:
+        return topology, p.NO_RANK_ORDER
+    from poprun.planner.rankorder import rank_order
+
+    hosts, rank = rank_order(s, topology.hosts)
+    return evolve(topology, hosts=hosts), rank
 
 
 def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -> p.Membership:

@@ -88,6 +88,8 @@ class Spec:
     env: tuple[Sourced[EnvVarSpec], ...] = ()
     instance_args: tuple[Sourced[InstanceArgsSpec], ...] = ()
     numa_aware: SB | None = None
+    rank_order: SS | None = None  # given, natural or topology (docs/placement.md, "Rank order")
+    network_topology: SS | None = None  # a topology.conf file, as the user wrote its path
     process_placement: SS | None = None
     print_topology: SB | None = None
     only_output_from_instance: SI | None = None

@@ -5,7 +5,7 @@ Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
 partition, launch, recovery, membership (its spec, kept to solve again, is not compared, as
-what it holds shows in the other sections), observe) and returns a :class:`Diff`. A change that is the same on several
+what it holds shows in the other sections), observe, rank order (its groups, and the order of the same hosts)) and returns a :class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -22,7 +22,8 @@ from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
-SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership", "observe")
+SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership", "observe",
+            "rank_order")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -65,7 +66,7 @@ def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new),
            *_record_changes("recovery", "", old.recovery, new.recovery),
            *_record_changes("membership", "", old.membership, new.membership, skip=("spec",)),
-           *_record_changes("observe", "", old.observe, new.observe)]
+           *_record_changes("observe", "", old.observe, new.observe), *_rank_order(old, new)]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 
@@ -103,6 +104,18 @@ def _topology(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
     yield from _compare("topology", "hosts", compress(old.topology.hosts), compress(new.topology.hosts))
 
 
+def _rank_order(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
+    """Yield the changes of the rank order: its mode, source and kind, each group, and the order of the hosts."""
+    yield from _record_changes("rank_order", "", old.rank_order, new.rank_order, skip=("groups",))
+    before = {g.name: ",".join(g.hosts) for g in old.rank_order.groups}
+    after = {g.name: ",".join(g.hosts) for g in new.rank_order.groups}
+    for name in dict.fromkeys([*before, *after]):
+        yield from _compare("rank_order", f"group {name}", before.get(name), after.get(name))
+    if old.topology.hosts != new.topology.hosts and set(old.topology.hosts) == set(new.topology.hosts):
+        yield Change(section="rank_order", key="host order", old=",".join(old.topology.hosts),
+                     new=",".join(new.topology.hosts))
+
+
 def replicas_of(instance: Instance) -> str:
     """Return an instance's replicas as a range: '0-15', or '4' for one."""
     last = instance.replica_offset + instance.num_local_replicas - 1
@@ -116,6 +129,7 @@ _PLACEMENT: tuple[tuple[str, Callable[[Instance], Value]], ...] = (
     ("gcd", lambda i: i.gcd),
     ("replicas", replicas_of),
     ("mpi_local_args", lambda i: i.mpi_local_args),
+    ("group", lambda i: i.group),
 )
 
 

@@ -13,6 +13,7 @@ from poprun.core.secret import is_secret, mask_text
 from poprun.planner.plan import (
     NO_MEMBERSHIP,
     NO_OBSERVE,
+    NO_RANK_ORDER,
     NO_RECOVERY,
     Decision,
     Instance,
@@ -21,6 +22,10 @@ from poprun.planner.plan import (
     Observe,
     Recovery,
 )
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from poprun.planner.plan import RankGroup
 
 KEY_ENV = ("POPDIST_REPLICA_INDEX_OFFSET", "POPDIST_LOCAL_INSTANCE_INDEX", "IPUOF_VIPU_API_GCD_ID")
 
@@ -54,6 +59,8 @@ def render_summary(plan: LaunchPlan) -> str:
         lines.append(f"membership: {describe_membership(plan.membership, len(t.hosts))}")
     if plan.observe != NO_OBSERVE:
         lines.append(f"observe: {describe_observe(plan.observe)}")
+    if plan.rank_order != NO_RANK_ORDER:
+        lines.append(f"rank order: {describe_rank_order(plan)}")
     return "\n".join(lines) + "\n"
 
 
@@ -207,6 +214,54 @@ def render_observe(plan: LaunchPlan) -> str:
     return "\n".join(lines) + "\n" + table
 
 
+RANK_KEY = "rank_order."
+
+
+def describe_rank_order(plan: LaunchPlan) -> str:
+    """Return the rank order in one line: its mode and, under topology, where the groups come from."""
+    r = plan.rank_order
+    if r.mode == "topology":
+        what = "leaf switch" if r.kind == "tree" else "block"
+        return (f"topology, from {r.source} ({_plural(len(r.groups), 'group')}: hosts grouped by {what}, natural "
+                "within each)")
+    if r.mode == "natural":
+        return "natural (numbers by value: node7 before node66)"
+    return "given (the hosts as listed)"
+
+
+def _hosts_text(hosts: tuple[str, ...]) -> str:
+    """Return ``hosts`` as a host list when it keeps their order, else joined by commas."""
+    from poprun.core.hostlist import compress, expand
+
+    listed = compress(hosts)
+    return listed if expand(listed) == hosts else ",".join(hosts)
+
+
+def _group_rows(plan: LaunchPlan, groups: tuple[RankGroup, ...]) -> list[list[str]]:
+    """Return the rows of the groups table: each group, its hosts, its instances and the switches above it."""
+    rows = [["group", "hosts", "instances", "above"]]
+    by_host: dict[str, list[int]] = {}
+    for i in plan.instances:
+        by_host.setdefault(i.host, []).append(i.index)
+    for g in groups:
+        mine = sorted(index for host in g.hosts for index in by_host.get(host, ()))
+        shown = (str(mine[0]) if len(mine) == 1 else f"{mine[0]}-{mine[-1]}") if mine else "-"
+        rows.append([g.name, _short(_hosts_text(g.hosts), 60), shown, " < ".join(g.parents) or "-"])
+    return rows
+
+
+def render_rank_order(plan: LaunchPlan) -> str:
+    """Return the rank order section of ``--explain``: the order, each part with where it came from, then each group."""
+    rows = [[d.key.removeprefix(RANK_KEY), _short(d.value), d.source, d.reason]
+            for d in plan.explanation if d.key.startswith(RANK_KEY)]
+    text = f"rank order: {describe_rank_order(plan)}\n"
+    if rows:
+        text += "\n".join(_table([["part", "value", "source", "reason"], *rows])) + "\n"
+    if plan.rank_order.groups:
+        text += "groups, in rank order:\n" + "\n".join(_table(_group_rows(plan, plan.rank_order.groups))) + "\n"
+    return text
+
+
 def render_settings(plan: LaunchPlan) -> str:
     """Return the settings section of ``--explain``: each setting the backend reads, its value and where it came from."""
     from poprun.planner.setting import DEFAULT, SETTINGS, describe_default
@@ -228,14 +283,18 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
     return ["  " + "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip() for row in rows]
 
 
-def render_instances(instances: Sequence[Instance]) -> str:
-    """Return the per-instance table: host, local index, ILD, GCD, replicas and key variables."""
+def render_instances(instances: Sequence[Instance], *, groups: bool = False) -> str:
+    """Return the per-instance table: host, local index, ILD, GCD, replicas and key variables (``groups``: each one's group)."""
     rows: list[list[str]] = [["instance", "host", "local", "ILD", "GCD", "replicas", "numa"]]
+    if groups:
+        rows[0].append("group")
     for i in instances:
         last = i.replica_offset + i.num_local_replicas - 1
         replicas = str(i.replica_offset) if last == i.replica_offset else f"{i.replica_offset}-{last}"
         rows.append([str(i.index), i.host, str(i.local_index), str(i.ild), str(i.gcd), replicas,
                      i.placement.strategy if i.placement.numa_aware else "off"])
+        if groups:
+            rows[-1].append(i.group or "-")
     return "instances:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -262,7 +321,7 @@ def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
     rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions
-             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY))]
+             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY, RANK_KEY))]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -339,7 +398,7 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     ``backend_text`` is what the plan's backend adds, after the program (its ``describe``:
     :func:`poprun.backends.registry.describe`); ``""`` adds nothing.
     """
-    parts = [render_summary(plan), render_instances(plan.instances)]
+    parts = [render_summary(plan), render_instances(plan.instances, groups=plan.rank_order.mode == "topology")]
     if explain:
         parts.append(render_decisions(plan.explanation))
         parts.append(render_recovery(plan))
@@ -347,6 +406,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
             parts.append(render_membership(plan))
         if plan.observe != NO_OBSERVE or any(d.key.startswith(OBSERVE_KEY) for d in plan.explanation):
             parts.append(render_observe(plan))
+        if plan.rank_order != NO_RANK_ORDER or any(d.key.startswith(RANK_KEY) for d in plan.explanation):
+            parts.append(render_rank_order(plan))
         if plan.backend.settings:
             parts.append(render_settings(plan))
         if plan.partition is not None:

@@ -61,7 +61,7 @@ from poprun.core.private import make_directories
 from poprun.core.process import start_time
 from poprun.core.record import fields
 from poprun.core.secret import mask_text
-from poprun.planner.plan import Instance, LaunchPlan
+from poprun.planner.plan import NO_RANK_ORDER, Instance, LaunchPlan
 from poprun.runs.jsontext import dumps
 
 RUNS_DIR = "POPRUN_RUNS_DIR"  # where runs are kept
@@ -475,11 +475,15 @@ def plan_data(plan: LaunchPlan) -> object:
 
 def _plain(value: object) -> object:
     if isinstance(value, Instance):
-        data = {f.name: _plain(getattr(value, f.name)) for f in fields(Instance) if f.name != "env"}
+        data = {f.name: _plain(getattr(value, f.name)) for f in fields(Instance)
+                if f.name != "env" and (f.name != "group" or value.group)}  # as serde: a group only under topology
         data["env"] = dict(value.env.set)
         data["env_forward"] = list(value.env.forward)
         data["env_unset"] = list(value.env.unset)
         return data
+    if isinstance(value, LaunchPlan):  # as serde: the rank order only when it is not the given one
+        return {f.name: _plain(getattr(value, f.name)) for f in fields(LaunchPlan)
+                if f.name != "rank_order" or value.rank_order != NO_RANK_ORDER}
     if hasattr(type(value), "__record_fields__"):
         return {f.name: _plain(getattr(value, f.name)) for f in fields(type(value))}
     if isinstance(value, tuple | list):

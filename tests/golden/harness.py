@@ -3,7 +3,8 @@ The golden tests' harness: run the real CLI on a case folder in a fixed context,
 
 A case folder holds ``case.json`` (``{"argv": [...], "env": {...}, "sys_path": [...], "sparse_files":
 {"big.toml": 5000000}}``, optionally ``"ssh_hostnames": {"alias": "address"}`` and
-``"resolvable": ["name", ...]``), any files
+``"resolvable": ["name", ...]``; ``"cwd": "{case}"``: the directory the plan runs in is the case folder, so that
+a file the argv names relatively is read from it), any files
 the argv names, and ``expected.txt``. More, for apply-time failures: ``"cwd": "/"`` the working
 directory the command sees (default ``/home/user/app``, which does not exist); ``{case}`` in an
 ``env`` value is the case folder's path (a ``bin/`` of fake commands on PATH; it reads ``<case>``
@@ -84,7 +85,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     # Host names: ssh_config maps only those of "ssh_hostnames"; with "resolvable", a launch's names resolve only
     # if listed there (else nothing is resolved, as when planning).
     mapped, resolvable = spec.get("ssh_hostnames", {}), spec.get("resolvable")
-    fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app"), is_root=False, probe=WORKSTATION, remote_probe=None,
+    fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app").replace("{case}", str(case)), is_root=False, probe=WORKSTATION, remote_probe=None,
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
@@ -101,7 +102,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     finally:
         for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
             made.unlink()
-    return status, out.getvalue(), err.getvalue().replace(str(case), "<case>")
+    return status, out.getvalue().replace(str(case), "<case>"), err.getvalue().replace(str(case), "<case>")
 
 
 def _replan(plan_json: str, how: dict, ctx: Context) -> int:

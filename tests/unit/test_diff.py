@@ -129,7 +129,7 @@ def test_explanations_and_versions_are_not_compared():
 def test_changes_come_in_section_order():
     diff = diff_plans(plan_of(*BASE, "--num-instances=2"),
                       plan_of("--num-replicas=16", "--host=pod[1-4]", "--num-instances=4", "--offline-mode=yes",
-                              "--max-restarts=2", "--health-check=true", "--notify=true"))
+                              "--max-restarts=2", "--health-check=true", "--notify=true", "--rank-order=natural"))
 
     order = [SECTIONS.index(c.section) for c in diff.changes]
     assert sorted(order) == order

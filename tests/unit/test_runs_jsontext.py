@@ -43,3 +43,19 @@ def test_plan_json_is_what_poprun_plan_writes(argv):
 
     assert to_dict(plan) == plan_data(plan)
     assert to_json(plan) == dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"
+
+
+def test_plan_json_of_a_rank_ordered_plan_is_what_poprun_plan_writes(tmp_path):
+    """A plan with a topology order (its rank_order and each instance's group) is written the same both ways."""
+    (tmp_path / "t.conf").write_text("SwitchName=a Nodes=h2\nSwitchName=b Nodes=h1\n")
+    from poprun.planner.context import Context
+    from poprun.planner.flags import parse_flags
+    from poprun.planner.solve import solve
+
+    ctx = Context(environ={"PATH": "/usr/bin"}, cwd=str(tmp_path), local_names=("localhost",))
+    plan = solve(parse_flags(["-H", "h1,h2", "--num-replicas", "2", "--network-topology", "t.conf", "true"]).spec,
+                 ctx).plan
+
+    assert "rank_order" in to_dict(plan) and "group" in to_dict(plan)["instances"][0]
+    assert to_dict(plan) == plan_data(plan)
+    assert to_json(plan) == dumps(plan_data(plan), indent=2, sort_keys=True) + "\n"

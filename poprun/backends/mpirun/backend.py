@@ -454,7 +454,7 @@ class MpirunBackend:
 
     def describe(self, plan: LaunchPlan) -> str:
         """Return the ``mpirun command: ...`` line of ``poprun plan``: the command as it runs, secrets masked."""
-        return render_explained(plan)
+        return render_explained(plan, in_allocation=bool(os.environ.get("SLURM_JOB_ID")))
 
     def launch(self, plan: LaunchPlan, *, env_source: Mapping[str, str], sink: OutputSink,
                cache: TemporaryCache | None = None, gate: Gate | None = None) -> MpirunLaunch:

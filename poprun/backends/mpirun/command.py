@@ -45,7 +45,7 @@ _SPELLINGS = {"--tag-output": ("--tag-output", "-tag-output"),
 
 
 def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Container[str] | None = None,
-                   wrap: Wrapper | None = None) -> tuple[str, ...]:
+                   wrap: Wrapper | None = None, in_allocation: bool | None = None) -> tuple[str, ...]:
     """
     Return the argv of the OpenMPI 4 ``mpirun`` command that runs ``plan``, one word per item.
 
@@ -75,7 +75,12 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
       not set again: the user's value stands, and mpirun refuses an MCA parameter "listed
       multiple times on the command line".
     - ``-H h1:N1,h2:N2``: the hosts in the order of their first instance, each with its number
-      of instances as slots.
+      of instances as slots; left out inside a Slurm allocation (``in_allocation``; by default,
+      ``SLURM_JOB_ID`` in ``environ``), where OpenMPI takes the hosts and their slots from Slurm:
+      there a ``-H`` in another order than the allocation's (the plan's rank order, or hosts
+      listed out of order) makes OpenMPI 4.1 refuse the contexts ("All nodes which are
+      allocated for this job are already filled"), while each context's ``--host`` alone pins
+      it to its host in any order.
     - One ``:``-separated app context per instance, in index order, so that MPI rank = instance
       index. Each starts ``-np 1 --host HOST:N -wdir CWD``. Real poprun placed instances by
       ``-H`` alone; the per-context ``--host`` pins each one to its planned host, and it needs
@@ -109,7 +114,8 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
     if plan.mpi.crowded_hosts and YIELD not in given_mca:
         words += ["--mca", YIELD, "1"]
     slots = _slots(plan.instances)
-    words += ["-H", ",".join(slots.values())]
+    if not (in_allocation if in_allocation is not None else environ is not None and "SLURM_JOB_ID" in environ):
+        words += ["-H", ",".join(slots.values())]
     for position, instance in enumerate(plan.instances):
         if position:
             words.append(":")
@@ -182,16 +188,17 @@ def _quote_if_needed(word: str) -> str:
     return word if word and _SAFE.issuperset(word) else _quote(word)
 
 
-def render_explained(plan: LaunchPlan) -> str:
+def render_explained(plan: LaunchPlan, *, in_allocation: bool = False) -> str:
     """
     Return the ``mpirun command: ...`` line that ``poprun plan`` shows for ``plan``, secrets masked.
 
     Quoted as real poprun logged its ``Running command:``. Every forwarded variable is shown;
     at apply time, given the launching environment, the command leaves out those it lacks.
+    ``in_allocation``: poprun runs inside a Slurm allocation (no ``-H``: see :func:`mpirun_command`).
     """
     from poprun.core.secret import is_secret
 
-    argv = list(mpirun_command(plan))
+    argv = list(mpirun_command(plan, in_allocation=in_allocation))
     for i in range(1, len(argv)):
         name, equals, _ = argv[i].partition("=")
         if argv[i - 1] == "-x" and equals and is_secret(name, plan.mask):
