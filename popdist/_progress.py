@@ -460,25 +460,26 @@ def _start() -> _Sender | Literal[False]:
     Make this process's sender from its environment (once); False, progress off, when there is none.
 
     A call that comes while another is making it (another thread, or a signal handler
-    interrupting the code that was making it) is dropped, rather than making a second sender.
+    interrupting the code that was making it) is dropped, rather than making a second sender:
+    the lock is only tried, never waited for (a flag tested, then set, is one step only while
+    the interpreter switches threads at calls and jumps alone; a free-threaded one does not).
+    The calls dropped so are those of the first moments (the sender imports json and socket).
     """
-    global _SENDER, _STARTING  # noqa: PLW0603 - once per process (and again in a forked child)
-    if _STARTING:  # from this test to the store below, no call: no other thread, no signal handler runs between
+    global _SENDER  # noqa: PLW0603 - once per process (and again in a forked child)
+    if not _STARTING.acquire(False):  # noqa: FBT003 - never wait (a signal handler may be interrupting the holder)
         return False
-    _STARTING = True
     try:
-        sender: _Sender | Literal[False] = _configure(os.environ)
-    except Exception:  # noqa: BLE001 - an environment we cannot read is no progress
-        sender = False
+        current = _SENDER
+        if current is not None:  # made meanwhile, by the thread that held the lock before
+            return current
+        try:
+            sender: _Sender | Literal[False] = _configure(os.environ)
+        except Exception:  # noqa: BLE001 - an environment we cannot read is no progress
+            sender = False
+        _SENDER = sender
+        return sender
     finally:
-        _STARTING = False
-    current = _SENDER  # as above: nothing runs between this read and the store
-    if current is not None:  # made meanwhile after all (a thread that passed the test above with this one)
-        if sender:
-            sender.release()
-        return current
-    _SENDER = sender
-    return sender
+        _STARTING.release()
 
 
 def _configure(env: Mapping[str, str]) -> _Sender | Literal[False]:
@@ -539,14 +540,14 @@ def _at_exit() -> None:
 def _forked() -> None:
     """In a forked child: start afresh at the next call (the parent's socket closed here, its state not sent)."""
     global _SENDER, _STARTING  # the child is a process of its own
-    sender, _SENDER, _STARTING = _SENDER, None, False
+    sender, _SENDER, _STARTING = _SENDER, None, allocate_lock()  # a thread of the parent may have held it
     if sender:
         sender.release()
 
 
 _SENDER: _Sender | Literal[False] | None = None  # None: not yet looked; False: no progress in this process
 _OWN = False  # whether the program called progress() itself (popdist's helpers then only beat)
-_STARTING = False  # whether _start() is making the sender (a call meanwhile is dropped)
+_STARTING = allocate_lock()  # held while _start() makes the sender (a call meanwhile is dropped)
 atexit.register(_at_exit)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_forked)
