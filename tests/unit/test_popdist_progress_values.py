@@ -156,7 +156,7 @@ def test_a_call_that_comes_while_the_sender_is_being_made_is_dropped_not_a_secon
 
     assert [None] == made
     assert [1] == [d["s"] for d in receiver.receive(1)]
-    assert _progress._SENDER and not _progress._STARTING
+    assert _progress._SENDER and not _progress._STARTING.locked()
 
 
 @pytest.mark.parametrize(("step", "total", "expected"), [
