@@ -64,6 +64,17 @@ def bind(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement) -
 
 
 def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
+    """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not (each read once a solve)."""
+    missing = [h for h in hosts if h not in s.topologies]
+    if missing:
+        s.topologies.update(_read_topologies(s, missing))
+    return {h: s.topologies[h] for h in hosts}
+
+
+host_topologies = _topologies
+
+
+def _read_topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
     """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not."""
     given = setting_value(TOPOLOGY_VARIABLE, s.ctx.environ)
     if given:

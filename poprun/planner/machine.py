@@ -75,7 +75,7 @@ class Device:
     pci_id: str = ""
 
 
-@record
+@positional_record
 class DeviceNote:
     """A coded warning of device discovery (PR247: nvidia-smi failed; PR248: it disagrees with sysfs)."""
 
@@ -268,7 +268,7 @@ def _dumped_devices(topology: HostTopology, pci: list[list[str]], smi: list[str]
         short = device_id.lower().removeprefix("0x")
         found.append(Device(index=0, vendor=vendor, bus_id=where, numa_node=node,
                             pci_id=f"{VENDOR_IDS[vendor]}:{short}" if len(short) == 4 and short.isalnum() else ""))  # noqa: PLR2004
-    devices, notes = numbered(found), ()
+    devices, notes = numbered(found), tuple[DeviceNote, ...]()
     source = "probe"
     if smi:
         status = smi[-1].removeprefix("exit ").strip() if smi[-1].startswith("exit ") else "?"
@@ -304,10 +304,11 @@ def load(source: str) -> HostTopology:
                       for n in data["numa_nodes"])
         cpuset = data.get("cpuset")
         mems = data.get("mems")
+        devices, notes = _loaded_devices(data.get("devices", []), data.get("device_notes", []))
         return HostTopology(name=str(data.get("name", path.stem)), numa_nodes=nodes,
                             cpuset=None if cpuset is None else parse_cpulist(str(cpuset)),
                             mems=None if mems is None else parse_cpulist(str(mems)),
-                            **_loaded_devices(data.get("devices", []), data.get("device_notes", [])))
+                            devices=devices, device_source="recorded" if devices else "", device_notes=notes)
     except DiagnosticError as exc:
         problem = exc.diagnostics[0]
         msg = f"cannot read {path}: {problem.detail}" if problem.code == "PR113" else problem.detail
@@ -338,9 +339,9 @@ def to_json(topology: HostTopology) -> str:
     return json.dumps(data, indent=1) + "\n"
 
 
-def _loaded_devices(devices: object, notes: object) -> dict[str, object]:
+def _loaded_devices(devices: object, notes: object) -> tuple[tuple[Device, ...], tuple[DeviceNote, ...]]:
     """
-    Return a topology file's devices and discovery notes as :class:`HostTopology` fields (source ``recorded``).
+    Return a topology file's devices and discovery notes.
 
     Raises:
         ValueError: when a device is not a PCI accelerator record (bad vendor, bus id, index or NUMA node).
@@ -361,9 +362,8 @@ def _loaded_devices(devices: object, notes: object) -> dict[str, object]:
     if len(set(keys)) != len(keys) or len({d.bus_id for d in found}) != len(found):
         msg = "two devices share an index or a bus id"
         raise ValueError(msg)
-    return {"devices": tuple(sorted(found, key=lambda d: (d.vendor, d.index))),
-            "device_source": "recorded" if found else "",
-            "device_notes": tuple(DeviceNote(str(n["code"]), str(n["detail"])) for n in notes)}
+    return (tuple(sorted(found, key=lambda d: (d.vendor, d.index))),
+            tuple(DeviceNote(str(n["code"]), str(n["detail"])) for n in notes))
 
 
 # -- accelerators ------------------------------------------------------------------------------
@@ -546,7 +546,7 @@ def discover_devices(topology: HostTopology, root: str = "/", *, smi: bool | Non
     """
     nodes = {n.index: n.cpus for n in topology.numa_nodes}
     devices = sysfs_devices(root, nodes)
-    source, notes = "sysfs", ()
+    source, notes = "sysfs", tuple[DeviceNote, ...]()
     if smi if smi is not None else (root == "/" and any(d.vendor == "nvidia" for d in devices)):
         text, failed = run_smi()
         if text is not None:

@@ -89,6 +89,10 @@ class Instance:
     env: Environment
     placement: Placement
     mpi_local_args: tuple[str, ...]
+    # The instance's devices (--devices-per-instance): each device's index on its host (its number in
+    # PCI bus order: nvidia-smi's, CUDA's under CUDA_DEVICE_ORDER=PCI_BUS_ID), as text. Added later:
+    # plans written before lack it, and load with none; written only when not empty.
+    devices: tuple[str, ...] = ()
 
 
 @record
@@ -293,6 +297,54 @@ class Observe:
 NO_OBSERVE = Observe()
 
 
+@record
+class HostDevice:
+    """One device of a host as the plan saw it (:class:`poprun.planner.machine.Device`)."""
+
+    index: int
+    vendor: str
+    bus_id: str
+    numa_node: int = -1
+    name: str = ""
+    uuid: str = ""
+
+
+@record
+class HostDevices:
+    """A host's devices and where they were read (``sysfs``, ``sysfs+nvidia-smi``, ``recorded``, ``probe``...)."""
+
+    host: str
+    source: str
+    devices: tuple[HostDevice, ...] = ()
+
+
+@record
+class Devices:
+    """
+    The devices each instance gets (``--devices-per-instance``, docs/devices.md).
+
+    ``per_instance`` 0: none assigned (no ``*_VISIBLE_DEVICES`` is set: the behaviour before
+    devices existed; plans written then lack this record and load with it). ``visibility``:
+    ``own`` (an instance sees only its devices), ``local-rank-zero`` (only its devices, and
+    ``LOCAL_RANK`` 0: torchrun's ``--virtual-local-rank``) or ``all`` (every device of its host;
+    ``POPDIST_DEVICES`` names its own). ``variables``: what poprun sets for the vendor
+    (``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``; ``ROCR_VISIBLE_DEVICES``).
+    ``hosts``: each host's devices as discovered, which the instances' ``devices`` index.
+    """
+
+    per_instance: int = 0
+    visibility: str = "own"
+    variables: tuple[str, ...] = ()
+    hosts: tuple[HostDevices, ...] = ()
+
+    def of(self, host: str) -> HostDevices | None:
+        """Return ``host``'s devices, or None."""
+        return next((h for h in self.hosts if h.host == host), None)
+
+
+NO_DEVICES = Devices()
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -397,6 +449,9 @@ class LaunchPlan:
     membership: Membership = NO_MEMBERSHIP
     # The notifier and the metrics file. Added later: plans written before lack it, and load with none.
     observe: Observe = NO_OBSERVE
+    # The devices of each instance. Added later: plans written before lack it, and load with none;
+    # written only when devices are assigned.
+    devices: Devices = NO_DEVICES
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""

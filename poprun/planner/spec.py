@@ -89,6 +89,8 @@ class Spec:
     instance_args: tuple[Sourced[InstanceArgsSpec], ...] = ()
     numa_aware: SB | None = None
     process_placement: SS | None = None
+    devices_per_instance: SI | None = None  # accelerators per instance (docs/devices.md)
+    device_visibility: SS | None = None  # own, local-rank-zero or all
     print_topology: SB | None = None
     only_output_from_instance: SI | None = None
     offline_mode: SB | None = None
