@@ -49,10 +49,10 @@ from poprun.planner.placement import CORE_STRATEGIES
 from poprun.planner.setting import setting_value
 from poprun.planner.state import Solver
 
-VISIBILITIES = ("own", "local-rank-zero", "all")
+VISIBILITIES = p.DEVICE_VISIBILITIES
 POPDIST_DEVICES = "POPDIST_DEVICES"  # popdist._contract.DEVICES
 LOCAL_RANK = "LOCAL_RANK"
-VARIABLES = {"nvidia": ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"), "amd": ("ROCR_VISIBLE_DEVICES",)}
+VARIABLES = p.DEVICE_VARIABLES
 # Variables that also filter devices: a -x of one of them changes what the instance sees (PR246).
 FILTERS = ("CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 VENDOR_NAMES = {"nvidia": "NVIDIA", "amd": "AMD"}
@@ -200,7 +200,7 @@ def _no_devices(s: Solver, host: str, topology: HostTopology, *, all_here: bool)
                     "hgx-h100-8gpu-2x-xeon-8480 (a recorded one) or a file its 'python3 -m poprun.planner.machine' wrote")
         return
     s.fail("PR243", "host without devices", span=s.origin("devices_per_instance"),
-           detail=f"{host} has no NVIDIA or AMD GPU (its devices {where}: none)",
+           detail=f"{host} has no NVIDIA or AMD GPU (its devices as {where}: none)",
            hint=f"drop --devices-per-instance, or leave {host} out of the hosts")
 
 

@@ -308,7 +308,7 @@ def load(source: str) -> HostTopology:
         return HostTopology(name=str(data.get("name", path.stem)), numa_nodes=nodes,
                             cpuset=None if cpuset is None else parse_cpulist(str(cpuset)),
                             mems=None if mems is None else parse_cpulist(str(mems)),
-                            devices=devices, device_source="recorded" if devices else "", device_notes=notes)
+                            devices=devices, device_source="recorded", device_notes=notes)
     except DiagnosticError as exc:
         problem = exc.diagnostics[0]
         msg = f"cannot read {path}: {problem.detail}" if problem.code == "PR113" else problem.detail

@@ -26,7 +26,7 @@ BACKENDS = NAMES  # the built-ins (poprun.planner.trait.BUILTIN), in the order -
 VERSION_FORMATS = ("text", "full-json", "full-text")
 SCOPES = ("all", "instance")
 STRAGGLER_POLICIES = ("warn", "restart")
-DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")
+DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")  # poprun.planner.plan.DEVICE_VISIBILITIES
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 

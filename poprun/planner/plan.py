@@ -343,6 +343,9 @@ class Devices:
 
 
 NO_DEVICES = Devices()
+DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")
+# What poprun sets for a vendor's devices (docs/devices.md: why ROCR_VISIBLE_DEVICES and not HIP_VISIBLE_DEVICES too).
+DEVICE_VARIABLES = {"nvidia": ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"), "amd": ("ROCR_VISIBLE_DEVICES",)}
 
 
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
