@@ -273,9 +273,12 @@ def _dumped_devices(topology: HostTopology, pci: list[list[str]], smi: list[str]
     if smi:
         status = smi[-1].removeprefix("exit ").strip() if smi[-1].startswith("exit ") else "?"
         rows = smi[:-1] if smi[-1].startswith("exit ") else smi
-        if status == "0":
-            devices, notes = merge_smi(devices, parse_smi("\n".join(rows))[0])
+        read = parse_smi("\n".join(rows))[0]
+        if status == "0" and read:
+            devices, notes = merge_smi(devices, read)
             source = "probe (sysfs+nvidia-smi)"
+        elif status == "0":
+            notes = (DeviceNote("PR247", "nvidia-smi's answer has no row poprun can read"),)
         else:
             said = next((r for r in reversed(rows) if r.strip()), "")
             reason = "no answer within 10 s" if status == "124" else f"exited with {status}"  # timeout(1)'s 124
@@ -549,10 +552,12 @@ def discover_devices(topology: HostTopology, root: str = "/", *, smi: bool | Non
     source, notes = "sysfs", tuple[DeviceNote, ...]()
     if smi if smi is not None else (root == "/" and any(d.vendor == "nvidia" for d in devices)):
         text, failed = run_smi()
-        if text is not None:
-            rows, _ = parse_smi(text)
+        rows = parse_smi(text)[0] if text is not None else ()
+        if rows:
             devices, notes = merge_smi(devices, rows)
             source = "sysfs+nvidia-smi"
+        elif text is not None:
+            notes = (DeviceNote("PR247", "nvidia-smi's answer has no row poprun can read"),)
         elif failed is not None:
             notes = (failed,)
     return evolve(topology, devices=devices, device_source=source, device_notes=notes)
