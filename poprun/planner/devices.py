@@ -126,19 +126,25 @@ def _topologies(s: Solver, hosts: list[str], *, all_here: bool) -> dict[str, Hos
     if any(d.code == "PR307" for d in s.diags):
         return None
     found: dict[str, HostTopology] = {}
+    unread: dict[str, list[str]] = {}
     for host, topology in read.items():
         if isinstance(topology, HostTopology):
             found[host] = _with_devices(s, topology)
             _notes(s, host, found[host])
-            continue
-        why = (f"its topology could not be read ({topology})" if topology
-               else "its topology is read only through ssh, which this command does not do")
+        else:
+            unread.setdefault(topology or "", []).append(host)
+    for why, names in unread.items():
+        from poprun.core.hostlist import compress
+
+        shown = compress(names) if len(names) > 1 else names[0]
+        reason = (f"could not be read through ssh ({why})" if why else
+                  "are read through ssh only when launching ('poprun plan' asks no host)")
         s.fail("PR242", "devices of a host not known", span=s.origin("devices_per_instance"),
-               detail=f"--devices-per-instance needs the devices of {host}, and {why}",
-               hint=f"check that poprun reaches {host} by ssh, or describe the hosts: {TOPOLOGY_VARIABLE}=FILE|NAME "
-                    "('python3 -m poprun.planner.machine' on the host writes its FILE; recorded: "
+               detail=f"--devices-per-instance needs the devices of {shown}, which {reason}",
+               hint=f"check that poprun reaches {shown} by ssh, or describe the hosts: {TOPOLOGY_VARIABLE}=FILE|NAME "
+                    "('python3 -m poprun.planner.machine' on a host writes its FILE; recorded: "
                     "hgx-h100-8gpu-2x-xeon-8480, dell-r750xa-4x-a100)")
-    return None if len(found) < len(read) else found
+    return None if unread else found
 
 
 def _with_devices(s: Solver, topology: HostTopology) -> HostTopology:
