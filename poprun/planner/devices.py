@@ -238,7 +238,7 @@ def split(devices: tuple[Device, ...], count: int, per: int) -> tuple[list[tuple
         groups.setdefault(device.numa_node, []).append(device)
     order = sorted(groups, key=lambda n: (n < 0, n))  # an unknown node (-1) last
     holds = {n: len(groups[n]) // per for n in order}
-    nodes = [n for n in order if holds[n] > 0]
+    nodes = [n for n in order if holds[n] > 0 and n >= 0]  # devices of an unknown node: only what is left
     targets = dict.fromkeys(nodes, 0)
     for i in range(count if nodes else 0):
         targets[nodes[i * len(nodes) // count]] += 1
@@ -331,7 +331,7 @@ def _environment(s: Solver, instance: p.Instance, visibility: str, topology: Hos
 
 def _warn_user(s: Solver, name: str, value: str, origin: SourceSpan | None) -> None:
     """PR246 (once per variable): a ``-x`` of a variable the devices set, or of another filter of them."""
-    if any(d.code == "PR246" and f" {name} " in d.detail for d in s.diags.warnings):
+    if any(d.code == "PR246" and d.hint.startswith(f"remove -x {name} ") for d in s.diags.warnings):
         return
     what = (f"poprun sets {name} from the devices it assigns ('{value}' for one instance)" if value
             else f"{name} filters the devices an instance sees, on top of what poprun sets")
