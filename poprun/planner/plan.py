@@ -15,6 +15,10 @@ from collections.abc import Mapping
 from poprun.core.record import evolve, record
 from poprun.planner.trait import CONSERVATIVE, Traits
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Any
+
 FORMAT_VERSION = 1
 
 
@@ -469,6 +473,21 @@ class LaunchPlan:
             return self
         instances = tuple(_with_set(i, variables) for i in self.instances)
         return evolve(self, instances=instances)
+
+
+def leave_out_defaults(plan: LaunchPlan, data: dict[str, Any]) -> dict[str, Any]:
+    """
+    Return ``data`` (``plan`` as JSON data) without the keys added later that are at their defaults.
+
+    ``devices`` and each instance's ``devices`` are written only when devices are assigned, so
+    that a plan without them is the same JSON as before they existed (and readers of that
+    format read it). Loading fills them in with their defaults.
+    """
+    if plan.devices == NO_DEVICES and not any(i.devices for i in plan.instances):
+        data.pop("devices", None)
+        for instance in data.get("instances", ()):
+            instance.pop("devices", None)
+    return data
 
 
 def _with_set(instance: Instance, variables: Mapping[str, str]) -> Instance:

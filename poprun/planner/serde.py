@@ -200,11 +200,7 @@ def to_dict(plan: p.LaunchPlan) -> dict[str, Any]:
     from poprun.core.rawbytes import to_json_data
 
     data: dict[str, Any] = to_json_data(converter().unstructure(plan))  # type: ignore[assignment]
-    if plan.devices == p.NO_DEVICES:  # keys added later are left out at their defaults: older readers read the plan
-        data.pop("devices")
-        for instance in data["instances"]:
-            instance.pop("devices")
-    return data
+    return p.leave_out_defaults(plan, data)
 
 
 def to_json(plan: p.LaunchPlan) -> str:
