@@ -39,4 +39,4 @@ def test_without_a_gpu_it_says_so_and_exits_0() -> None:
     done = subprocess.run([sys.executable, str(ROOT / "bench" / "gpu_check.py")], capture_output=True, text=True,
                           timeout=120, check=False)
 
-    assert (0, "gpu_check: no NVIDIA GPU here") == (done.returncode, done.stdout[:28])
+    assert (0, "gpu_check: no NVIDIA GPU here") == (done.returncode, done.stdout[:29])
