@@ -209,3 +209,17 @@ def test_a_plan_without_devices_never_imports_the_device_step() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
 
     assert "False False" == out.strip()
+
+
+def test_the_diff_shows_each_instances_devices_and_the_devices_record() -> None:
+    """plan --diff: devices in placement per instance, the per-instance count and visibility in their own section."""
+    from poprun.render.diff import SECTIONS, diff_plans
+
+    one = solved("--num-instances=2", "--num-replicas=2", "--devices-per-instance=1").plan
+    two = solved("--num-instances=2", "--num-replicas=2", "--devices-per-instance=2", "--device-visibility=all").plan
+
+    changes = {(c.section, c.key, c.old, c.new, c.instances) for c in diff_plans(one, two).changes}
+
+    assert {("placement", "devices", "0", "0,1", (0,)), ("placement", "devices", "4", "4,5", (1,)),
+            ("devices", "per_instance", 1, 2, ()), ("devices", "visibility", "own", "all", ())} <= changes
+    assert "devices" == SECTIONS[-1]
