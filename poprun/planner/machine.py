@@ -469,17 +469,23 @@ def parse_smi(text: str) -> tuple[tuple[tuple[int, str, str, str], ...], int]:
     Return the rows of ``nvidia-smi --query-gpu=index,pci.bus_id,uuid,name --format=csv,noheader``, and how many lines were not rows.
 
     A row is (index, bus id as sysfs writes it, uuid, name). Pure: tested on recorded outputs.
+    A host's answer is not trusted: a UUID is letters, digits and dashes (``GPU-`` or ``MIG-``
+    first), a name at most 200 printable characters, an index at most six digits; other lines
+    are not rows.
     """
+    import re
+
+    uuid_form = re.compile(r"(GPU|MIG)-[A-Za-z0-9-]{1,80}\Z")
     rows, bad = [], 0
     for line in text.splitlines():
         if not line.strip():
             continue
         words = [w.strip() for w in line.split(",", 3)]
         address = bus_id(words[1]) if len(words) == 4 else None  # noqa: PLR2004 - four columns asked
-        if address is None or not words[0].isdigit() or not words[2].startswith(("GPU-", "MIG-")):
+        if address is None or not (words[0].isdigit() and len(words[0]) <= 6) or not uuid_form.match(words[2]):  # noqa: PLR2004
             bad += 1
             continue
-        rows.append((int(words[0]), address, words[2], words[3][:200]))
+        rows.append((int(words[0]), address, words[2], "".join(c for c in words[3] if c.isprintable())[:200]))
     return tuple(rows), bad
 
 

@@ -159,6 +159,14 @@ def test_the_recorded_nvidia_smi_output_parses_to_its_rows() -> None:
     assert ((), 1) == parse_smi((DATA / "nvidia-smi-failed.txt").read_text())
 
 
+def test_a_hostile_answer_gives_no_control_character_and_no_odd_uuid() -> None:
+    """An escape sequence in a name is dropped; a UUID with a space or a quote, or an index of 40 digits, is no row."""
+    rows, bad = parse_smi("0, 00000000:1B:00.0, GPU-1a2b, NVIDIA \x1b[31mH100\x07\n"
+                          "1, 00000000:43:00.0, GPU-1 $(id), NVIDIA H100\n" + "9" * 40 + ", 00000000:52:00.0, GPU-3, x\n")
+
+    assert ([(0, "0000:1b:00.0", "GPU-1a2b", "NVIDIA [31mH100")], 2) == (list(rows), bad)
+
+
 def test_nvidia_smi_merged_with_sysfs_gives_names_and_uuids(tmp_path: Path) -> None:
     """Agreeing views: sysfs's NUMA nodes, nvidia-smi's names and UUIDs, no note."""
     rows, _ = parse_smi((DATA / "nvidia-smi-hgx-h100.csv").read_text())
