@@ -127,10 +127,15 @@ def _topologies(s: Solver, hosts: list[str], *, all_here: bool) -> dict[str, Hos
         return None
     found: dict[str, HostTopology] = {}
     unread: dict[str, list[str]] = {}
+    here: HostTopology | None = None  # this machine's devices, read once
     for host, topology in read.items():
         if isinstance(topology, HostTopology):
-            found[host] = _with_devices(s, topology)
-            _notes(s, host, found[host])
+            if not topology.device_source and s.ctx.device_probe is not None:  # this machine's, devices not read yet
+                here = here or s.ctx.device_probe(topology)
+                topology = evolve(topology, devices=here.devices, device_source=here.device_source,  # noqa: PLW2901
+                                  device_notes=here.device_notes)
+            found[host] = topology
+            _notes(s, host, topology)
         else:
             unread.setdefault(topology or "", []).append(host)
     for why, names in unread.items():
@@ -145,19 +150,6 @@ def _topologies(s: Solver, hosts: list[str], *, all_here: bool) -> dict[str, Hos
                     "('python3 -m poprun.planner.machine' on a host writes its FILE; recorded: "
                     "hgx-h100-8gpu-2x-xeon-8480, dell-r750xa-4x-a100)")
     return None if unread else found
-
-
-def _with_devices(s: Solver, topology: HostTopology) -> HostTopology:
-    """Return ``topology`` with its devices read (this machine's: sysfs and nvidia-smi) when not read yet."""
-    if topology.device_source or s.ctx.device_probe is None:
-        return topology
-    key = "\0devices"  # this machine's devices, read once a solve
-    cached = s.topologies.get(key)
-    if not isinstance(cached, HostTopology):
-        cached = s.ctx.device_probe(topology)
-        s.topologies[key] = cached
-    return evolve(topology, devices=cached.devices, device_source=cached.device_source,
-                  device_notes=cached.device_notes)
 
 
 def _notes(s: Solver, host: str, topology: HostTopology) -> None:
