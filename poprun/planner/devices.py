@@ -102,7 +102,7 @@ def assign(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement,
         vendors.add(devices[0].vendor)
         records.append(_record(host, topology, devices))
         chosen, crossing = split(devices, len(mine), per)
-        _explain_host(s, host, topology, devices, count=len(mine), per=per, crossing=crossing)
+        _explain_host(s, host, topology, devices, count=len(mine), per=per, crossing=[mine[k].index for k in crossing])
         for instance, own in zip(mine, chosen, strict=True):
             bound = _bind(instance, own, topology, placement, chosen=chosen, mine=mine)
             found[instance.index] = evolve(instance, devices=tuple(str(d.index) for d in own), placement=bound)
@@ -336,7 +336,7 @@ def _warn_user(s: Solver, name: str, value: str, origin: SourceSpan | None) -> N
 # -- explain -----------------------------------------------------------------------------
 def _explain_host(s: Solver, host: str, topology: HostTopology, devices: tuple[Device, ...], *, count: int, per: int,
                   crossing: list[int]) -> None:
-    """Record what ``host`` has and how its instances got their devices; PR245 for each instance that crosses nodes."""
+    """Record what ``host`` has and how its instances got their devices; PR245 for each instance (by index) that crosses nodes."""
     by_node: dict[int, list[int]] = {}
     for d in devices:
         by_node.setdefault(d.numa_node, []).append(d.index)
@@ -345,9 +345,9 @@ def _explain_host(s: Solver, host: str, topology: HostTopology, devices: tuple[D
     s.decide(f"devices.{host}", f"{len(devices)} {vendor} from {topology.device_source or 'sysfs'}",
              SourceSpan.derived("devices"), f"{nodes}; {count} instance{'s' if count > 1 else ''} of {per}, "
              "each given devices of one NUMA node where one holds them, spread over the nodes in order")
-    for local in crossing:
+    for index in crossing:
         s.warn("PR245", "devices across NUMA nodes", span=s.origin("devices_per_instance"),
-               detail=f"instance {local} of {host} (its local index) gets devices on more than one NUMA node: "
+               detail=f"instance {index} (on {host}) gets devices on more than one NUMA node: "
                       f"{count} instances of {per} do not divide evenly into {host}'s nodes ({nodes})",
                hint=f"use a number of instances per host whose devices each fit one node (with --devices-per-instance "
                     f"{per}, {sum(len(i) // per for i in by_node.values())} of them on {host}), or accept the slower "
