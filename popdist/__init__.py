@@ -7,7 +7,7 @@ Cheap to import: sockets come with :func:`init` (and the first :func:`progress` 
 somewhere to send), ``dataclasses`` with :func:`current`.
 
 - Pythonic: ``current()`` returns a frozen :class:`PopdistConfig`; ``shard_range`` and
-  ``replica_indices`` share items out; ``device_id``; the backend ``init``, ``barrier``,
+  ``replica_indices`` share items out; ``device_id``; ``devices`` (the accelerators poprun gave the instance); the backend ``init``, ``barrier``,
   ``execute_on_instances``, ``finalize``.
 - Health: ``progress(step, total, **metrics)`` and ``heartbeat()`` tell poprun how the
   instance is doing (:mod:`popdist._progress`, imported on first use; no-ops without poprun).
@@ -26,12 +26,13 @@ from popdist._backend import (
     init,
     is_initialized,
 )
-from popdist._device import device_id
+from popdist._device import device_id, devices
 from popdist._shard import replica_indices, shard_range
 from popdist.compat import (
     checkNumIpusPerReplica,
     finalizeBackend,
     getDeviceId,
+    getDevices,
     getInstanceIndex,
     getLocalInstanceIndex,
     getNumInstances,
@@ -66,11 +67,13 @@ __all__ = [
     "checkNumIpusPerReplica",
     "current",
     "device_id",
+    "devices",
     "execute_on_instances",
     "finalize",
     "finalizeBackend",
     "from_environ",
     "getDeviceId",
+    "getDevices",
     "getInstanceIndex",
     "getLocalInstanceIndex",
     "getNumInstances",

@@ -52,6 +52,7 @@ __all__ = [
     "DEFAULT_MASTER_ADDR",
     "DEFAULT_MASTER_PORT",
     "DEFAULT_ROLE_NAME",
+    "DEVICES",
     "EXECUTABLE_CACHE_PATH",
     "INSTANCE_INDEX",
     "IPUOF_CONFIG_PATH",
@@ -98,6 +99,7 @@ __all__ = [
     "VIPU_API_PARTITION_ID",
     "VIPU_API_PORT",
     "VIPU_API_TIMEOUT",
+    "devices",
     "instance_index",
     "integer",
     "is_set",
@@ -180,6 +182,11 @@ TORCHELASTIC_SIGNALS_TO_HANDLE = "TORCHELASTIC_SIGNALS_TO_HANDLE"
 # Whether a torchrun agent holds the store at MASTER_PORT: never under a launcher without one (instance 0 holds it).
 TORCHELASTIC_USE_AGENT_STORE = "TORCHELASTIC_USE_AGENT_STORE"
 
+# The instance's accelerators (poprun --devices-per-instance), as the program numbers them: "0,1" (the
+# devices CUDA_VISIBLE_DEVICES / ROCR_VISIBLE_DEVICES leave it, from 0), or their indices among every
+# device of the host under --device-visibility all ("2,3"). Unset: no devices were assigned.
+DEVICES = "POPDIST_DEVICES"
+
 # Set to 1 under a time limit (unless the user set it), so that a hung Python instance can say where it was.
 PYTHON_FAULT_HANDLER = "PYTHONFAULTHANDLER"
 
@@ -193,6 +200,15 @@ MPI_RUNTIME_MARKERS = ("PMIX_RANK", "PMI_RANK", "OMPI_COMM_WORLD_NODE_RANK")
 # The defaults when nothing is set: torchrun's, for a launch on one machine.
 DEFAULT_MASTER_ADDR = "localhost"
 DEFAULT_MASTER_PORT = 29500
+
+
+def devices(env: Mapping[str, str]) -> tuple[int, ...]:
+    """Return the instance's devices of ``POPDIST_DEVICES`` (``"0,1"``), in order; () when unset or not a list of indices."""
+    raw = env.get(DEVICES, "").strip()
+    words = [w.strip() for w in raw.split(",")] if raw else []
+    if not words or len(words) > 4096 or not all(w.isdigit() and len(w) <= 6 for w in words):  # noqa: PLR2004
+        return ()
+    return tuple(int(w) for w in words)
 
 
 def integer(env: Mapping[str, str], name: str, default: int) -> int:

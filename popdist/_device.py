@@ -59,3 +59,14 @@ def poplar_device_id(*, first_ipu: int, num_ipus: int, partition_ipus: int) -> i
 
 def _power_of_two_at_least(n: int) -> int:
     return 1 << (n - 1).bit_length()
+
+
+def devices() -> tuple[int, ...]:
+    """
+    Return this instance's accelerators as the program numbers them (``POPDIST_DEVICES``): ``(0, 1)``.
+
+    With ``poprun --devices-per-instance`` the instance sees only its devices, numbered from 0
+    (``--device-visibility own`` or ``local-rank-zero``), or every device of its host and these
+    are its own among them (``all``). () when poprun assigned none.
+    """
+    return env.devices(os.environ)

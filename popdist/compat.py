@@ -86,6 +86,11 @@ def getDeviceId(ipusPerReplica: int | None = 0, *, ipus_per_replica: int | None 
     return _device.device_id(ipus_per_replica or ipusPerReplica)
 
 
+def getDevices() -> list[int]:
+    """Return this instance's accelerators as the program numbers them (``POPDIST_DEVICES``; empty: none assigned)."""
+    return list(_device.devices())
+
+
 def isBackendInitialized() -> bool:
     """Return whether the host-side backend is initialised (``popdist.init()``)."""
     return _backend.is_initialized()

@@ -176,9 +176,18 @@ def default_backend() -> str:
 
 
 def device() -> torch.device:
-    """Return this instance's device: ``cuda:<local instance index modulo GPUs>`` with CUDA, else the CPU."""
+    """
+    Return this instance's device: its first accelerator with CUDA, else the CPU.
+
+    With ``poprun --devices-per-instance``: the first of ``POPDIST_DEVICES`` (``cuda:0`` when the
+    instance sees only its own devices; its own index among the host's under ``--device-visibility
+    all``). Without: ``cuda:<local instance index modulo the GPUs>``.
+    """
     if not torch.cuda.is_available():
         return torch.device("cpu")
+    own = env.devices(os.environ)
+    if own and own[0] < torch.cuda.device_count():
+        return torch.device("cuda", own[0])
     return torch.device("cuda", env.local_instance_index(os.environ) % torch.cuda.device_count())
 
 

@@ -81,7 +81,7 @@ def topology(plan: LaunchPlan) -> str:
     from poprun.render.topology import TopologyRow, render_topology
 
     rows = [TopologyRow(index=i.index, host=i.host, ild=i.ild, replica_offset=i.replica_offset,
-                        num_replicas=i.num_local_replicas) for i in plan.instances]
+                        num_replicas=i.num_local_replicas, devices=",".join(i.devices)) for i in plan.instances]
     return render_topology(rows)
 
 

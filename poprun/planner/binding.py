@@ -22,7 +22,7 @@ from __future__ import annotations
 from poprun.core.record import evolve
 from poprun.core.span import SourceSpan
 from poprun.planner import plan as p
-from poprun.planner.machine import HostTopology, cpulist, load
+from poprun.planner.machine import RECORDED, HostTopology, cpulist, load
 from poprun.planner.placement import CORE_STRATEGIES, PlacementError, place
 from poprun.planner.setting import setting_value
 from poprun.planner.state import Solver
@@ -64,6 +64,17 @@ def bind(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement) -
 
 
 def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
+    """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not (each read once a solve)."""
+    missing = [h for h in hosts if h not in s.topologies]
+    if missing:
+        s.topologies.update(_read_topologies(s, missing))
+    return {h: s.topologies[h] for h in hosts}
+
+
+host_topologies = _topologies
+
+
+def _read_topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | None]:
     """Return each host's topology: POPRUN_HOST_TOPOLOGY's, this machine's, one read through ssh, or why not."""
     given = setting_value(TOPOLOGY_VARIABLE, s.ctx.environ)
     if given:
@@ -72,7 +83,7 @@ def _topologies(s: Solver, hosts: list[str]) -> dict[str, HostTopology | str | N
         except ValueError as exc:
             s.fail("PR307", "cannot read the host topology", detail=str(exc), span=SourceSpan.env(TOPOLOGY_VARIABLE),
                    hint="give a JSON file ('python3 -m poprun.planner.machine' on a host writes its own) or a "
-                        "recorded name (dell-r6525-2x-epyc-7742, xeon-2s-2numa, workstation-1numa)")
+                        f"recorded name ({', '.join(RECORDED)})")
             return dict.fromkeys(hosts)
         return dict.fromkeys(hosts, every)
     local = None

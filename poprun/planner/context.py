@@ -41,6 +41,9 @@ class Context:
     vipu_config_file: str | None = None
     # This machine's topology, read when placement needs it (sysfs: poprun.planner.machine.discover).
     probe: Callable[[], HostTopology] | None = field(default=None, eq=False)
+    # This machine's accelerators added to its topology, read when devices are asked (sysfs and
+    # nvidia-smi: poprun.planner.machine.discover_devices).
+    device_probe: Callable[[HostTopology], HostTopology] | None = field(default=None, eq=False)
     # Other hosts' topologies, read when placement needs them (a backend's probe_topologies: the ssh backend's).
     remote_probe: Callable[[tuple[str, ...]], Mapping[str, HostTopology | str]] | None = field(default=None, eq=False)
     # Why a program (argv, cwd) will call MPI, or None (poprun.planner.mpiuse.probe), and where mpirun is.
@@ -83,7 +86,7 @@ class Context:
 
         environ = dict(os.environ)
         probe = remote_probe if probe_hosts else None
-        return cls(environ=environ, cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover,
+        return cls(environ=environ, cwd=_cwd(), is_root=os.geteuid() == 0, probe=discover, device_probe=_devices,
                    remote_probe=(lambda hosts: probe(hosts, environ=os.environ)) if probe is not None else None,
                    ssh_hostname=address.ssh_hostname,
                    slurm_node_address=address.slurm_node_address if probe_hosts else None,
@@ -92,6 +95,12 @@ class Context:
                    srun_mpi=_once(lambda: _srun_mpi(environ)),
                    local_names=local_names(), vipu_config=config, vipu_config_file=where,
                    backend_declares=_by_name(backend_declares) if backend_declares is not None else None)
+
+
+def _devices(topology: HostTopology) -> HostTopology:
+    from poprun.planner.machine import discover_devices
+
+    return discover_devices(topology)
 
 
 def _mpi_probe(argv: tuple[str, ...], cwd: str, environ: Mapping[str, str]) -> str | None:

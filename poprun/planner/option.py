@@ -27,6 +27,7 @@ VERSION_FORMATS = ("text", "full-json", "full-text")
 SCOPES = ("all", "instance")
 STRAGGLER_POLICIES = ("warn", "restart")
 RANK_ORDERS = ("given", "natural", "topology")  # poprun.planner.rankorder
+DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")  # poprun.planner.plan.DEVICE_VISIBILITIES
 FORMATS = ("text", "json", "toml", "dot", "sbatch", "svg", "png")  # plan: the first five; render: dot, svg, png
 
 
@@ -186,6 +187,14 @@ OPTIONS: tuple[Option, ...] = (
     _o("--process-placement", "process_placement", "choice", "Placement strategy: spreadnuma, "
        "scattersocket, scatternuma, close or disabled", "placement.strategy", default="spreadnuma",
        choices=PLACEMENTS, group="Placement", dsl="placement"),
+    _o("--devices-per-instance", "devices_per_instance", "int", "Give each instance this many accelerators (GPUs) "
+       "of its host, NUMA-near first, set CUDA_VISIBLE_DEVICES (or ROCR_VISIBLE_DEVICES) and bind its CPUs to their "
+       "NUMA node (docs/devices.md)", "placement.devices_per_instance", default="none: no device is assigned",
+       group="Placement", dsl="devices per instance"),
+    _o("--device-visibility", "device_visibility", "choice", "What an instance sees of its host's devices: own (only "
+       "its devices), local-rank-zero (only its devices, and LOCAL_RANK=0 as torchrun's --virtual-local-rank) or all "
+       "(every device; POPDIST_DEVICES names its own)", "placement.device_visibility", default="own",
+       choices=DEVICE_VISIBILITIES, group="Placement", dsl="device visibility"),
     _o("--print-topology", "print_topology", "bool", "Print topology table", "output.print_topology",
        default="no", group="Output", dsl_on="print topology", dsl_off="no print topology"),
     _o("--only-output-from-instance", "only_output_from_instance", "nonneg", "Suppress the output "

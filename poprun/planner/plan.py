@@ -15,6 +15,10 @@ from collections.abc import Mapping
 from poprun.core.record import evolve, record
 from poprun.planner.trait import CONSERVATIVE, Traits
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    from typing import Any
+
 FORMAT_VERSION = 1
 
 
@@ -91,6 +95,10 @@ class Instance:
     mpi_local_args: tuple[str, ...]
     # The leaf switch or block the host sits under (rank order topology). Added later: older plans lack it.
     group: str | None = None
+    # The instance's devices (--devices-per-instance): each device's index on its host (its number in
+    # PCI bus order: nvidia-smi's, CUDA's under CUDA_DEVICE_ORDER=PCI_BUS_ID), as text. Added later:
+    # plans written before lack it, and load with none; written only when not empty.
+    devices: tuple[str, ...] = ()
 
 
 @record
@@ -336,6 +344,57 @@ class RankOrder:
 NO_RANK_ORDER = RankOrder()
 
 
+@record
+class HostDevice:
+    """One device of a host as the plan saw it (:class:`poprun.planner.machine.Device`)."""
+
+    index: int
+    vendor: str
+    bus_id: str
+    numa_node: int = -1
+    name: str = ""
+    uuid: str = ""
+
+
+@record
+class HostDevices:
+    """A host's devices and where they were read (``sysfs``, ``sysfs+nvidia-smi``, ``recorded``, ``probe``...)."""
+
+    host: str
+    source: str
+    devices: tuple[HostDevice, ...] = ()
+
+
+@record
+class Devices:
+    """
+    The devices each instance gets (``--devices-per-instance``, docs/devices.md).
+
+    ``per_instance`` 0: none assigned (no ``*_VISIBLE_DEVICES`` is set: the behaviour before
+    devices existed; plans written then lack this record and load with it). ``visibility``:
+    ``own`` (an instance sees only its devices), ``local-rank-zero`` (only its devices, and
+    ``LOCAL_RANK`` 0: torchrun's ``--virtual-local-rank``) or ``all`` (every device of its host;
+    ``POPDIST_DEVICES`` names its own). ``variables``: what poprun sets for the vendor
+    (``CUDA_VISIBLE_DEVICES`` and ``CUDA_DEVICE_ORDER``; ``ROCR_VISIBLE_DEVICES``).
+    ``hosts``: each host's devices as discovered, which the instances' ``devices`` index.
+    """
+
+    per_instance: int = 0
+    visibility: str = "own"
+    variables: tuple[str, ...] = ()
+    hosts: tuple[HostDevices, ...] = ()
+
+    def of(self, host: str) -> HostDevices | None:
+        """Return ``host``'s devices, or None."""
+        return next((h for h in self.hosts if h.host == host), None)
+
+
+NO_DEVICES = Devices()
+DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")
+# What poprun sets for a vendor's devices (docs/devices.md: why ROCR_VISIBLE_DEVICES and not HIP_VISIBLE_DEVICES too).
+DEVICE_VARIABLES = {"nvidia": ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"), "amd": ("ROCR_VISIBLE_DEVICES",)}
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -443,6 +502,9 @@ class LaunchPlan:
     # The order of the hosts. Added later: plans written before lack it, and load with the given order.
     # Written to JSON only when it is not the given order (poprun.planner.serde).
     rank_order: RankOrder = NO_RANK_ORDER
+    # The devices of each instance. Added later: plans written before lack it, and load with none;
+    # written only when devices are assigned.
+    devices: Devices = NO_DEVICES
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""
@@ -457,6 +519,21 @@ class LaunchPlan:
             return self
         instances = tuple(_with_set(i, variables) for i in self.instances)
         return evolve(self, instances=instances)
+
+
+def leave_out_defaults(plan: LaunchPlan, data: dict[str, Any]) -> dict[str, Any]:
+    """
+    Return ``data`` (``plan`` as JSON data) without the keys added later that are at their defaults.
+
+    ``devices`` and each instance's ``devices`` are written only when devices are assigned, so
+    that a plan without them is the same JSON as before they existed (and readers of that
+    format read it). Loading fills them in with their defaults.
+    """
+    if plan.devices == NO_DEVICES and not any(i.devices for i in plan.instances):
+        data.pop("devices", None)
+        for instance in data.get("instances", ()):
+            instance.pop("devices", None)
+    return data
 
 
 def _with_set(instance: Instance, variables: Mapping[str, str]) -> Instance:

@@ -11,7 +11,8 @@ Layer: ``poprun.planner``; imports ``poprun.core``, the plan model, the limits o
 names, variable names are POSIX names, bindings are bounded CPU lists, and every index names
 an instance that exists; the membership policy's hosts, sizes, command and kept spec
 (:mod:`poprun.planner._membershipcheck`); the notifier and the metrics file
-(:mod:`poprun.planner._observecheck`); the rank order (:mod:`poprun.planner._rankcheck`). Each problem is one PR114 diagnostic naming its JSON path
+(:mod:`poprun.planner._observecheck`); the rank order (:mod:`poprun.planner._rankcheck`); the devices
+(:mod:`poprun.planner._devicescheck`). Each problem is one PR114 diagnostic naming its JSON path
 (``$.instances[1].host``), so that what ``plan --explain``, ``plan --diff`` and ``apply``
 show of a saved plan is exactly what apply runs.
 """
@@ -102,6 +103,10 @@ def validate_plan(plan: p.LaunchPlan, *, file: str) -> list[Diagnostic]:
         from poprun.planner._rankcheck import check_rank_order
 
         check_rank_order(plan, check.fail)
+    if plan.devices != p.NO_DEVICES or any(i.devices for i in plan.instances):  # nor a plan without devices
+        from poprun.planner._devicescheck import check_devices
+
+        check_devices(plan, check.fail)
     return check.found[:MAX_PROBLEMS]
 
 

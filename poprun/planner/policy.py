@@ -188,6 +188,9 @@ def placement(s: Solver, topo: p.Topology) -> p.Placement:
                       "divided among the instances of each host")
     if s.spec.numa_aware is not None:
         aware = s.decide("numa_aware", s.spec.numa_aware.value, s.spec.numa_aware.origin, "as given")
+    elif s.spec.devices_per_instance is not None:
+        aware = s.decide("numa_aware", True, SourceSpan.derived("numa_aware"),  # noqa: FBT003 - a decided value
+                         "devices per instance: each instance is bound to its devices' NUMA node (docs/devices.md)")
     else:
         aware = s.decide("numa_aware", topo.instances_per_host > 1, SourceSpan.derived("numa_aware"),
                          f"{topo.instances_per_host} instance{'s' if topo.instances_per_host > 1 else ''} per host: "

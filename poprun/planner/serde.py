@@ -216,7 +216,7 @@ def to_dict(plan: p.LaunchPlan) -> dict[str, Any]:
     from poprun.core.rawbytes import to_json_data
 
     data: dict[str, Any] = to_json_data(converter().unstructure(plan))  # type: ignore[assignment]
-    return data
+    return p.leave_out_defaults(plan, data)
 
 
 def to_json(plan: p.LaunchPlan) -> str:

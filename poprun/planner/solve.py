@@ -95,6 +95,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
 
         instances = with_groups(instances, rank)
     instances = bind(s, instances, placement)
+    instances, devices = _devices(s, instances, placement, all_here=traits.all_here or is_on(s.spec.offline_mode))
     instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     members = _membership(s, topology, traits, planned)
@@ -115,7 +116,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
-        observe=observed, rank_order=rank,
+        observe=observed, rank_order=rank, devices=devices,
     )
 
 
@@ -127,6 +128,18 @@ def _rank_order(s: Solver, topology: p.Topology) -> tuple[p.Topology, p.RankOrde
 
     hosts, rank = rank_order(s, topology.hosts)
     return evolve(topology, hosts=hosts), rank
+
+
+def _devices(s: Solver, instances: tuple[p.Instance, ...], placement: p.Placement, *,
+             all_here: bool) -> tuple[tuple[p.Instance, ...], p.Devices]:
+    """Return the instances with their devices and the devices record: none when not asked (no module to import)."""
+    if s.spec.devices_per_instance is None and s.spec.device_visibility is None:
+        return instances, p.NO_DEVICES
+    from poprun.planner import devices
+
+    if s.spec.devices_per_instance is None:
+        return instances, devices.no_devices(s)
+    return devices.assign(s, instances, placement, all_here=all_here)
 
 
 def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -> p.Membership:

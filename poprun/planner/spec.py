@@ -91,6 +91,8 @@ class Spec:
     rank_order: SS | None = None  # given, natural or topology (docs/placement.md, "Rank order")
     network_topology: SS | None = None  # a topology.conf file, as the user wrote its path
     process_placement: SS | None = None
+    devices_per_instance: SI | None = None  # accelerators per instance (docs/devices.md)
+    device_visibility: SS | None = None  # own, local-rank-zero or all
     print_topology: SB | None = None
     only_output_from_instance: SI | None = None
     offline_mode: SB | None = None

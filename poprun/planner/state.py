@@ -16,6 +16,8 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from typing import TypeVar
 
+    from poprun.planner.machine import HostTopology
+
     T = TypeVar("T")
 
 
@@ -27,6 +29,8 @@ class Solver:
         self.ctx = ctx
         self.diags = Diagnostics()
         self.decisions: list[p.Decision] = []
+        # Hosts' topologies read so far (placement, then devices, read each host once): a topology, why not, or None.
+        self.topologies: dict[str, HostTopology | str | None] = {}
 
     # -- recording ---------------------------------------------------------------------
     def decide(self, key: str, value: T, origin: SourceSpan, reason: str) -> T:

@@ -5,7 +5,9 @@ Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
 partition, launch, recovery, membership (its spec, kept to solve again, is not compared, as
-what it holds shows in the other sections), observe, rank order (its groups, and the order of the same hosts)) and returns a :class:`Diff`. A change that is the same on several
+what it holds shows in the other sections), observe, rank order (its groups, and the order of the same hosts), devices
+(each host's devices, as discovered, are not compared: what the instances got shows in placement)) and returns a
+:class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -23,7 +25,7 @@ from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
 SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership", "observe",
-            "rank_order")
+            "rank_order", "devices")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -66,7 +68,8 @@ def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
     raw = [*_topology(old, new), *_instances(old, new), *_partition(old.partition, new.partition), *_launch(old, new),
            *_record_changes("recovery", "", old.recovery, new.recovery),
            *_record_changes("membership", "", old.membership, new.membership, skip=("spec",)),
-           *_record_changes("observe", "", old.observe, new.observe), *_rank_order(old, new)]
+           *_record_changes("observe", "", old.observe, new.observe), *_rank_order(old, new),
+           *_record_changes("devices", "", old.devices, new.devices, skip=("hosts",))]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 
@@ -130,6 +133,7 @@ _PLACEMENT: tuple[tuple[str, Callable[[Instance], Value]], ...] = (
     ("replicas", replicas_of),
     ("mpi_local_args", lambda i: i.mpi_local_args),
     ("group", lambda i: i.group),
+    ("devices", lambda i: ",".join(i.devices) or None),
 )
 
 

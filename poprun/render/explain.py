@@ -284,18 +284,49 @@ def _table(rows: Sequence[Sequence[str]]) -> list[str]:
 
 
 def render_instances(instances: Sequence[Instance], *, groups: bool = False) -> str:
-    """Return the per-instance table: host, local index, ILD, GCD, replicas and key variables (``groups``: each one's group)."""
-    rows: list[list[str]] = [["instance", "host", "local", "ILD", "GCD", "replicas", "numa"]]
-    if groups:
-        rows[0].append("group")
+    """
+    Return the per-instance table: host, local index, ILD, GCD, replicas and key variables.
+
+    With ``groups``, each one's group (rank order topology); its devices when any are assigned.
+    """
+    devices = any(i.devices for i in instances)
+    rows: list[list[str]] = [["instance", "host", "local", "ILD", "GCD", "replicas", "numa",
+                              *(["group"] if groups else []), *(["devices"] if devices else [])]]
     for i in instances:
         last = i.replica_offset + i.num_local_replicas - 1
         replicas = str(i.replica_offset) if last == i.replica_offset else f"{i.replica_offset}-{last}"
         rows.append([str(i.index), i.host, str(i.local_index), str(i.ild), str(i.gcd), replicas,
-                     i.placement.strategy if i.placement.numa_aware else "off"])
-        if groups:
-            rows[-1].append(i.group or "-")
+                     i.placement.strategy if i.placement.numa_aware else "off",
+                     *([i.group or "-"] if groups else []), *([",".join(i.devices)] if devices else [])])
     return "instances:\n" + "\n".join(_table(rows)) + "\n"
+
+
+DEVICES_KEY = "devices."
+_VISIBILITY = {"own": "each instance sees only its own devices", "local-rank-zero":
+               "each instance sees only its own devices, LOCAL_RANK=0", "all": "each instance sees every device of its host"}
+
+
+def render_devices(plan: LaunchPlan) -> str:
+    """
+    Return the devices section of ``--explain``: per host, each device, its NUMA node and the instance that has it.
+
+    Then each part with where it came from (the count, the visibility, the variables, each host's reason).
+    """
+    from poprun.core.secret import printable
+
+    d = plan.devices
+    seen = _VISIBILITY.get(d.visibility, d.visibility)
+    lines = [f"devices: {_plural(d.per_instance, 'device')} per instance; {seen} ({', '.join(d.variables)})"]
+    for host in d.hosts:
+        owner = {device: i.index for i in plan.instances if i.host == host.host for device in i.devices}
+        lines.append(f"  {host.host} ({_plural(len(host.devices), 'device')}, from {host.source})")
+        rows = [[f"device {x.index}", x.bus_id, f"NUMA {x.numa_node if x.numa_node >= 0 else '?'}", printable(x.name) or "-",
+                 f"instance {owner[str(x.index)]}" if str(x.index) in owner else "free"] for x in host.devices]
+        lines += ["  " + line for line in _table(rows)]
+    rows = [[x.key.removeprefix(DEVICES_KEY), _short(x.value), x.source, x.reason]
+            for x in plan.explanation if x.key.startswith(DEVICES_KEY)]
+    table = "\n".join(_table([["part", "value", "source", "reason"], *rows])) + "\n" if rows else ""
+    return "\n".join(lines) + "\n" + table
 
 
 def render_placement(instances: Sequence[Instance]) -> str:
@@ -321,7 +352,7 @@ def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
     rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions
-             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY, RANK_KEY))]
+             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY, RANK_KEY, DEVICES_KEY))]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -402,6 +433,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
     if explain:
         parts.append(render_decisions(plan.explanation))
         parts.append(render_recovery(plan))
+        if plan.devices.per_instance:
+            parts.append(render_devices(plan))
         if plan.membership != NO_MEMBERSHIP or any(d.key.startswith(MEMBERSHIP_KEY) for d in plan.explanation):
             parts.append(render_membership(plan))
         if plan.observe != NO_OBSERVE or any(d.key.startswith(OBSERVE_KEY) for d in plan.explanation):

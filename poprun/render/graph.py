@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 from poprun.core.hostlist import compress
 from poprun.core.record import positional_record
-from poprun.planner.plan import Instance, LaunchPlan
+from poprun.planner.plan import NO_DEVICES, Devices, Instance, LaunchPlan
 
 GROUP_ABOVE = 32  # a plan with more instances than this is grouped unless expanded
 _GRAPH = ('graph [rankdir=LR, fontname="Helvetica", fontsize=12, labelloc=t, compound=true, nodesep=0.25, '
@@ -33,6 +33,7 @@ _EDGE = 'edge [color="#5b6b7f", arrowsize=0.7];'
 _ILD_FILL = "#e8eef7"
 _HOST_FILL = "#f7f9fc"
 _INSTANCE_FILL = "#fdf3e1"
+_DEVICE_FILL = "#e9f5e4"
 
 
 @positional_record
@@ -42,6 +43,7 @@ class Drawing:
     grouped: bool
     expand: bool
     ipus_per_replica: int
+    devices: Devices = NO_DEVICES
 
     def ipus(self, replicas: Sequence[int]) -> str:
         """Return the IPUs of ``replicas`` (replica r has IPUs [r*k, (r+1)*k)), e.g. 'IPUs 0-7'."""
@@ -171,7 +173,8 @@ def render_dot(plan: LaunchPlan, *, expand: bool = False) -> str:
     Plans of more than :data:`GROUP_ABOVE` instances are grouped unless ``expand``; with
     ``expand`` every replica is a node too.
     """
-    how = Drawing(not expand and len(plan.instances) > GROUP_ABOVE, expand, plan.topology.ipus_per_replica)
+    how = Drawing(not expand and len(plan.instances) > GROUP_ABOVE, expand, plan.topology.ipus_per_replica,
+                  plan.devices)
     clusters = group_cells(cells(plan), grouped=how.grouped)
     partition = f'"partition" [shape=note, fillcolor="#fffbe6", label={quote(_partition_label(plan), left=True)}];'
     lines = ["digraph poprun {", f"  {_GRAPH}", f"  {_NODE}", f"  {_EDGE}", f"  label={quote(_title(plan))};",
@@ -219,8 +222,33 @@ def _ild_cluster(number: int, groups: tuple[Group, ...], how: Drawing) -> Iterat
             yield f'      {quote(_group_id(group))} [fillcolor="{_INSTANCE_FILL}", label={quote(_group_label(group, how))}];'
         else:
             yield from _instances(group.instances, how)
+            if how.devices.per_instance and len(group.hosts) == 1:
+                yield from _devices(f"devices_{number}_{position}", group, how)
         yield "    }"
     yield "  }"
+
+
+def _devices(prefix: str, group: Group, how: Drawing) -> Iterator[str]:
+    """Yield a host's devices, one node per NUMA node listing its devices, and an edge from each instance to its devices' nodes."""
+    from poprun.core.secret import printable
+
+    host = how.devices.of(group.hosts[0])
+    if host is None:
+        return
+    owner = {d: i.index for i in group.instances for d in i.devices}
+    by_node: dict[int, list[str]] = {}
+    for d in host.devices:
+        mine = f" (instance {owner[str(d.index)]})" if str(d.index) in owner else ""
+        by_node.setdefault(d.numa_node, []).append(f"device {d.index} {d.bus_id}{mine}")
+    for node, lines in sorted(by_node.items()):
+        name = f"NUMA {node}" if node >= 0 else "NUMA node not known"
+        label = quote("\n".join([f"{name}: {_plural(len(lines), 'device')}", *map(printable, lines)]))
+        yield f'      {quote(f"{prefix}_numa_{node}")} [shape=box3d, fillcolor="{_DEVICE_FILL}", label={label}];'
+    numa = {str(d.index): d.numa_node for d in host.devices}
+    for instance in group.instances:
+        source = f"replica_{instance.replica_offset}" if how.expand else f"instance_{instance.index}"
+        for node in sorted({numa[d] for d in instance.devices if d in numa}):
+            yield f"      {quote(source)} -> {quote(f'{prefix}_numa_{node}')} [style=dashed];"
 
 
 def _ild_label(groups: tuple[Group, ...]) -> str:
@@ -253,10 +281,11 @@ def _group_label(group: Group, how: Drawing) -> str:
     per_instance = sorted({i.num_local_replicas for i in instances})
     each = _plural(per_instance[0], "replica") if len(per_instance) == 1 else "various"
     replicas = [r for i in instances for r in _replicas(i)]
+    devices = [f"{_plural(how.devices.per_instance, 'device')} each"] if how.devices.per_instance else []
     return "\n".join([f"instances {ranges([i.index for i in instances])}",
                       f"local {ranges([i.local_index for i in instances])} on each host",
                       f"GCDs {ranges([i.gcd for i in instances])}",
-                      f"replicas {ranges(replicas)} ({each} each)", how.ipus(replicas)])
+                      f"replicas {ranges(replicas)} ({each} each)", how.ipus(replicas), *devices])
 
 
 def _instances(instances: tuple[Instance, ...], how: Drawing) -> Iterator[str]:
@@ -280,8 +309,9 @@ def _replicas(instance: Instance) -> range:
 
 def _instance_label(instance: Instance, how: Drawing) -> str:
     replicas = _replicas(instance)
+    devices = [f"devices {','.join(instance.devices)}"] if instance.devices else []
     return "\n".join([f"instance {instance.index}", f"local {instance.local_index}, GCD {instance.gcd}",
-                      f"replicas {ranges(replicas)}", how.ipus(replicas)])
+                      f"replicas {ranges(replicas)}", how.ipus(replicas), *devices])
 
 
 def _replica_cluster(instance: Instance, how: Drawing) -> Iterator[str]:

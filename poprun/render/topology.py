@@ -31,6 +31,8 @@ class TopologyRow:
         ild: The index of the IPU-Link domain the instance's replicas are in.
         replica_offset: The global index of the instance's first replica.
         num_replicas: How many replicas the instance controls.
+        devices: The instance's devices (``0,1``; ``--devices-per-instance``), "" for none: a
+            ``devices`` row under the instances is drawn only when some instance has devices.
     """
 
     index: int
@@ -38,6 +40,7 @@ class TopologyRow:
     ild: int
     replica_offset: int
     num_replicas: int
+    devices: str = ""
 
 
 @positional_record
@@ -71,15 +74,17 @@ def render_topology(rows: Sequence[TopologyRow]) -> str:
     tags = [_Span(f"[{i}]", host.replicas) for i, host in enumerate(hosts)]
     ilds = _runs(rows, lambda row: str(row.ild))
     instances = [_Span(str(row.index), row.num_replicas) for row in rows]
+    devices = [_Span(row.devices or "-", row.num_replicas) for row in rows] if any(r.devices for r in rows) else []
     replicas = [
         str(row.replica_offset + j) for row in rows for j in range(row.num_replicas)
     ]
-    width = _replica_width(replicas, [*tags, *ilds, *instances])
+    width = _replica_width(replicas, [*tags, *ilds, *instances, *devices])
     shown = [host if _fits(host, width) else tag for host, tag in zip(hosts, tags, strict=True)]
     body = [
         _span_row("hosts", shown, width),
         _span_row("ILDs", ilds, width),
         _span_row("instances", instances, width),
+        *([_span_row("devices", devices, width)] if devices else []),
         _row("replicas", [" " + label.ljust(width - 1) for label in replicas]),
     ]
     hidden = [(tag, host) for host, tag in zip(hosts, tags, strict=True) if not _fits(host, width)]

@@ -469,8 +469,11 @@ def event_line(event: Event, at: float) -> str:
 def plan_data(plan: LaunchPlan) -> object:
     """Return the plan as JSON-ready data, exactly as ``poprun.planner.serde.to_dict`` (a test holds them equal)."""
     from poprun.core.rawbytes import to_json_data
+    from poprun.planner.plan import leave_out_defaults
 
-    return to_json_data(_plain(plan))
+    data = _plain(plan)
+    assert isinstance(data, dict)
+    return to_json_data(leave_out_defaults(plan, data))
 
 
 def _plain(value: object) -> object:

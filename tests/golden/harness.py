@@ -40,8 +40,13 @@ OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_", "SLURM_"
 
 
 def WORKSTATION() -> HostTopology:  # noqa: N802 - stands for the constant it returns
-    """This machine's topology in golden cases: a recorded 8-core, one-NUMA-node workstation."""
-    return load("workstation-1numa")
+    """This machine's topology in golden cases: a recorded 8-core, one-NUMA-node workstation (devices not read, as discover)."""
+    return evolve(load("workstation-1numa"), device_source="")
+
+
+def NO_DEVICES(topology: HostTopology) -> HostTopology:  # noqa: N802 - stands for the constant it returns
+    """This machine's devices in golden cases: none, read from sysfs (the recorded workstation has no GPU)."""
+    return evolve(topology, device_source="sysfs")
 
 
 def case_dirs(folder: Path) -> list[Path]:
@@ -85,7 +90,8 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     # Host names: ssh_config maps only those of "ssh_hostnames"; with "resolvable", a launch's names resolve only
     # if listed there (else nothing is resolved, as when planning).
     mapped, resolvable = spec.get("ssh_hostnames", {}), spec.get("resolvable")
-    fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app").replace("{case}", str(case)), is_root=False, probe=WORKSTATION, remote_probe=None,
+    fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app").replace("{case}", str(case)), is_root=False,
+                   probe=WORKSTATION, remote_probe=None, device_probe=NO_DEVICES,
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))

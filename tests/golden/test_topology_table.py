@@ -178,3 +178,23 @@ def test_empty_topology_is_rejected() -> None:
     """Rendering no instances raises ValueError rather than an empty table."""
     with pytest.raises(ValueError, match="at least one instance"):
         render_topology([])
+
+
+def test_devices_row_under_the_instances_when_devices_are_assigned() -> None:
+    """--devices-per-instance: a devices row, each instance's devices over its replicas; wide lists widen the cells."""
+    rows = [TopologyRow(index=i, host="hgx1" if i < 2 else "hgx2", ild=0, replica_offset=i, num_replicas=1,
+                        devices=f"{4 * (i % 2)},{4 * (i % 2) + 1},{4 * (i % 2) + 2},{4 * (i % 2) + 3}")
+            for i in range(4)]
+
+    table = render_topology(rows)
+
+    _assert_golden("devices_four_gpus_each_on_two_hosts", table)
+    assert "| devices   |" in table
+    assert "devices" not in render_topology(_layout(["hgx1"], 2, 1))  # none assigned: real poprun's table
+
+
+def test_an_instance_without_devices_shows_a_dash_in_the_devices_row() -> None:
+    """A row of a plan where some instance has no device (a saved plan edited): '-' rather than an empty cell."""
+    rows = [TopologyRow(0, "h", 0, 0, 2, "0"), TopologyRow(1, "h", 0, 2, 2, "")]
+
+    assert "| devices   |   0   |   -   |" in render_topology(rows)

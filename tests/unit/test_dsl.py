@@ -344,9 +344,9 @@ def test_syntax_error_at_the_start_names_every_statement() -> None:
     assert (
         ("expected a count (as in '8 replicas'), 'hosts', 'partition', 'forward', 'set', 'mask', 'mpi', 'instance', "
          "'placement', 'numa', 'cache', 'offline', 'autoreport', 'subnet', 'print', 'output', 'distribute', "
-         "'ssh', 'allow', 'verbosity', 'backend', 'never', 'cd', 'run', 'no', 'spare', 'rank', 'network', 'max', 'restart', "
-         "'min', "
-         "'crash', 'pre', 'timeout', 'stall', 'signal', 'heartbeat', 'straggler', 'health', 'notify' or 'metrics' at the start "
+         "'ssh', 'allow', 'verbosity', 'backend', 'never', 'cd', 'run', 'no', 'spare', 'rank', 'network', 'devices', 'device', "
+         "'max', 'restart', 'min', 'crash', 'pre', 'timeout', 'stall', 'signal', 'heartbeat', 'straggler', 'health', 'notify' "
+         "or 'metrics' at the start "
          "of a statement, found 'replics'"),
         "did you mean 'replicas'? (the number goes first, as in '8 replicas')",
         "replics 8",

@@ -37,7 +37,7 @@ def probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str], clie
     failed = client.connect([(host, 0) for host in hosts], timeout_s=timeout_s)
     found: dict[str, HostTopology | str] = {host: _last_line(err, f"ssh exited with {status}")
                                             for host, (status, err) in failed.items()}
-    procs = {host: subprocess.Popen(client.argv(host, "sh -c " + shlex.quote(DUMP_SCRIPT)),  # noqa: S603 - our own
+    procs = {host: subprocess.Popen(client.argv(host, "sh -c " + shlex.quote(DUMP_SCRIPT) + " sh /"),  # noqa: S603 - our own
                                     stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                     env=dict(environ)) for host in hosts if host not in failed}
     outputs = _read_all(procs, timeout_s)
