@@ -20,13 +20,12 @@ from __future__ import annotations
 import signal
 import threading
 from collections.abc import Callable
-from typing import Any
 
 STOPS = frozenset({signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGTSTP})
 """The signals whose handlers stop or suspend poprun (``poprun.cli.run``): only the main thread takes them."""
 
 
-def spawn(target: Callable[..., object], *, name: str | None = None, args: tuple[Any, ...] = (),
+def spawn(target: Callable[..., object], *, name: str | None = None, args: tuple[object, ...] = (),
           daemon: bool = True) -> threading.Thread:
     """Start and return a thread running ``target(*args)`` with :data:`STOPS` blocked in it."""
     thread = threading.Thread(target=target, name=name, args=args, daemon=daemon)

@@ -186,7 +186,14 @@ def test_a_stop_as_the_instance_starts_again_leaves_nothing_running(tmp_path: Pa
     def stop_now() -> None:
         launch_box[0].terminate(1.0)  # type: ignore[attr-defined]
 
-    restarter = Waiting(delay_s=0, during=stop_now if when == "before" else None)
+    replaced = threading.Event()  # the restart waits for the test's respawn (a fast failure may come first)
+
+    def replaced_then_stop_now() -> None:
+        assert replaced.wait(30)
+        if when == "before":
+            stop_now()
+
+    restarter = Waiting(delay_s=0, during=replaced_then_stop_now)
     launch = LocalBackend().launch(probe_plan(FAILS, tmp_path, backend="local"), env_source=dict(os.environ),
                                    sink=sink, restarter=restarter)
     launch_box.append(launch)
@@ -201,6 +208,7 @@ def test_a_stop_as_the_instance_starts_again_leaves_nothing_running(tmp_path: Pa
         return respawn(index, variables)
 
     launch._respawn = respawn_with_a_stop
+    replaced.set()
     result = launch.wait()
     for thread in stopper:
         thread.join()
