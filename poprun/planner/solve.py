@@ -90,13 +90,10 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         environment.instance(s, topology, i, argv=argv, cwd=cwd, base=base_env, placement=placement, partition=partition)
         for i in range(topology.num_instances)
     )
-    if rank.mode == "topology":
-        from poprun.planner.rankorder import with_groups
-
-        instances = with_groups(instances, rank)
-    instances = bind(s, instances, placement)
-    instances, devices = _devices(s, instances, placement, all_here=traits.all_here or is_on(s.spec.offline_mode))
-    instances = threads(s, instances, all_here=traits.all_here or is_on(s.spec.offline_mode))
+    instances = bind(s, _grouped(instances, rank), placement)
+    here = traits.all_here or is_on(s.spec.offline_mode)
+    instances, devices = _devices(s, instances, placement, all_here=here)
+    instances = threads(s, instances, all_here=here)
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
     members = _membership(s, topology, traits, planned)
     observed = _observe(s)
@@ -118,6 +115,15 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
         observe=observed, rank_order=rank, devices=devices,
     )
+
+
+def _grouped(instances: tuple[p.Instance, ...], rank: p.RankOrder) -> tuple[p.Instance, ...]:
+    """Return the instances with their groups under a topology rank order (no module to import otherwise)."""
+    if rank.mode != "topology":
+        return instances
+    from poprun.planner.rankorder import with_groups
+
+    return with_groups(instances, rank)
 
 
 def _rank_order(s: Solver, topology: p.Topology) -> tuple[p.Topology, p.RankOrder]:
