@@ -108,7 +108,18 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     finally:
         for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
             made.unlink()
-    return status, out.getvalue().replace(str(case), "<case>"), err.getvalue().replace(str(case), "<case>")
+    return status, _located(out.getvalue(), case), _located(err.getvalue(), case)
+
+
+def _located(text: str, case: Path) -> str:
+    """
+    Return ``text`` with the case folder's path as ``<case>``, wherever the checkout lives.
+
+    Explain cuts a long value to 40 characters (37 and ``...``): the case folder as the cwd of a
+    ``"cwd": "{case}"`` case is always that long, and its cut form is replaced by one as wide.
+    """
+    cut = str(case)[:37] + "..."
+    return text.replace(str(case), "<case>").replace(cut, "<case>".ljust(37, ".") + "...")
 
 
 def _replan(plan_json: str, how: dict, ctx: Context) -> int:
