@@ -203,10 +203,13 @@ DEFAULT_MASTER_PORT = 29500
 
 
 def devices(env: Mapping[str, str]) -> tuple[int, ...]:
-    """Return the instance's devices of ``POPDIST_DEVICES`` (``"0,1"``), in order; () when unset or not a list of indices."""
+    """Return the instance's devices of ``POPDIST_DEVICES`` (``"0,1"``), in order; () when unset or not a list of distinct indices."""
     raw = env.get(DEVICES, "").strip()
     words = [w.strip() for w in raw.split(",")] if raw else []
-    if not words or len(words) > 4096 or not all(w.isdigit() and len(w) <= 6 for w in words):  # noqa: PLR2004
+    # ASCII digits only: str.isdigit() also says yes to '\u00b2' (int() refuses it) and '\u0663' (int() reads 3)
+    if not words or len(words) > 4096 or not all(w.isascii() and w.isdigit() and len(w) <= 6 for w in words):  # noqa: PLR2004
+        return ()
+    if len(set(words)) != len(words):  # poprun names each device once
         return ()
     return tuple(int(w) for w in words)
 

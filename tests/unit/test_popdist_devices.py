@@ -11,6 +11,9 @@ from popdist import _contract
 @pytest.mark.parametrize(("value", "expected"), [
     ("0", (0,)), ("2,3", (2, 3)), (" 0,1 ", (0, 1)), ("", ()), ("a,b", ()), ("0,,1", ()), ("-1", ()),
     ("1" * 7, ()), ("$(id)", ()), ("0,1\n2", ()),
+    # digits of other scripts: int() refuses some ('²') and reads others ('٣' is 3): neither is poprun's
+    ("\u00b2", ()), ("0,\u00b9", ()), ("\u0663", ()), ("\uff11", ()),
+    ("0,0", ()),  # one device named twice is not a list poprun writes
 ])
 def test_the_contract_reads_a_list_of_indices_or_nothing(value: str, expected: tuple) -> None:
     """Indices only; anything else (a forged or garbled value) is no device, never an exception."""
