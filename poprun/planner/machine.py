@@ -423,8 +423,13 @@ def node_of(local_cpus: str | None, nodes: Mapping[int, tuple[int, ...]]) -> int
 
 
 def numbered(found: list[Device]) -> tuple[Device, ...]:
-    """Return ``found`` in PCI bus id order, each numbered among its vendor's devices (index order within a vendor)."""
-    ordered = sorted(found, key=lambda d: d.bus_id)
+    """
+    Return ``found`` in PCI bus id order, each numbered among its vendor's devices (index order within a vendor).
+
+    A bus id given again (a forged probe answer; sysfs names each once) is left out: one PCI
+    function is one device.
+    """
+    ordered = list({d.bus_id: d for d in sorted(found, key=lambda d: d.bus_id, reverse=True)}.values())[::-1]
     counts: dict[str, int] = {}
     devices = []
     for device in ordered:
@@ -482,7 +487,8 @@ def parse_smi(text: str) -> tuple[tuple[tuple[int, str, str, str], ...], int]:
             continue
         words = [w.strip() for w in line.split(",", 3)]
         address = bus_id(words[1]) if len(words) == 4 else None  # noqa: PLR2004 - four columns asked
-        if address is None or not (words[0].isdigit() and len(words[0]) <= 6) or not uuid_form.match(words[2]):  # noqa: PLR2004
+        index = words[0]  # ASCII digits: str.isdigit() also says yes to '\u00b2', which int() refuses
+        if address is None or not (index.isascii() and index.isdigit() and len(index) <= 6) or not uuid_form.match(words[2]):  # noqa: PLR2004
             bad += 1
             continue
         rows.append((int(words[0]), address, words[2], "".join(c for c in words[3] if c.isprintable())[:200]))
@@ -500,7 +506,12 @@ def merge_smi(devices: tuple[Device, ...], rows: tuple[tuple[int, str, str, str]
     by_bus = {d.bus_id: d for d in devices if d.vendor == "nvidia"}
     notes: list[DeviceNote] = []
     merged: list[Device] = []
+    seen: set[object] = set()
     for index, address, uuid, name in rows:
+        if index in seen or address in seen:  # nvidia-smi names each GPU once: a repeated row is forged or garbled
+            notes.append(DeviceNote("PR248", f"nvidia-smi shows GPU {index} at {address} again: the row is left out"))
+            continue
+        seen.update((index, address))
         known = by_bus.pop(address, None)
         if known is None:
             notes.append(DeviceNote("PR248", f"nvidia-smi shows GPU {index} at {address}, which sysfs does not list: "

@@ -167,6 +167,34 @@ def test_a_hostile_answer_gives_no_control_character_and_no_odd_uuid() -> None:
     assert ([(0, "0000:1b:00.0", "GPU-1a2b", "NVIDIA [31mH100")], 2) == (list(rows), bad)
 
 
+def test_an_index_of_other_digits_is_no_row_and_no_exception() -> None:
+    """'\u00b2' and '\u0663' are digits to str.isdigit(): int() raised on the first (a traceback from a host's answer)."""
+    assert ((), 2) == parse_smi("\u00b2, 00000000:1B:00.0, GPU-1, H100\n\u0663, 00000000:43:00.0, GPU-2, H100\n")
+
+
+PROBED = "node 0 0-3\ncpu 0 0 0\ncpu 1 0 1\ncpu 2 0 2\ncpu 3 0 3\n"
+PCI = "pci 0000:{bus}:00.0 0x10de 0x030200 0x2330 0 -\n"
+
+
+def test_a_probe_answer_that_repeats_a_device_gives_it_once() -> None:
+    """A forged answer names one bus id three times: one device (two would be given to two instances as one)."""
+    topology = from_dump("h", PROBED + PCI.format(bus="1b") * 3 + PCI.format(bus="2b"))
+
+    assert [(0, "0000:1b:00.0"), (1, "0000:2b:00.0")] == [(d.index, d.bus_id) for d in topology.devices]
+
+
+@pytest.mark.parametrize("repeat", ["smi 0, 00000000:2B:00.0, GPU-b, H100", "smi 1, 00000000:1B:00.0, GPU-b, H100"])
+def test_an_nvidia_smi_row_that_repeats_an_index_or_a_bus_id_is_left_out(repeat: str) -> None:
+    """Each index and bus id once, whatever nvidia-smi's answer says; the repeated row is a PR248 note."""
+    smi = f"smi 0, 00000000:1B:00.0, GPU-a, H100\n{repeat}\nsmi exit 0\n"
+
+    topology = from_dump("h", PROBED + PCI.format(bus="1b") + PCI.format(bus="2b") + smi)
+
+    indices, buses = [d.index for d in topology.devices], [d.bus_id for d in topology.devices]
+    assert (len(set(indices)), len(set(buses))) == (len(indices), len(buses))
+    assert "again: the row is left out" in topology.device_notes[0].detail
+
+
 def test_nvidia_smi_merged_with_sysfs_gives_names_and_uuids(tmp_path: Path) -> None:
     """Agreeing views: sysfs's NUMA nodes, nvidia-smi's names and UUIDs, no note."""
     rows, _ = parse_smi((DATA / "nvidia-smi-hgx-h100.csv").read_text())
