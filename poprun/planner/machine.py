@@ -126,6 +126,9 @@ class HostTopology:
         return tuple(nodes)
 
 
+MAX_CPU = 65_535  # the largest CPU number a list may name (the kernel's NR_CPUS is at most 8192 today)
+
+
 def cpulist(cpus: tuple[int, ...] | list[int] | set[int]) -> str:
     """Return ``0-3,8`` for CPUs 0, 1, 2, 3 and 8 (the kernel's list syntax); ``""`` for none."""
     ordered = sorted(set(cpus))
@@ -142,13 +145,28 @@ def cpulist(cpus: tuple[int, ...] | list[int] | set[int]) -> str:
 
 
 def parse_cpulist(text: str) -> tuple[int, ...]:
-    """Return the CPUs of a list like ``0-3,8`` (the kernel's syntax), sorted."""
+    """
+    Return the CPUs of a list like ``0-3,8`` (the kernel's syntax), sorted.
+
+    Lists come from hosts' probe answers and files too: a CPU above :data:`MAX_CPU`, a range
+    backwards, or ranges naming more than ``MAX_CPU + 1`` CPUs in all are refused before any is
+    counted (``0-300000000`` once filled memory until the kernel killed poprun).
+
+    Raises:
+        ValueError: when ``text`` is not such a list.
+    """
     cpus: set[int] = set()
+    total = 0
     for part in text.strip().split(","):
         if not part:
             continue
         first, _, last = part.partition("-")
-        cpus.update(range(int(first), int(last or first) + 1))
+        low, high = int(first), int(last or first)
+        total += high - low + 1
+        if not 0 <= low <= high <= MAX_CPU or total > MAX_CPU + 1:
+            msg = f"not a CPU list of CPUs 0 to {MAX_CPU}: {part[:40]!r}"
+            raise ValueError(msg)
+        cpus.update(range(low, high + 1))
     return tuple(sorted(cpus))
 
 

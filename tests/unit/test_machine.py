@@ -30,6 +30,21 @@ def test_cpulist_round_trips(cpus: set[int]) -> None:
     assert tuple(sorted(cpus)) == parse_cpulist(cpulist(cpus))
 
 
+@pytest.mark.parametrize("text", ["0-300000000", "65536", "0-65535,0-65535", "5-3", "-1"])
+def test_a_cpu_list_beyond_the_kernels_cpus_is_refused_at_once(text: str) -> None:
+    """A forged probe answer's '0-300000000' filled memory (the kernel killed poprun); now a ValueError, as from_dump expects."""
+    with pytest.raises(ValueError, match=r"not a CPU list|invalid literal"):
+        parse_cpulist(text)
+
+
+def test_a_probe_answer_with_an_absurd_cpu_list_is_no_topology_not_a_kill() -> None:
+    """The lines with such lists are skipped (as any line that does not read), the rest is the topology."""
+    topology = from_dump("h", "node 0 0-300000000\ncpu 5 0 0\nCpus_allowed_list: 0-4000000000\n")
+    assert ((5,), None) == (topology.numa_nodes[0].cpus, topology.cpuset)
+    topology = from_dump("h", "node 0 0-3\ncpu 0 0 0\npci 0000:1b:00.0 0x10de 0x030200 0x2330 - 0-900000000\n")
+    assert (-1, 1) == (topology.devices[0].numa_node, len(topology.devices))
+
+
 def test_cpulist_is_the_kernels_syntax() -> None:
     """Runs are joined with '-', pieces with ','."""
     assert ("0-3,8,10-11", "") == (cpulist({0, 1, 2, 3, 8, 10, 11}), cpulist(set()))
