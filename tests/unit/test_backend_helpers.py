@@ -122,6 +122,24 @@ def test_the_topology_probe_runs_ssh_with_the_launchs_own_options(tmp_path):
     assert ["-f", "-N", "--", "h1"] == argv[-4:]
 
 
+def test_a_host_whose_probe_answer_has_no_end_is_refused_not_read_into_memory(tmp_path):
+    """A host that answers the topology probe with 64 MiB of device lines is cut at 8 MiB and has no topology."""
+    from poprun.backends.ssh.client import SshClient
+    from poprun.backends.ssh.probe import MAX_ANSWER, probe_topologies
+
+    fake = tmp_path / "ssh"
+    fake.write_text('#!/bin/sh\ncase "$*" in *" -N "*) exit 0 ;; esac\n'
+                    'yes "pci 0000:1b:00.0 0x10de 0x030200 0x2330 0 -" | head -c 67108864\n')
+    fake.chmod(0o755)
+    client = SshClient(config="/etc/cfg", ssh=str(fake))
+    try:
+        found = probe_topologies(("h1",), environ={}, client=client, timeout_s=60)
+    finally:
+        client.close()
+
+    assert {"h1": f"its answer was over {MAX_ANSWER >> 20} MiB (a topology is far less): not read"} == found
+
+
 @pytest.mark.parametrize(("opened", "expected"), [("/dev/null", None), ("a file", 0), ("a pipe", 0), ("closed", None)])
 def test_instance_0_reads_stdin_only_when_there_is_something_to_read(opened: str, expected: int | None,
                                                                      tmp_path: Path) -> None:

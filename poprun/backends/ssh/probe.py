@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from poprun.backends.ssh.client import SshClient
 from poprun.planner.machine import DUMP_SCRIPT, HostTopology, from_dump
 
+MAX_ANSWER = 8 << 20  # bytes of a host's answer at most (8,192 CPUs and 4,096 PCI devices write under 1 MiB)
 PROBE_S = 4.0  # how long the probe waits for a host that says nothing (while none of the others does either)
 
 
@@ -43,6 +44,9 @@ def probe_topologies(hosts: tuple[str, ...], *, environ: Mapping[str, str], clie
     outputs = _read_all(procs, timeout_s)
     for host, proc in procs.items():
         out, err = outputs[host]
+        if len(out) > MAX_ANSWER or len(err) > MAX_ANSWER:
+            found[host] = f"its answer was over {MAX_ANSWER >> 20} MiB (a topology is far less): not read"
+            continue
         if proc.poll() is None:
             proc.kill()
             proc.wait()
@@ -61,7 +65,12 @@ def _last_line(text: str, otherwise: str) -> str:
 
 def _read_all(procs: Mapping[str, subprocess.Popen[bytes]],
               idle_s: float) -> dict[str, tuple[bytes, bytes]]:
-    """Read every session's stdout and stderr to their ends, until none has said anything for ``idle_s``."""
+    """
+    Read every session's stdout and stderr to their ends, until none has said anything for ``idle_s``.
+
+    A session that writes more than :data:`MAX_ANSWER` bytes to either is killed and read no
+    further (a hostile or broken host's endless answer would fill poprun's memory).
+    """
     got = {host: (bytearray(), bytearray()) for host in procs}
     with selectors.DefaultSelector() as selector:
         for host, proc in procs.items():
@@ -75,7 +84,12 @@ def _read_all(procs: Mapping[str, subprocess.Popen[bytes]],
                 host, number = key.data
                 got[host][number].extend(chunk)
                 deadline = time.monotonic() + idle_s
-                if not chunk:
+                if len(got[host][number]) > MAX_ANSWER:
+                    procs[host].kill()
+                    for pipe in (procs[host].stdout, procs[host].stderr):
+                        with contextlib.suppress(KeyError, ValueError):
+                            selector.unregister(pipe)
+                elif not chunk:
                     selector.unregister(key.fileobj)
     for proc in procs.values():
         with contextlib.suppress(subprocess.TimeoutExpired):
