@@ -141,6 +141,7 @@ CODES: dict[str, str] = {
     "PR311": "no plan on the hosts left",
     "PR312": "the plan's kept spec does not make the plan",
     "PR313": "MPI program without mpirun",
+    "PR316": "the launching shell's device filter names other devices",
     "PR322": "host not in the network topology",
     "PR324": "cannot read Slurm's network topology",
     "PR400": "unknown backend",

@@ -35,7 +35,9 @@ Diagnostics: PR241 (more devices than a host has, with the nearest feasible numb
 host's devices not known when planning), PR243 (a host without devices), PR244 (the instances
 run here, and this machine has none); warnings PR245 (an instance's devices cross NUMA nodes
 though one node could hold them), PR246 (``-x`` of a variable the devices set), PR247 / PR248
-(nvidia-smi failed / disagrees with sysfs), PR249 (``--device-visibility`` without devices).
+(nvidia-smi failed / disagrees with sysfs), PR249 (``--device-visibility`` without devices), PR316
+(the launching shell's ``CUDA_VISIBLE_DEVICES`` / ``ROCR_VISIBLE_DEVICES`` names devices this machine
+does not have; when it names some, only those are assigned).
 """
 
 from __future__ import annotations
@@ -131,7 +133,7 @@ def _topologies(s: Solver, hosts: list[str], *, all_here: bool) -> dict[str, Hos
     for host, topology in read.items():
         if isinstance(topology, HostTopology):
             if not topology.device_source and s.ctx.device_probe is not None:  # this machine's, devices not read yet
-                here = here or s.ctx.device_probe(topology)
+                here = here or shell_visible(s, s.ctx.device_probe(topology))
                 topology = evolve(topology, devices=here.devices, device_source=here.device_source,  # noqa: PLW2901
                                   device_notes=here.device_notes)
             found[host] = topology
@@ -149,7 +151,43 @@ def _topologies(s: Solver, hosts: list[str], *, all_here: bool) -> dict[str, Hos
                hint=f"check that poprun reaches {shown} by ssh, or describe the hosts: {TOPOLOGY_VARIABLE}=FILE|NAME "
                     "('python3 -m poprun.planner.machine' on a host writes its FILE; recorded: "
                     "hgx-h100-8gpu-2x-xeon-8480, dell-r750xa-4x-a100)")
-    return None if unread else found
+    return None if unread or any(d.code == "PR316" for d in s.diags) else found
+
+
+SHELL_FILTERS = {"nvidia": "CUDA_VISIBLE_DEVICES", "amd": "ROCR_VISIBLE_DEVICES"}
+
+
+def shell_visible(s: Solver, topology: HostTopology) -> HostTopology:
+    """
+    Return this machine's ``topology`` with only the devices the launching shell's own filter leaves (PR316 when it names others).
+
+    ``CUDA_VISIBLE_DEVICES=4,5,6,7 poprun ...`` on a shared machine keeps poprun off GPUs 0-3, as it
+    keeps any CUDA program off them: its entries are indices as nvidia-smi numbers the GPUs (PCI bus
+    order, as poprun's own ``CUDA_DEVICE_ORDER``) or their UUIDs; ``ROCR_VISIBLE_DEVICES`` likewise for AMD.
+    """
+    kept = list(topology.devices)
+    for vendor, name in SHELL_FILTERS.items():
+        raw = s.ctx.environ.get(name)
+        mine = [d for d in kept if d.vendor == vendor]
+        if raw is None or not mine:
+            continue
+        words = [w.strip() for w in raw.split(",")]
+        by_word = {**{str(d.index): d for d in mine}, **{d.uuid: d for d in mine if d.uuid}}
+        unknown = [w for w in words if w not in by_word]
+        shown = "".join(c if c.isprintable() else "?" for c in raw[:80])
+        if unknown or len({by_word[w].bus_id for w in words}) != len(words):
+            named = ", ".join(repr(w[:40]) for w in unknown[:4]) or "a device twice"
+            why = "is empty: it hides every GPU" if not raw.strip() else \
+                f"names {named}, not one device each of this machine's ({', '.join(str(d.index) for d in mine)})"
+            s.fail("PR316", "the launching shell's device filter names other devices", span=SourceSpan.env(name),
+                   detail=f"{name}={shown!r} {why}",
+                   hint=f"unset {name}, or list indices or UUIDs of this machine's GPUs as 'nvidia-smi -L' shows them")
+            return evolve(topology, devices=())
+        listed = {by_word[w].bus_id for w in words}
+        kept = [d for d in kept if d.vendor != vendor or d.bus_id in listed]
+        s.decide(f"devices.{name}", shown, SourceSpan.env(name),
+                 f"the launching shell's: poprun assigns only these of this machine's {len(mine)} devices")
+    return evolve(topology, devices=tuple(kept))
 
 
 def _notes(s: Solver, host: str, topology: HostTopology) -> None:

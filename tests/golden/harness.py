@@ -10,6 +10,7 @@ directory the command sees (default ``/home/user/app``, which does not exist); `
 ``env`` value is the case folder's path (a ``bin/`` of fake commands on PATH; it reads ``<case>``
 in the expected text); ``"long_argument": N`` adds an argument of N hexadecimal digits to argv (the
 same each time, and not compressible);
+``"device_topology": NAME`` gives this machine the devices of a recorded server (read from sysfs; default none);
 ``"getrlimit_nofile": [SOFT, HARD]`` is what the limit on open files reads as; ``"sched_getaffinity":
 [CPU, ...]`` the CPUs this process may use. ``sys_path`` names folders of the case put on ``sys.path``
 for the run (a fake distribution whose entry points declare a backend plugin); ``"replan": {"lost": {HOST:
@@ -23,6 +24,7 @@ are made (of that many bytes, all NUL) before the run and removed after it. ``PO
 import io
 import json
 import os
+from collections.abc import Callable
 from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
@@ -36,7 +38,7 @@ from poprun.planner.machine import HostTopology, load
 
 FROM_PROCESS = Context.from_process
 UPDATE = os.environ.get("POPRUN_UPDATE_GOLDEN") == "1"
-OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_", "SLURM_")
+OWN_PREFIXES = ("POPRUN_", "IPUOF_", "POPLAR_", "POPTORCH_", "MASTER_", "SLURM_", "CUDA_VISIBLE_", "ROCR_VISIBLE_")
 
 
 def WORKSTATION() -> HostTopology:  # noqa: N802 - stands for the constant it returns
@@ -47,6 +49,14 @@ def WORKSTATION() -> HostTopology:  # noqa: N802 - stands for the constant it re
 def NO_DEVICES(topology: HostTopology) -> HostTopology:  # noqa: N802 - stands for the constant it returns
     """This machine's devices in golden cases: none, read from sysfs (the recorded workstation has no GPU)."""
     return evolve(topology, device_source="sysfs")
+
+
+def _devices(recorded: str | None) -> Callable[[HostTopology], HostTopology]:
+    """This machine's devices: none (:func:`NO_DEVICES`), or with ``"device_topology": NAME`` those of a recorded server, read from sysfs."""
+    if recorded is None:
+        return NO_DEVICES
+    devices = load(recorded).devices
+    return lambda topology: evolve(topology, devices=devices, device_source="sysfs")
 
 
 def case_dirs(folder: Path) -> list[Path]:
@@ -91,7 +101,7 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     # if listed there (else nothing is resolved, as when planning).
     mapped, resolvable = spec.get("ssh_hostnames", {}), spec.get("resolvable")
     fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app").replace("{case}", str(case)), is_root=False,
-                   probe=WORKSTATION, remote_probe=None, device_probe=NO_DEVICES,
+                   probe=WORKSTATION, remote_probe=None, device_probe=_devices(spec.get("device_topology")),
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))

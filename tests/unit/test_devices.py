@@ -223,3 +223,34 @@ def test_the_diff_shows_each_instances_devices_and_the_devices_record() -> None:
     assert {("placement", "devices", "0", "0,1", (0,)), ("placement", "devices", "4", "4,5", (1,)),
             ("devices", "per_instance", 1, 2, ()), ("devices", "visibility", "own", "all", ())} <= changes
     assert "devices" == SECTIONS[-1]
+
+
+def test_the_launching_shells_cuda_visible_devices_keeps_poprun_to_its_gpus() -> None:
+    """CUDA_VISIBLE_DEVICES=4,5,6,7 in the shell (a shared machine): the instances get GPUs 4-7 only (they got 0 and 4)."""
+    plan = solved("--num-instances=2", "--num-replicas=2", "--devices-per-instance=1",
+                  environ={"CUDA_VISIBLE_DEVICES": "4,GPU-6,7,5"}, topology=_with_uuids()).plan
+
+    assert [("4",), ("5",)] == [i.devices for i in plan.instances]
+    assert any(d.key == "devices.CUDA_VISIBLE_DEVICES" for d in plan.explanation)
+
+
+def _with_uuids() -> HostTopology:
+    given = load("hgx-h100-8gpu-2x-xeon-8480")
+    return evolve(given, devices=tuple(evolve(d, uuid=f"GPU-{d.index}") for d in given.devices))
+
+
+@pytest.mark.parametrize("value", ["8", "", "4,4", "GPU-6,6", "0,$(id)", "\u0663"])
+def test_a_shell_filter_that_names_no_device_of_this_machine_is_pr316(value: str) -> None:
+    """A device it lacks, one twice (by index and UUID), none: PR316 alone, nothing planned."""
+    with pytest.raises(DiagnosticError) as raised:
+        solved("--devices-per-instance=1", environ={"CUDA_VISIBLE_DEVICES": value}, topology=_with_uuids())
+
+    assert ["PR316"] == [d.code for d in raised.value.diagnostics]
+
+
+def test_a_shell_filter_says_nothing_of_a_described_host() -> None:
+    """With POPRUN_HOST_TOPOLOGY the devices are another machine's: the shell's variable is not read."""
+    plan = solved("--devices-per-instance=1", environ={"CUDA_VISIBLE_DEVICES": "9",
+                                                       "POPRUN_HOST_TOPOLOGY": "hgx-h100-8gpu-2x-xeon-8480"}).plan
+
+    assert ("0",) == plan.instances[0].devices

@@ -86,9 +86,8 @@ def _read_all(procs: Mapping[str, subprocess.Popen[bytes]],
                 deadline = time.monotonic() + idle_s
                 if len(got[host][number]) > MAX_ANSWER:
                     procs[host].kill()
-                    for pipe in (procs[host].stdout, procs[host].stderr):
-                        with contextlib.suppress(KeyError, ValueError):
-                            selector.unregister(pipe)
+                    for other in [k for k in selector.get_map().values() if k.data[0] == host]:
+                        selector.unregister(other.fileobj)
                 elif not chunk:
                     selector.unregister(key.fileobj)
     for proc in procs.values():
