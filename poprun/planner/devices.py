@@ -319,6 +319,8 @@ def _bind(instance: p.Instance, own: tuple[Device, ...], topology: HostTopology,
     for before in range(position):  # the cores the instances before this one on the host took
         taken.append(_core(chosen[before], usable, taken))
     core = _core(own, usable, taken)
+    if not core:  # fewer usable cores than instances: the placement step said so (PR306); nothing to bind to
+        return instance.placement
     node = next(n.index for n in topology.usable() for c in n.cores if c == core)
     return evolve(instance.placement, numa_nodes=str(node), cpus=cpulist(core), reason=reason)
 

@@ -254,3 +254,16 @@ def test_a_shell_filter_says_nothing_of_a_described_host() -> None:
                                                        "POPRUN_HOST_TOPOLOGY": "hgx-h100-8gpu-2x-xeon-8480"}).plan
 
     assert ("0",) == plan.instances[0].devices
+
+
+@pytest.mark.parametrize("strategy", ["close", "scattersocket", "scatternuma"])
+@pytest.mark.parametrize("cpuset", [(0,), (56, 57), (0, 112)])
+def test_fewer_usable_cores_than_instances_is_pr306_not_a_traceback(strategy: str, cpuset: tuple) -> None:
+    """A cpuset of one or two cores (taskset, a container) and 4 single-core instances: PR306 (StopIteration before)."""
+    topology = evolve(load("hgx-h100-8gpu-2x-xeon-8480"), cpuset=cpuset)
+
+    with pytest.raises(DiagnosticError) as raised:
+        solved("--num-instances=4", "--num-replicas=4", "--devices-per-instance=1", f"--process-placement={strategy}",
+               topology=topology)
+
+    assert "PR306" in [d.code for d in raised.value.diagnostics]
