@@ -34,6 +34,10 @@ from collections.abc import Mapping
 from poprun.core.purepath import is_dir
 from poprun.core.record import evolve, positional_record, record
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
+if TYPE_CHECKING:
+    import subprocess
+
 TOPOLOGIES = os.path.join(os.path.dirname(os.path.dirname(__file__)), "topologies")
 RECORDED = ("dell-r6525-2x-epyc-7742", "xeon-2s-2numa", "workstation-1numa", "hgx-h100-8gpu-2x-xeon-8480",
             "dell-r750xa-4x-a100")
@@ -551,8 +555,10 @@ def run_smi(timeout_s: float = SMI_TIMEOUT_S) -> tuple[str | None, DeviceNote | 
     """
     Return ``nvidia-smi``'s answer to :data:`SMI_QUERY`, or None and why not (PR247) when it fails.
 
-    No ``nvidia-smi`` on PATH: (None, None). It runs for at most ``timeout_s``; its output is read
-    up to 1 MiB.
+    No ``nvidia-smi`` on PATH: (None, None). It runs in a session of its own for at most
+    ``timeout_s``, its output (stdout and stderr together) read up to 1 MiB: past that, or past
+    the time, the session is killed (an endless answer was read into memory whole, and a child
+    it left behind outlived poprun).
     """
     import shutil
     import subprocess
@@ -561,17 +567,52 @@ def run_smi(timeout_s: float = SMI_TIMEOUT_S) -> tuple[str | None, DeviceNote | 
     if program is None:
         return None, None
     try:
-        done = subprocess.run([program, *SMI_QUERY[1:]], stdin=subprocess.DEVNULL, capture_output=True,  # noqa: S603
-                              timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return None, DeviceNote("PR247", f"nvidia-smi gave no answer within {timeout_s:g} s")
+        proc = subprocess.Popen([program, *SMI_QUERY[1:]], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,  # noqa: S603
+                                stderr=subprocess.STDOUT, start_new_session=True)
     except OSError as exc:
         return None, DeviceNote("PR247", f"nvidia-smi could not run: {exc.strerror or exc}")
-    if done.returncode != 0:
-        said = (done.stdout + done.stderr)[:_SMI_BYTES].decode(errors="replace").strip().splitlines()
-        return None, DeviceNote("PR247", f"nvidia-smi exited with {done.returncode}"
+    out, ended = _read_bounded(proc, timeout_s)
+    if not ended:
+        why = f"gave no answer within {timeout_s:g} s" if len(out) <= _SMI_BYTES else \
+            f"wrote more than {_SMI_BYTES >> 20} MiB"
+        return None, DeviceNote("PR247", f"nvidia-smi {why}")
+    if proc.returncode != 0:
+        said = out.decode(errors="replace").strip().splitlines()
+        return None, DeviceNote("PR247", f"nvidia-smi exited with {proc.returncode}"
                                          + (f": {said[-1][:200]}" if said else ""))
-    return done.stdout[:_SMI_BYTES].decode(errors="replace"), None
+    return out.decode(errors="replace"), None
+
+
+def _read_bounded(proc: subprocess.Popen[bytes], timeout_s: float) -> tuple[bytes, bool]:
+    """Return what ``proc`` wrote (at most :data:`_SMI_BYTES` + 1) and whether it ended by itself; else its session is killed."""
+    import contextlib
+    import selectors
+    import signal
+    import subprocess
+    import time
+
+    assert proc.stdout is not None
+    out = bytearray()
+    deadline = time.monotonic() + timeout_s
+    with selectors.DefaultSelector() as selector:
+        selector.register(proc.stdout, selectors.EVENT_READ)
+        while len(out) <= _SMI_BYTES and (left := deadline - time.monotonic()) > 0:
+            if not selector.select(left):
+                continue
+            chunk = os.read(proc.stdout.fileno(), 65536)
+            if not chunk:
+                break
+            out.extend(chunk)
+    proc.stdout.close()
+    try:
+        ended = len(out) <= _SMI_BYTES and proc.wait(max(deadline - time.monotonic(), 0.01)) is not None
+    except subprocess.TimeoutExpired:
+        ended = False
+    if not ended or proc.returncode is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    return bytes(out[:_SMI_BYTES + 1]), ended
 
 
 def discover_devices(topology: HostTopology, root: str = "/", *, smi: bool | None = None) -> HostTopology:

@@ -262,6 +262,36 @@ def test_a_hung_nvidia_smi_is_given_up_after_its_timeout(tmp_path: Path, monkeyp
     assert (None, DeviceNote("PR247", "nvidia-smi gave no answer within 1 s")) == (text, note)
 
 
+def test_an_nvidia_smi_that_writes_without_end_is_cut_at_one_mib(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """64 MiB of rows: PR247 at 1 MiB (the whole answer was read into memory before, then cut)."""
+    bin_ = fake_smi(tmp_path / "bin", "yes '0, 00000000:1B:00.0, GPU-1, H100' | head -c 67108864")
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+
+    assert (None, DeviceNote("PR247", "nvidia-smi wrote more than 1 MiB")) == run_smi(timeout_s=60)
+
+
+def test_a_hung_nvidia_smi_leaves_no_child_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child that holds the output (and ignores SIGTERM) is killed with it, once the timeout passes."""
+    pid_file = tmp_path / "child"
+    bin_ = fake_smi(tmp_path / "bin", f"sh -c 'trap \"\" TERM; echo $$ > {pid_file}; exec sleep 600' & wait")
+    monkeypatch.setenv("PATH", f"{bin_}:{os.environ['PATH']}")
+
+    assert (None, DeviceNote("PR247", "nvidia-smi gave no answer within 1 s")) == run_smi(timeout_s=1)
+    child = int(pid_file.read_text())
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and _alive(child):
+        time.sleep(0.05)
+    assert not _alive(child)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def test_no_nvidia_smi_is_no_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Without nvidia-smi on PATH (an AMD host, a CPU host): nothing to say."""
     monkeypatch.setenv("PATH", str(tmp_path))
