@@ -242,6 +242,8 @@ class Attempts:
         if self.members is not None and self.members.checks:
             self._admit(0)  # the health check before anything starts: unhealthy hosts are left out now
         while True:
+            if self.plan.network.pending:  # the interfaces the plan left to the launch (again after a re-plan)
+                self._settle_network()
             port, chosen = self._next_port or self._master_port()
             self._next_port = None
             applied, variables = self._begin(number, port, chosen)
@@ -258,6 +260,20 @@ class Attempts:
             if not again:
                 return result
             number += 1
+
+    def _settle_network(self) -> None:
+        """
+        Read on each host the interface collectives use (poprun.apply.network): the plan gets the values.
+
+        Raises:
+            DiagnosticError: PR318, PR474-PR478: nothing starts.
+        """
+        from poprun.apply.network import settle_network
+
+        self.plan, found = settle_network(self.backend, self.plan, environ=self.environ, stop=self.control.woken)
+        self.warnings += found
+        if self.control.signals:
+            raise Stopped(self.control.signals[-1])
 
     def _instance_scope(self) -> bool:
         """
