@@ -14,7 +14,7 @@ oob_tcp_if_include`` (global to mpirun: the hosts' subnets in CIDR form, which h
 host). The sources, first first:
 
 1. the user's: a variable given with ``-x`` (for every instance or one), an MCA parameter in
-   ``--mpi-global-args`` or ``-x OMPI_MCA_*`` (an ``*_if_exclude`` too: Open MPI refuses
+   ``--mpi-global-args``, ``-x OMPI_MCA_*`` or the launching shell's ``OMPI_MCA_*`` (an ``*_if_exclude`` too: Open MPI refuses
    include and exclude together); poprun then sets nothing for that name;
 2. ``--host-subnet CIDR``: on each host, the interface whose address lies in the subnet (the
    lowest ifindex when several do: PR477 warns);
@@ -127,7 +127,8 @@ def _user_set(s: Solver, *, mpirun: bool) -> tuple[str, ...]:
     if mpirun:
         args = s.spec.mpi_global_args.value if s.spec.mpi_global_args is not None else ()
         mca = {args[i + 1] for i in range(len(args) - 1) if args[i] in _MCA_FLAGS}
-        mca |= {n.removeprefix("OMPI_MCA_") for n in given if n.startswith("OMPI_MCA_")}
+        # -x OMPI_MCA_*, and the launching shell's (mpirun reads its own environment)
+        mca |= {n.removeprefix("OMPI_MCA_") for n in (*given, *s.ctx.environ) if n.startswith("OMPI_MCA_")}
         user += [n for n in MCA if n in mca or _EXCLUDE[n] in mca]
     return tuple(user)
 
