@@ -36,22 +36,41 @@ READ_S = 15.0  # how long one host's reading may take, connecting included
 
 
 def read_routes(backend: object, hosts: tuple[str, ...], master: str, *, environ: Mapping[str, str],
-                stop: threading.Event | None = None, timeout_s: float = READ_S) -> dict[str, RouteAnswer | str]:
-    """Return each host's answer (:func:`~poprun.planner.netroute.parse`), or a one-line reason it has none."""
+                stop: threading.Event | None = None, timeout_s: float = READ_S,
+                ) -> tuple[dict[str, RouteAnswer | str], dict[str, tuple[Diagnostic, ...]]]:
+    """
+    Return each host's answer (:func:`~poprun.planner.netroute.parse`) or a one-line reason it has none; and the unreached.
+
+    A host the backend could not reach is left out of the answers: its diagnostics (the
+    backend's own, those its preflight gives: PR406, PR407 ...) are the second mapping's.
+    """
     from poprun.apply.health import window
     from poprun.apply.hostrun import run_script
+    from poprun.backends.base import LaunchError
     from poprun.process.hostscript import CancelledError, Scope, scope
 
     answers: dict[str, RouteAnswer | str] = {}
+    unreached: dict[str, tuple[Diagnostic, ...]] = {}
     lock, cancel = threading.Lock(), Scope()
     slots = threading.BoundedSemaphore(max(1, min(window(environ), len(hosts))))
+    run_on_host = getattr(backend, "run_on_host", None)
 
     def one(host: str) -> None:
         mark = "poprun-net-" + secrets.token_hex(6)
+        script = host_script(master, mark)
         try:
             with scope(cancel):
-                got = run_script(backend, host, host_script(master, mark), environ=environ, timeout_s=timeout_s)
+                if callable(run_on_host):
+                    status, out = run_on_host(host, script, environ=environ, timeout_s=timeout_s)
+                    got: tuple[int, bytes] | str = (int(status), bytes(out))
+                else:
+                    got = run_script(backend, host, script, environ=environ, timeout_s=timeout_s)
             answer: RouteAnswer | str = got if isinstance(got, str) else parse(got[1], mark)
+        except LaunchError as exc:
+            answer = exc.message
+            if exc.diagnostics:
+                with lock:
+                    unreached[host] = tuple(exc.diagnostics)
         except CancelledError:
             answer = "stopped"
         except Exception as exc:  # noqa: BLE001 - a plugin's run_on_host that fails otherwise: this host's reason
@@ -72,7 +91,7 @@ def read_routes(backend: object, hosts: tuple[str, ...], master: str, *, environ
             thread.join(0.1)
             if stop is not None and stop.is_set():
                 cancel.cancel()
-    return {h: answers.get(h, "no answer") for h in hosts}
+    return {h: answers.get(h, "no answer") for h in hosts if h not in unreached}, unreached
 
 
 def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, str],
@@ -81,8 +100,9 @@ def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, s
     Return ``plan`` with the interfaces it left "at launch" read on its hosts, and the warnings (PR477).
 
     Raises:
-        DiagnosticError: a host has no route to MASTER_ADDR, no interface in the subnet, could not
-            be read, or names its interface so that Gloo and NCCL cannot take it (PR318, PR474-PR478).
+        DiagnosticError: a host could not be reached (the backend's diagnostics, as its preflight
+            gives them), has no route to MASTER_ADDR, no interface in the subnet, could not be
+            read, or names its interface so that Gloo and NCCL cannot take it (PR318, PR474-PR478).
     """
     from poprun.planner.network import settle
 
@@ -91,7 +111,9 @@ def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, s
     if not master:
         return plan, ()
     hosts = tuple(h.host for h in network.hosts if not h.interface)
-    answers = read_routes(backend, hosts, master, environ=environ, stop=stop)
+    answers, unreached = read_routes(backend, hosts, master, environ=environ, stop=stop)
+    if unreached:  # in the plan's order, as the preflight tells them
+        raise DiagnosticError(tuple(d for h in hosts for d in unreached.get(h, ())))
     settled, found = settle(plan, answers, master=master)
     errors = tuple(d for d in found if d.is_error)
     if errors:

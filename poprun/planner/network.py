@@ -101,9 +101,6 @@ def network(s: Solver, instances: Sequence[p.Instance], *, traits: Traits, offli
     s.diags.extend(problems)
     s.decide(PREFIX + "interfaces", "read", s.origin("host_subnet") if subnet else SourceSpan.derived(
         PREFIX + "interfaces"), f"{how}, read on each host while planning")
-    for h in settled.hosts:
-        if h.interface:
-            s.decide(PREFIX + h.host, h.interface, SourceSpan.environment(f"host {h.host}"), h.how)
     return settled, variables(settled, instances)
 
 

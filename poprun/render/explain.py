@@ -238,9 +238,10 @@ def render_network(plan: LaunchPlan) -> str:
                 rows.append([h.host, "at launch", "", f"{what}, read on the host before the first start"])
         lines += _table(rows)
         mca = [name for name in n.sets if name.endswith("_if_include")]
-        if mca:
-            value = n.mca_value() or "the hosts' subnets, read at launch"
-            lines.append(f"  mpirun: {' '.join(f'--mca {name} {value}' for name in mca)}")
+        if mca and n.mca_value():
+            lines.append(f"  mpirun: {' '.join(f'--mca {name} {n.mca_value()}' for name in mca)}")
+        elif mca:
+            lines.append(f"  mpirun: --mca {' and '.join(mca)}: the hosts' subnets (CIDR), read at launch")
     if n.user:
         lines.append(f"  the user's: {', '.join(n.user)} (poprun sets none of them)")
     rows = [[d.key.removeprefix(NETWORK_KEY), _short(printable(str(d.value))), d.source, d.reason]

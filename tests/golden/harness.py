@@ -23,6 +23,7 @@ import io
 import json
 import os
 from contextlib import redirect_stderr, redirect_stdout
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,8 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
     fixed = evolve(FROM_PROCESS(), cwd=spec.get("cwd", "/home/user/app"), is_root=False, probe=WORKSTATION, remote_probe=None,
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
+    if "routes" in spec:  # a fake route reader: each host's answer as ``ip`` gives it (poprun.planner.netroute)
+        fixed = evolve(fixed, routes=_routes(spec["routes"]))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
     before = set(case.iterdir())
     for name, size in spec.get("sparse_files", {}).items():  # large inputs, made for the run, not kept in git
@@ -102,6 +105,27 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
         for made in set(case.iterdir()) - before:  # files a case writes (--export-config)
             made.unlink()
     return status, out.getvalue(), err.getvalue().replace(str(case), "<case>")
+
+
+def _routes(given: dict[str, str]) -> Callable[[tuple[str, ...], str], dict[str, object]]:
+    """
+    Return a route reader that answers for each host what ``given`` holds.
+
+    A host's value is its answer's lines without the mark (``tool ip``, ``target A``, ``route
+    ...``, ``addr ...``: what :func:`poprun.planner.netroute.host_script` prints), parsed as
+    poprun parses a real host's; a value starting with ``!`` is the reason the host has none.
+    """
+    from poprun.planner.netroute import parse
+
+    def read(hosts: tuple[str, ...], _master: str) -> dict[str, object]:
+        found: dict[str, object] = {}
+        for host in hosts:
+            text = given.get(host, "!the host was not read")
+            found[host] = text[1:] if text.startswith("!") else parse("".join(f"M {line}\n" for line in text.split("\n")),
+                                                                     "M")
+        return found
+
+    return read
 
 
 def _replan(plan_json: str, how: dict, ctx: Context) -> int:
