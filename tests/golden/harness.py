@@ -22,8 +22,8 @@ are made (of that many bytes, all NUL) before the run and removed after it. ``PO
 import io
 import json
 import os
-from contextlib import redirect_stderr, redirect_stdout
 from collections.abc import Callable
+from contextlib import redirect_stderr, redirect_stdout
 from pathlib import Path
 
 import pytest

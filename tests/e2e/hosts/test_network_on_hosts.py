@@ -83,7 +83,7 @@ def _torchrun(hosts: TestHosts, app: Path, *, ifname: str | None, port: int, tim
     for rank, name in enumerate(("h1", "h2")):
         env = {"PATH": os.environ["PATH"], "HOME": str(app), "PYTHONPATH": os.environ.get("PYTHONPATH", ""),
                **({"GLOO_SOCKET_IFNAME": ifname} if ifname else {})}
-        script = f"hostname {name} 2>/dev/null; exec timeout -s KILL {int(timeout)} \"$@\""
+        script = f'hostname {name} 2>/dev/null; exec timeout -s KILL {int(timeout)} "$@"'
         command = ["ip", "netns", "exec", hosts.namespaces[name], "unshare", "--uts", "--mount", "sh", "-c",
                    f"mount --bind {hosts.state}/hosts_{name} /etc/hosts && {script}", "sh",
                    PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--node-rank", str(rank),
