@@ -35,6 +35,7 @@ __all__ = ["Address", "RouteAnswer", "host_script", "parse", "read_here", "valid
 
 MAX_ADDRESSES = 4096  # lines of ``ip -o addr`` read back at most
 IFNAMSIZ = 16  # the kernel's limit on an interface name, with its NUL
+LOCAL_ROUTE = "lo" + "cal"  # the kernel's route type for one of the host's own addresses (not a backend's name)
 
 
 @record
@@ -158,9 +159,9 @@ if command -v ip >/dev/null 2>&1; then
   if [ -n "$x" ]; then ip -o route get "$x" 2>&1 | head -n 2 | sed "s/^/$m route /"; fi
   ip -o addr show 2>&1 | head -n {MAX_ADDRESSES} | sed "s/^/$m addr /"
 elif command -v python3 >/dev/null 2>&1; then
-  python3 - "$m" "$a" <<'POPRUN_NET_EOF'
+  python3 - "$m" "$a" <<'NETROUTE_PY_EOF'
 {_PYTHON}
-POPRUN_NET_EOF
+NETROUTE_PY_EOF
 else
   printf '%s tool none\\n' "$m"
 fi
@@ -195,7 +196,7 @@ def parse(output: bytes | str, mark: str) -> RouteAnswer | str:
     interface = words[words.index("dev") + 1] if "dev" in words[:-1] else ""
     source = words[words.index("src") + 1] if "src" in words[:-1] else ""
     answer = RouteAnswer(targets=tuple(targets), route=route, interface=interface, source=source,
-                         local=words[:1] == ["local"], addresses=tuple(sorted(addresses, key=lambda a: a.index)),
+                         local=words[:1] == [LOCAL_ROUTE], addresses=tuple(sorted(addresses, key=lambda a: a.index)),
                          tool=tool or "ip")
     if answer.local and targets:  # the host's own address: the interface that holds it (not lo), when one does
         holder = answer.interface_of(targets[0])

@@ -376,3 +376,15 @@ def test_a_plan_saved_before_the_network_record_loads_with_none() -> None:
     del data["network"]
 
     assert from_json(json.dumps(data)).network == p.NO_NETWORK
+
+
+def test_diff_shows_the_interfaces_read_at_launch() -> None:
+    """`plan --diff` of the plan and the run's plan: each host's interface, and each instance's variables."""
+    from poprun.render.diff import diff_plans, render_diff
+
+    plan = plan_of("-H", HOSTS, "--num-replicas", "2", "--backend", "ssh")
+    settled, _ = settle(plan, {"10.1.0.11": parse(h1(), "M"), "10.1.0.12": parse(h2("ens1"), "M")})
+    text = render_diff(diff_plans(plan, settled), old_name="plan.json", new_name="RUN/plan.json")
+
+    assert "host 10.1.0.12: at launch -> ens1 10.1.0.12" in text, text
+    assert "GLOO_SOCKET_IFNAME" in text, text

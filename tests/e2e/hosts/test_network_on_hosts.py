@@ -154,6 +154,10 @@ def test_ddp_multinode_under_poprun_matches_torchrun(decoy_hosts: TestHosts, tmp
     assert f"h2    eth0       {h2}  route get {h1} -> eth0 src {h2}" in explained, explained
     assert f"h1    eth0       {h1}  route get {h1} -> eth0 src {h1}" in explained, explained
     assert "GLOO_SOCKET_IFNAME=eth0" in explained
+    report = subprocess.run([PY, "-m", "poprun.cli.main", "report", plan_path.parent.name], env=env,
+                            capture_output=True, text=True, timeout=60, check=True).stdout
+    assert f"network: h1 eth0 {h1} (route get {h1} -> eth0 src {h1}); h2 eth0 {h2} (route get {h1} -> eth0 src {h2})" \
+        in report, report
 
     torchrun_app = _app(tmp_path, "torchrun")
     procs = _torchrun(decoy_hosts, torchrun_app, ifname="eth0", port=random.randrange(30000, 40000),  # noqa: S311
