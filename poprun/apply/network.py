@@ -13,7 +13,9 @@ window at once), through the backend's ``run_on_host``: the ssh backend's own co
 not answer is PR476. It returns the plan with each instance's ``GLOO_SOCKET_IFNAME`` and
 ``NCCL_SOCKET_IFNAME`` set and ``plan.network`` holding the values (the run record's
 ``plan.json`` keeps them), or raises the diagnostics (PR318, PR474-PR476, PR478) before
-anything starts. Apply never re-solves: the rule is the plan's.
+anything starts. A host the backend cannot reach is the launch's failure, as its preflight
+would tell it (PR406 ...): a membership policy may leave it out. Apply never re-solves: the
+rule is the plan's.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
+    from poprun.backends.base import LaunchError
     from poprun.planner.plan import LaunchPlan
 
 __all__ = ["READ_S", "read_routes", "settle_network"]
@@ -95,27 +98,34 @@ def read_routes(backend: object, hosts: tuple[str, ...], master: str, *, environ
 
 
 def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, str],
-                   stop: threading.Event | None = None) -> tuple[LaunchPlan, tuple[Diagnostic, ...]]:
+                   stop: threading.Event | None = None,
+                   ) -> tuple[LaunchPlan, tuple[Diagnostic, ...], LaunchError | None]:
     """
-    Return ``plan`` with the interfaces it left "at launch" read on its hosts, and the warnings (PR477).
+    Return ``plan`` with the interfaces it left "at launch" read on its hosts, the warnings (PR477), and the unreached.
+
+    A host the backend could not reach is not this step's to judge: the third value is the
+    :class:`~poprun.core.diagnostic.PreflightError` its launch would raise (the backend's own
+    diagnostics, as its preflight gives them, with their hosts), which the apply step takes as that launch's failure (a membership policy may then
+    leave the host out); None when every host answered.
 
     Raises:
-        DiagnosticError: a host could not be reached (the backend's diagnostics, as its preflight
-            gives them), has no route to MASTER_ADDR, no interface in the subnet, could not be
-            read, or names its interface so that Gloo and NCCL cannot take it (PR318, PR474-PR478).
+        DiagnosticError: a host has no route to MASTER_ADDR, no interface in the subnet, could not
+            be read, or names its interface so that Gloo and NCCL cannot take it (PR318, PR474-PR478).
     """
+    from poprun.core.diagnostic import PreflightError
     from poprun.planner.network import settle
 
     network = plan.network
     master = network.master_addr or environ.get("MASTER_ADDR", "")
     if not master:
-        return plan, ()
+        return plan, (), None
     hosts = tuple(h.host for h in network.hosts if not h.interface)
     answers, unreached = read_routes(backend, hosts, master, environ=environ, stop=stop)
     if unreached:  # in the plan's order, as the preflight tells them
-        raise DiagnosticError(tuple(d for h in hosts for d in unreached.get(h, ())))
+        pairs = [(h, d) for h in hosts for d in unreached.get(h, ())]
+        return plan, (), PreflightError([d for _, d in pairs], hosts=[h for h, _ in pairs])
     settled, found = settle(plan, answers, master=master)
     errors = tuple(d for d in found if d.is_error)
     if errors:
         raise DiagnosticError(errors)
-    return settled, found
+    return settled, found, None

@@ -99,8 +99,9 @@ def _network(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
         return {h.host: f"{h.interface} {h.address}".strip() if h.interface else "at launch" for h in plan.network.hosts}
 
     was, now = shown(old), shown(new)
-    for host in dict.fromkeys([*was, *now]):
-        yield from _compare("network", f"host {host}", was.get(host), now.get(host))
+    for host in dict.fromkeys([*was, *now]):  # hosts only ever "at launch" on both sides: topology says it
+        if {was.get(host), now.get(host)} - {None, "at launch"}:
+            yield from _compare("network", f"host {host}", was.get(host), now.get(host))
 
 
 def _value(value: object) -> Value:
