@@ -12,8 +12,9 @@ window at once), through the backend's ``run_on_host``: the ssh backend's own co
 ``/bin/sh`` here for this machine. Each reading is bounded (:data:`READ_S`); a host that does
 not answer is PR476. It returns the plan with each instance's ``GLOO_SOCKET_IFNAME`` and
 ``NCCL_SOCKET_IFNAME`` set and ``plan.network`` holding the values (the run record's
-``plan.json`` keeps them), or raises the diagnostics (PR318, PR474-PR476, PR478) before
-anything starts. A host the backend cannot reach is the launch's failure, as its preflight
+``plan.json`` keeps them), or raises the diagnostics (PR318, PR474, PR475, PR478) before
+anything starts; a host that answered but could not be read is a warning (PR476): its
+instances get no variable. A host the backend cannot reach is the launch's failure, as its preflight
 would tell it (PR406 ...): a membership policy may leave it out. Apply never re-solves: the
 rule is the plan's.
 """
@@ -103,14 +104,16 @@ def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, s
     """
     Return ``plan`` with the interfaces it left "at launch" read on its hosts, the warnings (PR477), and the unreached.
 
-    A host the backend could not reach is not this step's to judge: the third value is the
-    :class:`~poprun.core.diagnostic.PreflightError` its launch would raise (the backend's own
-    diagnostics, as its preflight gives them, with their hosts), which the apply step takes as that launch's failure (a membership policy may then
-    leave the host out); None when every host answered.
+    A host the backend could not reach is not this step's to judge. Under the ssh backend the third
+    value is the :class:`~poprun.core.diagnostic.PreflightError` its launch would raise (the
+    backend's own diagnostics, as its preflight gives them, with their hosts), which the apply step takes as that launch's failure (a membership policy may then
+    leave the host out); None when every host answered. Under another backend (mpirun's daemons,
+    srun) the launch goes on, the unreached hosts without the variables, and its own start-up
+    names them in its words (PR422 ...).
 
     Raises:
-        DiagnosticError: a host has no route to MASTER_ADDR, no interface in the subnet, could not
-            be read, or names its interface so that Gloo and NCCL cannot take it (PR318, PR474-PR478).
+        DiagnosticError: a host has no route to MASTER_ADDR, no interface in the subnet, or names
+            its interface so that Gloo and NCCL cannot take it (PR318, PR474, PR475, PR478).
     """
     from poprun.core.diagnostic import PreflightError
     from poprun.planner.network import settle
@@ -121,9 +124,13 @@ def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, s
         return plan, (), None
     hosts = tuple(h.host for h in network.hosts if not h.interface)
     answers, unreached = read_routes(backend, hosts, master, environ=environ, stop=stop)
-    if unreached:  # in the plan's order, as the preflight tells them
+    if unreached and plan.backend.traits.own_ssh_sessions():  # its preflight would say the same: in the plan's order
         pairs = [(h, d) for h in hosts for d in unreached.get(h, ())]
         return plan, (), PreflightError([d for _, d in pairs], hosts=[h for h, _ in pairs])
+    if unreached:  # another way to the hosts (mpirun's daemons, srun): its launch says how they failed, in its words
+        answers = {h: a for h, a in answers.items() if h not in unreached}
+        settled, found = settle(plan, answers, master=master, partial=True)
+        return settled, tuple(d for d in found if not d.is_error), None
     settled, found = settle(plan, answers, master=master)
     errors = tuple(d for d in found if d.is_error)
     if errors:

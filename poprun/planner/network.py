@@ -30,7 +30,8 @@ before the first start (and again for a re-planned plan) through the backend's
 Diagnostics: PR318 (MASTER_ADDR is a loopback
 address on a plan that spans machines); at plan time with a route reader, or at launch: PR474
 (no route from a host to MASTER_ADDR), PR475 (no interface in ``--host-subnet`` on a host),
-PR476 (a host's route could not be read), PR477 (warning: several interfaces in the subnet),
+PR476 (warning: a host's route could not be read; its instances get no variable), PR477 (warning:
+several interfaces in the subnet),
 PR478 (an interface name Gloo and NCCL cannot be given).
 """
 
@@ -204,17 +205,19 @@ def _choose_one(host: str, answer: RouteAnswer | str, record: p.Network, peer: s
     """Return ``host``'s interface from its answer, and the diagnostics it gives."""
     blank = p.HostInterface(host=host)
     span = SourceSpan.environment(f"host {host}")
-    if isinstance(answer, str):
-        return blank, [error("PR476", "cannot read a host's route", detail=f"on {host}: {answer}", span=span,
-                             hint=f"check that {host} is reachable and has ip (iproute2) or python3; or {HINT}")]
+    if isinstance(answer, str):  # a warning: the launch goes on, this host's instances without the variables
+        return _unread(host, answer), [warning(
+            "PR476", "cannot read a host's route", detail=f"on {host}: {answer}; its instances get no interface from "
+            "poprun", span=span, hint=f"check that {host} has ip (iproute2) or python3; or {HINT}")]
     if record.source == "host-subnet":
         return _by_subnet(host, answer, record.subnet, span)
     master = record.master_addr
     if not answer.targets:
-        return blank, [error("PR476", "cannot read a host's route",
-                             detail=f"on {host}, MASTER_ADDR '{master}' does not resolve to an address", span=span,
-                             hint=f"make '{master}' resolve on {host} (DNS, /etc/hosts), or set MASTER_ADDR to an "
-                                  "address with -x MASTER_ADDR=ADDRESS")]
+        return _unread(host, f"MASTER_ADDR '{master}' does not resolve there"), [warning(
+            "PR476", "cannot read a host's route", detail=f"on {host}, MASTER_ADDR '{master}' does not resolve to an "
+            "address; its instances get no interface from poprun", span=span,
+            hint=f"make '{master}' resolve on {host} (DNS, /etc/hosts), or set MASTER_ADDR to an address with "
+                 "-x MASTER_ADDR=ADDRESS")]
     target, interface, source, how_route = answer.targets[0], answer.interface, answer.source, answer.route
     if is_loopback(target) and answer.local:  # its own name as a loopback address: the others reach it at peer
         holder = answer.interface_of(peer) if peer else ""
@@ -238,6 +241,13 @@ def _choose_one(host: str, answer: RouteAnswer | str, record: p.Network, peer: s
         return blank, [_bad_name(host, interface, span)]
     return p.HostInterface(host=host, interface=interface, address=source,
                            subnet=answer.subnet_of(interface, source), how=how), []
+
+
+def _unread(host: str, why: str) -> p.HostInterface:
+    """Return the record of a host whose route could not be read: no interface, and why (never read again)."""
+    from poprun.core.secret import printable
+
+    return p.HostInterface(host=host, how="not read: " + printable(" ".join(why.split()))[:300])
 
 
 def _by_subnet(host: str, answer: RouteAnswer, subnet: str, span: SourceSpan,
@@ -303,7 +313,7 @@ def variables(record: p.Network, instances: Sequence[p.Instance]) -> dict[int, d
     return found
 
 
-def settle(plan: p.LaunchPlan, answers: Mapping[str, RouteAnswer | str], *, master: str = "",
+def settle(plan: p.LaunchPlan, answers: Mapping[str, RouteAnswer | str], *, master: str = "", partial: bool = False,
            ) -> tuple[p.LaunchPlan, tuple[Diagnostic, ...]]:
     """
     Return ``plan`` with the interfaces left "at launch" chosen from the hosts' ``answers``, and the diagnostics.
@@ -311,11 +321,17 @@ def settle(plan: p.LaunchPlan, answers: Mapping[str, RouteAnswer | str], *, mast
     What the apply step calls before the first start: the plan's rule, the hosts' values; the
     instances get their variables. ``master``: MASTER_ADDR when the plan forwards it (read from
     the launching shell). With an error among the diagnostics, the plan is returned unchanged.
+    ``partial``: only the hosts of ``answers`` are chosen; the others stay "at launch".
     """
     record = plan.network
     if master and not record.master_addr:
         record = evolve(record, master_addr=master)
-    settled, problems = choose(record, answers)
+    if partial:
+        settled, problems = choose(evolve(record, hosts=tuple(h for h in record.hosts if h.host in answers)), answers)
+        chosen = {h.host: h for h in settled.hosts}
+        settled = evolve(settled, hosts=tuple(chosen.get(h.host, h) for h in record.hosts))
+    else:
+        settled, problems = choose(record, answers)
     if any(d.is_error for d in problems):
         return plan, problems
     return evolve(plan.with_instance_variables(variables(settled, plan.instances)), network=settled), problems

@@ -298,8 +298,9 @@ class HostInterface:
     """
     The interface collectives use on one host (:mod:`poprun.planner.network`), and what chose it.
 
-    ``interface`` "" means "read at launch" (the plan could not read the host): the apply step
-    reads it before the first start and records it. ``address`` is the interface's address on
+    ``interface`` "" with ``how`` "" means "read at launch" (the plan could not read the host): the
+    apply step reads it before the first start and records it; with ``how`` ("not read: why"), the
+    host could not be read, and its instances get no interface from poprun. ``address`` is the interface's address on
     the route, ``subnet`` its subnet in CIDR form (what mpirun's ``*_if_include`` take), ``how``
     the kernel's answer that chose it (``route get 10.0.0.1 -> eth0 src 10.0.0.2``) or the
     ``--host-subnet`` match.
@@ -342,7 +343,7 @@ class Network:
     @property
     def pending(self) -> bool:
         """Whether an interface is left to read at launch (the apply step reads it before the first start)."""
-        return self.source != "none" and bool(self.sets) and any(not h.interface for h in self.hosts)
+        return self.source != "none" and bool(self.sets) and any(not h.interface and not h.how for h in self.hosts)
 
     def of(self, host: str) -> HostInterface | None:
         """Return ``host``'s interface record, or None."""

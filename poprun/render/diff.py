@@ -96,7 +96,8 @@ def _network(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
     yield from _record_changes("network", "", old.network, new.network, skip=("hosts",))
 
     def shown(plan: LaunchPlan) -> dict[str, str]:
-        return {h.host: f"{h.interface} {h.address}".strip() if h.interface else "at launch" for h in plan.network.hosts}
+        return {h.host: f"{h.interface} {h.address}".strip() if h.interface else h.how or "at launch"
+                for h in plan.network.hosts}
 
     was, now = shown(old), shown(new)
     for host in dict.fromkeys([*was, *now]):  # hosts only ever "at launch" on both sides: topology says it

@@ -232,6 +232,8 @@ def render_network(plan: LaunchPlan) -> str:
         for h in n.hosts:
             if h.interface:
                 rows.append([h.host, printable(h.interface), h.address, h.how])
+            elif h.how:
+                rows.append([h.host, "none", "", h.how])
             else:
                 what = f"an address in {n.subnet}" if n.source == "host-subnet" else \
                     f"route get {n.master_addr or 'MASTER_ADDR'}"
