@@ -32,7 +32,7 @@ cgroup file system), each node with ``CPUs=2`` and a ``TmpFS`` of its own. Clien
 through ``SLURM_CONF`` (:meth:`TestHosts.env`). Needs ``munged``, ``slurmctld``, ``slurmd``
 and ``nsenter`` too (apt-get install munge slurmctld slurmd slurm-client).
 
-    python tests/testhosts.py up --count 4 --state DIR [--slurm]   # prints `export ...` lines
+    python tests/testhosts.py up --count 4 --state DIR [--slurm] [--decoy]   # prints `export ...` lines
     python tests/testhosts.py down --state DIR
     (``up`` here starts no guard: the hosts outlive the command until ``down``)
 """
@@ -619,6 +619,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=4, help="how many hosts (h1..hK)")
     parser.add_argument("--state", type=Path, required=True, help="directory for the hosts' files; down deletes it")
     parser.add_argument("--slurm", action="store_true", help="also run a Slurm cluster of the hosts (SLURM_CONF)")
+    parser.add_argument("--decoy", action="store_true", help="give each host a second interface first in order "
+                        "that no other host reaches (its name resolves to it there)")
     parser.add_argument("--fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.action == "guard":
@@ -628,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
         down(args.state)
         return 0
     try:
-        hosts = up(args.count, args.state, slurm=args.slurm, guard=False)  # the hosts outlive this command
+        hosts = up(args.count, args.state, slurm=args.slurm, guard=False, decoy=args.decoy)  # they outlive this command
     except TestHostsUnavailable as exc:
         sys.stderr.write(f"testhosts: {exc}\n")
         return 2
