@@ -116,6 +116,20 @@ def _outputs(hosts: TestHosts, procs: list[subprocess.Popen[str]], timeout: floa
     return [proc.communicate()[0] for proc in procs], ended
 
 
+def test_each_host_has_the_decoy_first_its_name_resolves_to_it_and_no_other_host_reaches_it(
+        decoy_hosts: TestHosts) -> None:
+    """aaa0 sorts first and has a lower ifindex than eth0; hN resolves to its decoy there; h2 has no route to h1's."""
+    for name in decoy_hosts.names:
+        links = decoy_hosts.ssh(name, "ip -o link show").stdout.splitlines()
+        order = [line.split(": ")[1].split("@")[0] for line in links]
+        assert order.index("aaa0") < order.index("eth0"), order
+        assert min(n for n in order if n != "lo").startswith("aaa"), order
+        said = decoy_hosts.ssh(name, "getent ahosts $(hostname) | head -n 1").stdout.split()
+        assert said[:1] == [decoy_hosts.decoys[name]], said
+    route = decoy_hosts.ssh("h2", f"ip -o route get {decoy_hosts.decoys['h1']} 2>&1")
+    assert "unreachable" in route.stdout.lower(), route.stdout
+
+
 def test_gloo_default_takes_the_decoy_and_the_job_fails(decoy_hosts: TestHosts, tmp_path: Path) -> None:
     """GIVEN the decoy hosts WHEN torchrun runs the job without GLOO_SOCKET_IFNAME THEN it does not complete."""
     pytest.importorskip("torch")
