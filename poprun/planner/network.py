@@ -159,10 +159,10 @@ def is_loopback(address: str) -> bool:
 def _check_loopback(s: Solver, master: str) -> None:
     """PR318 when MASTER_ADDR is a loopback address: each host would reach itself, not instance 0."""
     if master and is_loopback(master):
-        user = any(v.name == "MASTER_ADDR" for v in (e.value for e in s.spec.env))
+        user = next((e for e in s.spec.env if e.value.name == "MASTER_ADDR"), None)
         s.fail("PR318", "MASTER_ADDR is a loopback address on a plan over several hosts",
                detail=f"MASTER_ADDR is '{master}': the instances on every other host would reach themselves, "
-                      "not instance 0's host", span=s.origin("hosts") if not user else SourceSpan.derived("env"),
+                      "not instance 0's host", span=user.origin if user is not None else s.origin("hosts"),
                hint="leave MASTER_ADDR to poprun, or set it to an address of instance 0's host that every host "
                     "reaches (-x MASTER_ADDR=ADDRESS); name this machine in --host by its name, not localhost")
 
