@@ -214,7 +214,6 @@ class Attempts:
         self.board: Board | None = channel.board if channel is not None else None  # when the run listens for progress
         self.health: Watch | None = None  # its heartbeat limit and straggler rule (poprun.apply.watch), with a board
         self._as_planned: LaunchPlan | None = None  # the plan before the hosts' interfaces were read (poprun.apply.network)
-        self._unreached: LaunchError | None = None  # hosts that reading could not reach: the next launch's failure
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
@@ -273,8 +272,7 @@ class Attempts:
         from poprun.apply.network import settle_network
 
         self._as_planned = self.plan  # attempts/K/plan.json: the plan as the planner made it
-        self.plan, found, self._unreached = settle_network(self.backend, self.plan, environ=self.environ,
-                                                           stop=self.control.woken)
+        self.plan, found = settle_network(self.backend, self.plan, environ=self.environ, stop=self.control.woken)
         self.warnings += found
         if self.control.signals:
             raise Stopped(self.control.signals[-1])
@@ -333,7 +331,7 @@ class Attempts:
         except DiagnosticError as exc:
             raise DiagnosticError((*found, *exc.diagnostics)) from exc
         self.errors.follow(self.plan)
-        self._as_planned = self._unreached = None  # the re-planned plan's hosts are read again
+        self._as_planned = None  # the re-planned plan's hosts are read again
         if self.plan.instances and self.plan.instances[0].host != master:
             self._first_port = None  # chosen on instance 0's old host: chosen again on its new one
 
@@ -431,11 +429,6 @@ class Attempts:
     def _launch(self, applied: LaunchPlan, variables: Mapping[str, str],
                 restarts: InstanceRestarts | None) -> ApplyResult:
         """Launch an attempt of ``applied`` (``variables`` added) and wait; return how it ended."""
-        if self._unreached is not None:  # reading the hosts' routes could not reach some: the launch's preflight failure
-            exc, self._unreached = self._unreached, None
-            self._launch_failure = exc
-            return ApplyResult(statuses=(), error=ApplyError(status=exc.status, message=exc.message,
-                                                             diagnostics=exc.diagnostics))
         try:
             return self._launch_and_wait(applied, restarts, LaunchStarting(
                 backend=self.plan.backend.name, instances=len(self.plan.instances),

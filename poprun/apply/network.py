@@ -14,8 +14,8 @@ not answer is PR476. It returns the plan with each instance's ``GLOO_SOCKET_IFNA
 ``NCCL_SOCKET_IFNAME`` set and ``plan.network`` holding the values (the run record's
 ``plan.json`` keeps them), or raises the diagnostics (PR318, PR474, PR475, PR478) before
 anything starts; a host that answered but could not be read is a warning (PR476): its
-instances get no variable. A host the backend cannot reach is the launch's failure, as its preflight
-would tell it (PR406 ...): a membership policy may leave it out. Apply never re-solves: the
+instances get no variable. A host the backend cannot reach is left to the launch, whose own
+start-up tells it (PR406 ...): a membership policy may then leave it out. Apply never re-solves: the
 rule is the plan's.
 """
 
@@ -31,7 +31,6 @@ TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    from poprun.backends.base import LaunchError
     from poprun.planner.plan import LaunchPlan
 
 __all__ = ["READ_S", "read_routes", "settle_network"]
@@ -99,40 +98,34 @@ def read_routes(backend: object, hosts: tuple[str, ...], master: str, *, environ
 
 
 def settle_network(backend: object, plan: LaunchPlan, *, environ: Mapping[str, str],
-                   stop: threading.Event | None = None,
-                   ) -> tuple[LaunchPlan, tuple[Diagnostic, ...], LaunchError | None]:
+                   stop: threading.Event | None = None) -> tuple[LaunchPlan, tuple[Diagnostic, ...]]:
     """
-    Return ``plan`` with the interfaces it left "at launch" read on its hosts, the warnings (PR477), and the unreached.
+    Return ``plan`` with the interfaces it left "at launch" read on its hosts, and the warnings (PR476, PR477).
 
-    A host the backend could not reach is not this step's to judge. Under the ssh backend the third
-    value is the :class:`~poprun.core.diagnostic.PreflightError` its launch would raise (the
-    backend's own diagnostics, as its preflight gives them, with their hosts), which the apply step takes as that launch's failure (a membership policy may then
-    leave the host out); None when every host answered. Under another backend (mpirun's daemons,
-    srun) the launch goes on, the unreached hosts without the variables, and its own start-up
-    names them in its words (PR422 ...).
+    A host the backend could not reach is not this step's to judge: the launch goes on, that
+    host left "at launch" (its instances without the variables), and the launch's own start-up
+    names it in the backend's words (the ssh preflight's PR406, through its relay when relays are
+    on; mpirun's PR422 ...), after which a membership policy may leave it out.
 
     Raises:
         DiagnosticError: a host has no route to MASTER_ADDR, no interface in the subnet, or names
             its interface so that Gloo and NCCL cannot take it (PR318, PR474, PR475, PR478).
     """
-    from poprun.core.diagnostic import PreflightError
     from poprun.planner.network import settle
 
     network = plan.network
     master = network.master_addr or environ.get("MASTER_ADDR", "")
     if not master:
-        return plan, (), None
-    hosts = tuple(h.host for h in network.hosts if not h.interface)
-    answers, unreached = read_routes(backend, hosts, master, environ=environ, stop=stop)
-    if unreached and plan.backend.traits.own_ssh_sessions():  # its preflight would say the same: in the plan's order
-        pairs = [(h, d) for h in hosts for d in unreached.get(h, ())]
-        return plan, (), PreflightError([d for _, d in pairs], hosts=[h for h, _ in pairs])
-    if unreached:  # another way to the hosts (mpirun's daemons, srun): its launch says how they failed, in its words
+        return plan, ()
+    hosts = tuple(h.host for h in network.hosts if not h.interface and not h.how)
+    # the plan's settings in place of the launching shell's (its ssh_config ...), as the launch reads them
+    answers, unreached = read_routes(backend, hosts, master, environ=plan.backend.with_settings(environ), stop=stop)
+    if unreached:  # the launch reaches them its own way (relays, mpirun's daemons, srun): it says how they failed
         answers = {h: a for h, a in answers.items() if h not in unreached}
         settled, found = settle(plan, answers, master=master, partial=True)
-        return settled, tuple(d for d in found if not d.is_error), None
-    settled, found = settle(plan, answers, master=master)
+    else:
+        settled, found = settle(plan, answers, master=master)
     errors = tuple(d for d in found if d.is_error)
     if errors:
         raise DiagnosticError(errors)
-    return settled, found, None
+    return settled, found
