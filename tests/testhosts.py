@@ -16,6 +16,14 @@ process that :func:`up` starts undoes it if the process that called :func:`up` d
 without calling :func:`down` (a SIGKILLed test). 64 hosts come up in about 2 s. Needs root,
 ``ip`` (iproute2), ``unshare`` (util-linux) and OpenSSH's ``sshd``, ``ssh`` and ``ssh-keygen``.
 
+With ``decoy=True`` each host also has a second interface, as a multi-homed server has (a
+docker bridge, a management network): ``aaa0``, one end of a veth pair inside the host, made
+before ``eth0`` so that its name sorts first and its ifindex is lower, with an address of its
+own subnet (``10.78.N.1/24`` on ``hN``) that no other host reaches; and the host's own name
+resolves to that address in the host's view (its own ``/etc/hosts``, bound in its mount
+namespace). That is what Gloo's default picks (it binds to the address the hostname resolves
+to): without poprun's choice (or ``GLOO_SOCKET_IFNAME``) a torch job over two hosts fails.
+
 With ``slurm=True`` the hosts also form a real Slurm cluster: a private ``munged`` (its own
 key and socket in the state directory), a ``slurmctld`` here on a free port, and one
 ``slurmd`` per host (the cluster has ``TopologyPlugin=topology/tree`` and the ``topology.conf`` of
@@ -25,7 +33,7 @@ cgroup file system), each node with ``CPUs=2`` and a ``TmpFS`` of its own. Clien
 through ``SLURM_CONF`` (:meth:`TestHosts.env`). Needs ``munged``, ``slurmctld``, ``slurmd``
 and ``nsenter`` too (apt-get install munge slurmctld slurmd slurm-client).
 
-    python tests/testhosts.py up --count 4 --state DIR [--slurm]   # prints `export ...` lines
+    python tests/testhosts.py up --count 4 --state DIR [--slurm] [--decoy]   # prints `export ...` lines
     python tests/testhosts.py down --state DIR
     (``up`` here starts no guard: the hosts outlive the command until ``down``)
 """
@@ -53,6 +61,7 @@ SSHD = "/usr/sbin/sshd"
 TOOLS = ("ip", "unshare", "ssh", "ssh-keygen")
 SLURM_TOOLS = ("/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd", "/usr/bin/nsenter", "/usr/bin/sinfo")
 RECORD = "testhosts.json"  # what up() created, for down()
+DECOY, DECOY_PEER = "aaa0", "aaa1"  # the second interface of up(..., decoy=True), and its veth peer
 FIRST_HOST = 10  # host hN gets 10.77.X.(FIRST_HOST + N); the bridge has .1
 # MaxStartups: a launch opens many connections to one host at once; the default (10) drops some.
 SSHD_CONFIG = """\
@@ -152,6 +161,7 @@ class TestHosts:
     client_key: Path
     state: Path
     slurm_conf: Path | None = None  # the Slurm cluster's slurm.conf, when up(..., slurm=True)
+    decoys: dict[str, str] = dataclasses.field(default_factory=dict)  # name -> its decoy's address (up(..., decoy=True))
 
     def env(self) -> dict[str, str]:
         """Return the environment variables that send poprun's ssh backend, mpirun and Slurm's clients to these hosts."""
@@ -206,7 +216,8 @@ class TestHosts:
         return killed
 
 
-def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False, guard: bool = True) -> TestHosts:
+def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False, guard: bool = True,
+       decoy: bool = False) -> TestHosts:
     """
     Start ``count`` hosts ``h1..hK``, keeping their files in ``state`` (made if missing); return them.
 
@@ -215,7 +226,8 @@ def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False,
     idle node of the cluster). Cleans up everything if it fails half-way. ``state`` belongs
     to the hosts: :func:`down` deletes it. With ``guard`` (the default), a small guard
     process takes the hosts down if this process dies without calling :func:`down`
-    (a SIGKILLed test); the command line's ``up`` goes without one.
+    (a SIGKILLed test); the command line's ``up`` goes without one. With ``decoy``, each host
+    gets the second interface the module describes.
 
     Raises:
         TestHostsUnavailable: not root, or a needed tool is missing.
@@ -232,7 +244,7 @@ def up(count: int, state: Path, *, timeout_s: float = 10.0, slurm: bool = False,
     state.mkdir(parents=True, exist_ok=True)
     tag = secrets.token_hex(3)  # 6 hex digits: "ptb" + tag and "pt" + tag + "v" + N fit Linux's 15 characters
     names = tuple(f"h{i}" for i in range(1, count + 1))
-    record = {"bridge": f"ptb{tag}", "slurm": slurm, "hosts": [
+    record = {"bridge": f"ptb{tag}", "slurm": slurm, "decoy": decoy, "hosts": [
         {"name": name, "netns": f"poprun-{tag}-{name}", "veth": f"pt{tag}v{name[1:]}"} for name in names]}
     (state / RECORD).write_text(json.dumps(record, indent=2))  # before anything exists, so down() always works
     if guard:
@@ -345,6 +357,7 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
     prefix = _claim_subnet(bridge, start=int(tag, 16))
     names = tuple(host["name"] for host in hosts)
     addresses = {name: f"{prefix}.{FIRST_HOST + i}" for i, name in enumerate(names, start=1)}
+    decoys = {name: f"10.78.{i}.1" for i, name in enumerate(names, start=1)} if record.get("decoy") else {}
     keys = [state / "id_ed25519", *(state / f"host_{name}" for name in names)]
     keygens = [subprocess.Popen(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", key.name, "-f", str(key)],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -352,6 +365,8 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
     _ip_batch([f"link set {bridge} up"]
               + [line for host in hosts for line in (
                   f"netns add {host['netns']}",
+                  *([f"link add name {DECOY} netns {host['netns']} type veth peer name {DECOY_PEER} netns {host['netns']}"]
+                    if record.get("decoy") else []),  # before eth0: its name sorts first, its ifindex is lower
                   f"link add {host['veth']} type veth peer name eth0 netns {host['netns']}",
                   f"link set {host['veth']} master {bridge} up")])
     _wait_all(keygens, "ssh-keygen", timeout_s)
@@ -363,7 +378,13 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
         config = state / f"sshd_{name}.conf"
         config.write_text(SSHD_CONFIG.format(address=address, state=state, name=name))
         links = f"addr add {address}/24 dev eth0\\nlink set eth0 up\\nlink set lo up\\n"
-        daemon = f"printf '{links}' | ip -b - && {_sshd_command(state, name)}"
+        hosts_file = ""
+        if record.get("decoy"):
+            decoy = decoys[name]
+            links += f"addr add {decoy}/24 dev {DECOY}\\nlink set {DECOY} up\\nlink set {DECOY_PEER} up\\n"
+            (state / f"hosts_{name}").write_text(f"127.0.0.1 localhost\n::1 localhost\n{decoy} {name}\n")
+            hosts_file = f"mount --bind {shlex.quote(str(state / f'hosts_{name}'))} /etc/hosts && "
+        daemon = f"printf '{links}' | ip -b - && {hosts_file}{_sshd_command(state, name)}"
         starting.append(subprocess.Popen(["ip", "netns", "exec", host["netns"], "unshare", "--uts", "--mount", "sh", "-c",
                                           daemon],
                                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE))
@@ -371,7 +392,8 @@ def _start(record: dict[str, Any], tag: str, state: Path, timeout_s: float) -> T
     _wait_all(starting, "sshd", timeout_s)  # sshd forks into the background once it listens
     hosts_up = TestHosts(names=names, addresses=addresses, bridge=bridge, subnet=f"{prefix}.0/24",
                          namespaces={host["name"]: host["netns"] for host in hosts}, ssh_config=state / "ssh_config",
-                         known_hosts=state / "known_hosts", client_key=state / "id_ed25519", state=state)
+                         known_hosts=state / "known_hosts", client_key=state / "id_ed25519", state=state,
+                         decoys=decoys)
     _wait_listening(list(addresses.values()), deadline=time.monotonic() + timeout_s)
     _verify(hosts_up, timeout_s)
     return hosts_up
@@ -616,6 +638,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--count", type=int, default=4, help="how many hosts (h1..hK)")
     parser.add_argument("--state", type=Path, required=True, help="directory for the hosts' files; down deletes it")
     parser.add_argument("--slurm", action="store_true", help="also run a Slurm cluster of the hosts (SLURM_CONF)")
+    parser.add_argument("--decoy", action="store_true", help="give each host a second interface first in order "
+                        "that no other host reaches (its name resolves to it there)")
     parser.add_argument("--fd", type=int, default=-1, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.action == "guard":
@@ -625,7 +649,7 @@ def main(argv: list[str] | None = None) -> int:
         down(args.state)
         return 0
     try:
-        hosts = up(args.count, args.state, slurm=args.slurm, guard=False)  # the hosts outlive this command
+        hosts = up(args.count, args.state, slurm=args.slurm, guard=False, decoy=args.decoy)  # they outlive this command
     except TestHostsUnavailable as exc:
         sys.stderr.write(f"testhosts: {exc}\n")
         return 2

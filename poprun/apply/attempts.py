@@ -213,6 +213,7 @@ class Attempts:
         self._hosts_lost: dict[str, str] = {}  # the hosts the last launch lost, when it could not tell its instances'
         self.board: Board | None = channel.board if channel is not None else None  # when the run listens for progress
         self.health: Watch | None = None  # its heartbeat limit and straggler rule (poprun.apply.watch), with a board
+        self._as_planned: LaunchPlan | None = None  # the plan before the hosts' interfaces were read (poprun.apply.network)
 
     def run(self) -> ApplyResult:
         """Launch attempts until one needs no restart; return the last one's result with what the attempts add."""
@@ -242,6 +243,8 @@ class Attempts:
         if self.members is not None and self.members.checks:
             self._admit(0)  # the health check before anything starts: unhealthy hosts are left out now
         while True:
+            if self.plan.network.pending:  # the interfaces the plan left to the launch (again after a re-plan)
+                self._settle_network()
             port, chosen = self._next_port or self._master_port()
             self._next_port = None
             applied, variables = self._begin(number, port, chosen)
@@ -258,6 +261,21 @@ class Attempts:
             if not again:
                 return result
             number += 1
+
+    def _settle_network(self) -> None:
+        """
+        Read on each host the interface collectives use (poprun.apply.network): the plan gets the values.
+
+        Raises:
+            DiagnosticError: PR318, PR474-PR478: nothing starts.
+        """
+        from poprun.apply.network import settle_network
+
+        self._as_planned = self.plan  # attempts/K/plan.json: the plan as the planner made it
+        self.plan, found = settle_network(self.backend, self.plan, environ=self.environ, stop=self.control.woken)
+        self.warnings += found
+        if self.control.signals:
+            raise Stopped(self.control.signals[-1])
 
     def _instance_scope(self) -> bool:
         """
@@ -313,6 +331,7 @@ class Attempts:
         except DiagnosticError as exc:
             raise DiagnosticError((*found, *exc.diagnostics)) from exc
         self.errors.follow(self.plan)
+        self._as_planned = None  # the re-planned plan's hosts are read again
         if self.plan.instances and self.plan.instances[0].host != master:
             self._first_port = None  # chosen on instance 0's old host: chosen again on its new one
 
@@ -344,8 +363,8 @@ class Attempts:
                 self.record.write_plan(self.plan.with_variables(variables).with_instance_variables(recorded))
             if self.budget.enabled and number not in self._begun:
                 self.record.begin_attempt(number)
-            if self.members is not None and self.budget.enabled:
-                self.record.write_plan(self.plan, attempt=number)  # as planned: diffs of attempts show what changed
+            if self.members is not None and self.budget.enabled:  # as planned: diffs of attempts show what changed
+                self.record.write_plan(self._as_planned or self.plan, attempt=number)
         self._begun.add(number)
         if self.members is not None:
             self.members.tell()

@@ -69,13 +69,15 @@ def _local() -> Backend:
 
 
 def _mpirun_of(registry: BackendRegistry) -> Factory:
-    """Return the factory of ``registry``'s mpirun backend, which reaches other hosts through the registry's ssh backend."""
+    """Return the factory of ``registry``'s mpirun backend, which reaches other hosts through the registry's ssh (or slurm) backend."""
 
     def _mpirun() -> Backend:
         from poprun.backends.mpirun.backend import MpirunBackend
 
-        # run_on_host: other hosts as the ssh backend reaches them, over its connections (closed with the registry)
-        return MpirunBackend(remote=lambda: registry.get("ssh"))  # type: ignore[arg-type,return-value]
+        # run_on_host: other hosts as mpirun's daemons are started: the ssh backend's way, over its connections
+        # (closed with the registry); inside a Slurm allocation, where mpirun starts them with srun, the slurm backend's
+        return MpirunBackend(remote=lambda: registry.get(  # type: ignore[arg-type,return-value]
+            "slurm" if os.environ.get("SLURM_JOB_ID") else "ssh"))
 
     return _mpirun
 

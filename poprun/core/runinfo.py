@@ -36,9 +36,31 @@ class RunInfo:
     step: float | None = None
     total: int | None = None
     eta_s: float | None = None
+    # the interface collectives used on each host, as read at launch (plan.json's network: docs/network.md),
+    # one "HOST INTERFACE ADDRESS (HOW)" each; () when nothing was decided
+    network: tuple[str, ...] = ()
 
     def duration(self, now: float) -> float | None:
         """Return how long it ran (until now while it runs), or None when its start is not known."""
         if self.started is None:
             return None
         return max(0.0, (self.ended if self.ended is not None else now) - self.started)
+
+
+def network_lines(plan: object) -> tuple[str, ...]:
+    """
+    Return a run's ``plan.json`` interfaces as ``poprun report`` shows them (docs/network.md), one per host.
+
+    ``plan`` is the file's JSON, untrusted: () when it has none, or they are not well formed.
+    """
+    network = plan.get("network") if isinstance(plan, dict) else None
+    hosts = network.get("hosts") if isinstance(network, dict) else None
+    if not isinstance(hosts, list):
+        return ()
+    lines = []
+    for h in hosts[:1024]:
+        if not isinstance(h, dict) or not all(isinstance(h.get(k, ""), str) for k in ("host", "interface", "address", "how")):
+            return ()
+        if h.get("interface"):
+            lines.append(f"{h['host']} {h['interface']} {h.get('address', '')} ({h.get('how', '')})")
+    return tuple(lines)

@@ -18,6 +18,7 @@ from poprun.core.record import field, record
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up; see poprun.core.record)
 if TYPE_CHECKING:
     from poprun.planner.machine import HostTopology
+    from poprun.planner.netroute import RouteAnswer
     from poprun.planner.setting import Setting
     from poprun.planner.trait import Traits
 
@@ -57,6 +58,9 @@ class Context:
     slurm_node_address: Callable[[str, Mapping[str, str]], str | None] | None = field(default=None, eq=False)
     # Whether a name resolves here (None: no answer in time); a launch only, since DNS may be slow.
     resolves: Callable[[str], bool | None] | None = field(default=None, eq=False)
+    # Each host's route to MASTER_ADDR (hosts, MASTER_ADDR -> host -> answer or why none; poprun.planner.netroute),
+    # read while planning when given; None: the plan says "at launch" and the apply step reads the hosts.
+    routes: Callable[[tuple[str, ...], str], Mapping[str, RouteAnswer | str]] | None = field(default=None, eq=False)
     # A plugin backend's declared traits and settings rows, by name (the registry's; None: a built-in's are used).
     backend_declares: Callable[[str], tuple[Traits | None, tuple[Setting, ...]]] | None = field(default=None, eq=False)
 

@@ -395,6 +395,72 @@ DEVICE_VISIBILITIES = ("own", "local-rank-zero", "all")
 DEVICE_VARIABLES = {"nvidia": ("CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"), "amd": ("ROCR_VISIBLE_DEVICES",)}
 
 
+@record
+class HostInterface:
+    """
+    The interface collectives use on one host (:mod:`poprun.planner.network`), and what chose it.
+
+    ``interface`` "" with ``how`` "" means "read at launch" (the plan could not read the host): the
+    apply step reads it before the first start and records it; with ``how`` ("not read: why"), the
+    host could not be read, and its instances get no interface from poprun. ``address`` is the interface's address on
+    the route, ``subnet`` its subnet in CIDR form (what mpirun's ``*_if_include`` take), ``how``
+    the kernel's answer that chose it (``route get 10.0.0.1 -> eth0 src 10.0.0.2``) or the
+    ``--host-subnet`` match.
+    """
+
+    host: str
+    interface: str = ""
+    address: str = ""
+    subnet: str = ""
+    how: str = ""
+
+
+@record
+class Network:
+    """
+    The network interface collectives use on each host (docs/network.md).
+
+    ``source`` says how the interfaces are chosen: ``route`` (the interface on the route to
+    ``master_addr``, read on each host), ``host-subnet`` (the interface whose address lies in
+    ``subnet``), or ``none``: nothing is decided (one host, every instance on this machine, or
+    offline; ``reason`` says which) and poprun sets none of the variables. ``user`` names the
+    variables and MCA parameters the user set (``-x``, ``--mpi-global-args``): poprun sets none
+    of those. ``sets`` names what poprun sets: ``GLOO_SOCKET_IFNAME`` and ``NCCL_SOCKET_IFNAME``
+    per instance (its host's interface), and under the mpirun backend the MCA parameters
+    ``btl_tcp_if_include`` and ``oob_tcp_if_include`` (the hosts' subnets). ``hosts`` holds one
+    :class:`HostInterface` per host of the plan, in the plan's order.
+
+    The defaults are the behaviour before this record existed (plans written then lack it and
+    load with it): nothing decided, nothing set.
+    """
+
+    source: str = "none"
+    reason: str = ""
+    master_addr: str = ""
+    subnet: str = ""
+    user: tuple[str, ...] = ()
+    sets: tuple[str, ...] = ()
+    hosts: tuple[HostInterface, ...] = ()
+
+    @property
+    def pending(self) -> bool:
+        """Whether an interface is left to read at launch (the apply step reads it before the first start)."""
+        return self.source != "none" and bool(self.sets) and any(not h.interface and not h.how for h in self.hosts)
+
+    def of(self, host: str) -> HostInterface | None:
+        """Return ``host``'s interface record, or None."""
+        return next((h for h in self.hosts if h.host == host), None)
+
+    def mca_value(self) -> str:
+        """Return what mpirun's ``*_if_include`` get: the hosts' subnets (CIDR), each once, comma-separated ("" if none)."""
+        if self.source == "host-subnet":
+            return self.subnet
+        return ",".join(dict.fromkeys(h.subnet for h in self.hosts if h.subnet))
+
+
+NO_NETWORK = Network()
+
+
 DEFAULT_SOURCE = "default"  # the source of a setting not set in the planning shell
 
 
@@ -505,19 +571,21 @@ class LaunchPlan:
     # The devices of each instance. Added later: plans written before lack it, and load with none;
     # written only when devices are assigned.
     devices: Devices = NO_DEVICES
+    # The interface collectives use on each host. Added later: plans written before lack it, and load with none.
+    network: Network = NO_NETWORK
 
     def with_instance_variables(self, variables: Mapping[int, Mapping[str, str]]) -> LaunchPlan:
         """Return this plan with ``variables[i]`` set in instance ``i``'s environment (values decided at apply time)."""
         if not variables:
             return self
-        instances = tuple(_with_set(i, variables[i.index]) if i.index in variables else i for i in self.instances)
+        instances = tuple(with_set(i, variables[i.index]) if i.index in variables else i for i in self.instances)
         return evolve(self, instances=instances)
 
     def with_variables(self, variables: Mapping[str, str]) -> LaunchPlan:
         """Return this plan with ``variables`` set in every instance's environment (values decided at apply time)."""
         if not variables:
             return self
-        instances = tuple(_with_set(i, variables) for i in self.instances)
+        instances = tuple(with_set(i, variables) for i in self.instances)
         return evolve(self, instances=instances)
 
 
@@ -536,7 +604,7 @@ def leave_out_defaults(plan: LaunchPlan, data: dict[str, Any]) -> dict[str, Any]
     return data
 
 
-def _with_set(instance: Instance, variables: Mapping[str, str]) -> Instance:
+def with_set(instance: Instance, variables: Mapping[str, str]) -> Instance:
     """Return ``instance`` with ``variables`` set (and so no longer removed: a backend removes before it sets, or after)."""
     env = instance.env
     return evolve(instance, env=evolve(env, set=tuple(sorted((dict(env.set) | dict(variables)).items())),

@@ -12,7 +12,8 @@ names, variable names are POSIX names, bindings are bounded CPU lists, and every
 an instance that exists; the membership policy's hosts, sizes, command and kept spec
 (:mod:`poprun.planner._membershipcheck`); the notifier and the metrics file
 (:mod:`poprun.planner._observecheck`); the rank order (:mod:`poprun.planner._rankcheck`); the devices
-(:mod:`poprun.planner._devicescheck`). Each problem is one PR114 diagnostic naming its JSON path
+(:mod:`poprun.planner._devicescheck`); the network record (:mod:`poprun.planner._networkcheck`). Each problem is one
+PR114 diagnostic naming its JSON path
 (``$.instances[1].host``), so that what ``plan --explain``, ``plan --diff`` and ``apply``
 show of a saved plan is exactly what apply runs.
 """
@@ -107,6 +108,10 @@ def validate_plan(plan: p.LaunchPlan, *, file: str) -> list[Diagnostic]:
         from poprun.planner._devicescheck import check_devices
 
         check_devices(plan, check.fail)
+    if plan.network != p.NO_NETWORK and (plan.network.source != "none" or plan.network.hosts or plan.network.sets):
+        from poprun.planner._networkcheck import check_network  # nor a plan over one host
+
+        check_network(plan, check.fail)
     return check.found[:MAX_PROBLEMS]
 
 

@@ -51,7 +51,9 @@ def solve(spec: Spec, ctx: Context, *, require_program: bool = True, explain_cas
 
     Diagnostics:
         PR202, PR203, PR205-PR209, PR215 (validation); PR219-PR221 (recovery; PR223 and PR224
-        are warnings); PR226-PR229 (membership); PR238-PR240, PR468, PR469 (notifier, metrics file); PR256-PR259, PR322, PR324 (rank order); PR300-PR305 (division rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
+        are warnings); PR226-PR229 (membership); PR238-PR240, PR468, PR469 (notifier, metrics file); PR256-PR259,
+        PR322, PR324 (rank order); PR241-PR249, PR316 (devices); PR318, PR474-PR478 (network); PR300-PR305 (division
+        rules); PR304 is a warning. Raises :class:`DiagnosticError` when any error is found.
     """
     solver = Solver(spec, ctx)
     plan = _solve(solver, require_program=require_program)
@@ -95,6 +97,8 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     instances, devices = _devices(s, instances, placement, all_here=here)
     instances = threads(s, instances, all_here=here)
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
+    net, told = _network(s, instances, traits)
+    instances = tuple(p.with_set(i, told[i.index]) if i.index in told else i for i in instances)
     members = _membership(s, topology, traits, planned)
     observed = _observe(s)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
@@ -113,7 +117,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
         offline=is_on(s.spec.offline_mode), offline_target=target.name if target else None,
         output=output, cache=cache, mpi=mpi, ssh_keys=keys, backend=backend,
         explanation=tuple(s.decisions), warnings=notes, mask=mask, recovery=restarts, membership=members,
-        observe=observed, rank_order=rank, devices=devices,
+        observe=observed, rank_order=rank, devices=devices, network=net,
     )
 
 
@@ -157,6 +161,17 @@ def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -
     from poprun.planner.membership import membership
 
     return membership(s, topology, traits, backend)
+
+
+def _network(s: Solver, instances: tuple[p.Instance, ...], traits: Traits,
+             ) -> tuple[p.Network, dict[int, dict[str, str]]]:
+    """Return the interface collectives use on each host (poprun.planner.network), and each instance's variables."""
+    hosts = {i.host for i in instances}
+    if len(hosts) < 2:  # noqa: PLR2004 - one host: nothing to decide (no module to import)
+        return p.Network(reason="one host: the collectives stay on it"), {}
+    from poprun.planner.network import network
+
+    return network(s, instances, traits=traits, offline=is_on(s.spec.offline_mode))
 
 
 def _observe(s: Solver) -> p.Observe:

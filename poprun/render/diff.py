@@ -6,8 +6,8 @@ Layer: ``poprun.render``; imports ``poprun.core`` and the plan model.
 :func:`diff_plans` compares two plans section by section (topology, placement, environment,
 partition, launch, recovery, membership (its spec, kept to solve again, is not compared, as
 what it holds shows in the other sections), observe, rank order (its groups, and the order of the same hosts), devices
-(each host's devices, as discovered, are not compared: what the instances got shows in placement)) and returns a
-:class:`Diff`. A change that is the same on several
+(each host's devices, as discovered, are not compared: what the instances got shows in placement), network) and returns
+a :class:`Diff`. A change that is the same on several
 instances (``POPDIST_NUM_INSTANCES: 2 -> 4``) is one change naming them all. Instances are
 matched by index; one only in the old plan is removed, one only in the new plan added (its
 environment is then not compared: all of it is new). The plans' explanations (and the
@@ -25,7 +25,7 @@ from poprun.planner.plan import Instance, LaunchPlan, Partition
 from poprun.render.graph import ranges
 
 SECTIONS = ("topology", "placement", "environment", "partition", "launch", "recovery", "membership", "observe",
-            "rank_order", "devices")
+            "rank_order", "devices", "network")
 Value = str | int | bool | tuple[str, ...] | None
 _MASK = "********"
 
@@ -69,7 +69,7 @@ def diff_plans(old: LaunchPlan, new: LaunchPlan) -> Diff:
            *_record_changes("recovery", "", old.recovery, new.recovery),
            *_record_changes("membership", "", old.membership, new.membership, skip=("spec",)),
            *_record_changes("observe", "", old.observe, new.observe), *_rank_order(old, new),
-           *_record_changes("devices", "", old.devices, new.devices, skip=("hosts",))]
+           *_record_changes("devices", "", old.devices, new.devices, skip=("hosts",)), *_network(old, new)]
     return Diff(changes=_merge(raw), mask=tuple(sorted(set(old.mask) | set(new.mask))))
 
 
@@ -92,6 +92,20 @@ def _record_changes(section: str, prefix: str, old: object, new: object, *, skip
     for f in fields(type(new)):
         if f.name not in skip:
             yield from _compare(section, prefix + f.name, _value(getattr(old, f.name)), _value(getattr(new, f.name)))
+
+
+def _network(old: LaunchPlan, new: LaunchPlan) -> Iterator[Change]:
+    """Yield the network record's changes (docs/network.md): its rule, then each host's interface as explain shows it."""
+    yield from _record_changes("network", "", old.network, new.network, skip=("hosts",))
+
+    def shown(plan: LaunchPlan) -> dict[str, str]:
+        return {h.host: f"{h.interface} {h.address}".strip() if h.interface else h.how or "at launch"
+                for h in plan.network.hosts}
+
+    was, now = shown(old), shown(new)
+    for host in dict.fromkeys([*was, *now]):  # hosts only ever "at launch" on both sides: topology says it
+        if {was.get(host), now.get(host)} - {None, "at launch"}:
+            yield from _compare("network", f"host {host}", was.get(host), now.get(host))
 
 
 def _value(value: object) -> Value:

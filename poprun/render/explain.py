@@ -262,6 +262,51 @@ def render_rank_order(plan: LaunchPlan) -> str:
     return text
 
 
+NETWORK_KEY = "network."
+
+
+def describe_network(plan: LaunchPlan) -> str:
+    """Return the network decision in one line: what poprun sets, and how each host's interface is chosen."""
+    n = plan.network
+    if n.source == "none":
+        return f"nothing decided ({n.reason})" if n.reason else "nothing decided"
+    sets = ", ".join(n.sets) or "nothing (every variable and parameter is the user's)"
+    rule = f"the interface with an address in {n.subnet} (--host-subnet)" if n.source == "host-subnet" else \
+        f"the interface on the route to MASTER_ADDR {n.master_addr or '(forwarded from the launching shell)'}"
+    return f"sets {sets}; on each host {rule}"
+
+
+def render_network(plan: LaunchPlan) -> str:
+    """Return the network section of ``--explain``: per host the interface, its address and what chose it."""
+    from poprun.core.secret import printable
+
+    n = plan.network
+    lines = [f"network: {describe_network(plan)}"]
+    if n.source != "none" and n.sets:
+        rows = [["host", "interface", "address", "chosen by"]]
+        for h in n.hosts:
+            if h.interface:
+                rows.append([h.host, printable(h.interface), h.address, h.how])
+            elif h.how:
+                rows.append([h.host, "none", "", h.how])
+            else:
+                what = f"an address in {n.subnet}" if n.source == "host-subnet" else \
+                    f"route get {n.master_addr or 'MASTER_ADDR'}"
+                rows.append([h.host, "at launch", "", f"{what}, read on the host before the first start"])
+        lines += _table(rows)
+        mca = [name for name in n.sets if name.endswith("_if_include")]
+        if mca and n.mca_value():
+            lines.append(f"  mpirun: {' '.join(f'--mca {name} {n.mca_value()}' for name in mca)}")
+        elif mca:
+            lines.append(f"  mpirun: --mca {' and '.join(mca)}: the hosts' subnets (CIDR), read at launch")
+    if n.user:
+        lines.append(f"  the user's: {', '.join(n.user)} (poprun sets none of them)")
+    rows = [[d.key.removeprefix(NETWORK_KEY), _short(printable(str(d.value))), d.source, d.reason]
+            for d in plan.explanation if d.key.startswith(NETWORK_KEY)]
+    table = "\n".join(_table([["part", "value", "source", "reason"], *rows])) + "\n" if rows else ""
+    return "\n".join(lines) + "\n" + table
+
+
 def render_settings(plan: LaunchPlan) -> str:
     """Return the settings section of ``--explain``: each setting the backend reads, its value and where it came from."""
     from poprun.planner.setting import DEFAULT, SETTINGS, describe_default
@@ -352,7 +397,7 @@ def render_decisions(decisions: Sequence[Decision]) -> str:
     """Return every decision with its value, source and reason."""
     rows = [["key", "value", "source", "reason"]]
     rows += [[d.key, _short(d.value), d.source, d.reason] for d in decisions
-             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY, RANK_KEY, DEVICES_KEY))]
+             if not d.key.startswith((RECOVERY_KEY, MEMBERSHIP_KEY, OBSERVE_KEY, RANK_KEY, DEVICES_KEY, NETWORK_KEY))]
     return "decisions:\n" + "\n".join(_table(rows)) + "\n"
 
 
@@ -361,11 +406,23 @@ def _short(value: str | int | bool, limit: int = 40) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
-def render_environment(instance: Instance, mask: tuple[str, ...] = (), *, port_host: str | None = None) -> str:
+def _network_at_launch(plan: LaunchPlan) -> str:
+    """Return the line that says which network variables apply sets at launch ("" when none are left to it)."""
+    n = plan.network
+    names = [name for name in n.sets if not name.endswith("_if_include")]
+    first = n.of(plan.instances[0].host) if plan.instances else None
+    if not names or first is None or first.interface:
+        return ""
+    return f"  {', '.join(names)}: at launch (the interface chosen on {first.host}; see network)"
+
+
+def render_environment(instance: Instance, mask: tuple[str, ...] = (), *, port_host: str | None = None,
+                       network: str = "") -> str:
     """
     Return one instance's environment, secrets (and the variables of ``mask``) masked.
 
     ``port_host``: the host whose free port the apply step picks for MASTER_PORT (None: the plan sets it).
+    ``network``: a line saying which network variables the apply step sets ("" for none).
     """
     lines = [f"environment of instance {instance.index} ({instance.host}):"]
     for name, value in instance.env.set:
@@ -374,6 +431,8 @@ def render_environment(instance: Instance, mask: tuple[str, ...] = (), *, port_h
     if port_host is not None:
         lines.append(f"  MASTER_PORT: chosen at apply time (a free port on {port_host}, and the next one for "
                      "popdist's hub)")
+    if network:
+        lines.append(network)
     if instance.env.forward:
         lines.append(f"  forwarded from the launching shell: {' '.join(instance.env.forward)}")
     if instance.env.unset:
@@ -441,6 +500,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
             parts.append(render_observe(plan))
         if plan.rank_order != NO_RANK_ORDER or any(d.key.startswith(RANK_KEY) for d in plan.explanation):
             parts.append(render_rank_order(plan))
+        if plan.network.source != "none":
+            parts.append(render_network(plan))
         if plan.backend.settings:
             parts.append(render_settings(plan))
         if plan.partition is not None:
@@ -448,7 +509,8 @@ def render_plan(plan: LaunchPlan, *, explain: bool = False, backend_text: str = 
         if any(i.placement.numa_aware for i in plan.instances):
             parts.append(render_placement(plan.instances))
         port_host = plan.instances[0].host if plan.recovery.choose_port else None
-        parts.append(render_environment(plan.instances[0], plan.mask, port_host=port_host)
+        parts.append(render_environment(plan.instances[0], plan.mask, port_host=port_host,
+                                        network=_network_at_launch(plan))
                      + _differences(plan.instances))
     parts.append(render_program(plan.instances))
     if backend_text:

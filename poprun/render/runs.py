@@ -161,6 +161,8 @@ def render_report_header(info: RunInfo, data: dict[str, object] | None, now: flo
         hosts = ", ".join(info.hosts) or "-"
         lines.append(f"{info.instances} instance{'' if info.instances == 1 else 's'} on {printable(hosts)} "
                      f"({info.backend} backend): {printable(mask_text(shell_join(info.argv)))}")
+    if info.network:  # the interface collectives used on each host (docs/network.md)
+        lines.append("network: " + "; ".join(printable(line) for line in info.network))
     return "".join(f"{line}\n" for line in lines)
 
 

@@ -26,7 +26,7 @@ from collections.abc import Iterator, Mapping
 from poprun.core.diagnostic import DiagnosticError, error
 from poprun.core.process import start_time
 from poprun.core.record import record
-from poprun.core.runinfo import RunInfo
+from poprun.core.runinfo import RunInfo, network_lines
 from poprun.core.span import SourceSpan
 from poprun.runs.record import run_order, runs_directory
 
@@ -250,7 +250,8 @@ def _info(run_id: str, path: str) -> RunInfo:
     step, total, eta = read_progress(path) if state == "running" else (None, None, None)
     return RunInfo(id=run_id, path=path, state=state, status=status, started=started if started is not None
                    else _id_time(run_id), ended=finished, instances=instances, hosts=hosts, argv=argv,
-                   backend=backend, incomplete=incomplete, step=step, total=total, eta_s=eta)
+                   backend=backend, incomplete=incomplete, step=step, total=total, eta_s=eta,
+                   network=network_lines(plan))
 
 
 PROGRESS_LIMIT = 4 << 20  # progress.json of some ten thousand instances

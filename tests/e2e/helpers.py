@@ -23,16 +23,16 @@ def plan_of(*argv: str) -> LaunchPlan:
     return solve(parse_flags(list(argv), environ=ctx.environ).spec, ctx).plan
 
 
-def session_hosts(state: Path, count: int, *, slurm: bool = False, what: str) -> Iterator[TestHosts]:
+def session_hosts(state: Path, count: int, *, slurm: bool = False, what: str, decoy: bool = False) -> Iterator[TestHosts]:
     """
-    Yield ``count`` emulated hosts (with a Slurm cluster when ``slurm``), taken down after, whatever happened.
+    Yield ``count`` emulated hosts (with a Slurm cluster when ``slurm``; a decoy interface each when ``decoy``), taken down after.
 
     Skips where the machine cannot host them (not root, a tool missing), except under
     ``POPRUN_CI=1``: CI installs what they need, so there a skip would hide a broken install
     and ``what`` fails instead.
     """
     try:
-        hosts = up(count, state, slurm=slurm)
+        hosts = up(count, state, slurm=slurm, decoy=decoy)
     except TestHostsUnavailable as exc:
         if os.environ.get("POPRUN_CI"):
             pytest.fail(f"CI must run {what}: {exc}")

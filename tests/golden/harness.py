@@ -104,6 +104,8 @@ def run_cli(case: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[int, str, str]
                    probe=WORKSTATION, remote_probe=None, device_probe=_devices(spec.get("device_topology")),
                    local_names=("127.0.0.1", "::1", "localhost"), ssh_hostname=lambda name, _env: mapped.get(name, name),
                    resolves=None if resolvable is None else resolvable.__contains__)
+    if "routes" in spec:  # a fake route reader: each host's answer as ``ip`` gives it (poprun.planner.netroute)
+        fixed = evolve(fixed, routes=_routes(spec["routes"]))
     monkeypatch.setattr(commands.Context, "from_process", staticmethod(lambda **_: fixed))
     before = set(case.iterdir())
     for name, size in spec.get("sparse_files", {}).items():  # large inputs, made for the run, not kept in git
@@ -130,6 +132,27 @@ def _located(text: str, case: Path) -> str:
     """
     cut = str(case)[:37] + "..."
     return text.replace(str(case), "<case>").replace(cut, "<case>".ljust(37, ".") + "...")
+
+
+def _routes(given: dict[str, str]) -> Callable[[tuple[str, ...], str], dict[str, object]]:
+    """
+    Return a route reader that answers for each host what ``given`` holds.
+
+    A host's value is its answer's lines without the mark (``tool ip``, ``target A``, ``route
+    ...``, ``addr ...``: what :func:`poprun.planner.netroute.host_script` prints), parsed as
+    poprun parses a real host's; a value starting with ``!`` is the reason the host has none.
+    """
+    from poprun.planner.netroute import parse
+
+    def read(hosts: tuple[str, ...], _master: str) -> dict[str, object]:
+        found: dict[str, object] = {}
+        for host in hosts:
+            text = given.get(host, "!the host was not read")
+            found[host] = text[1:] if text.startswith("!") else parse("".join(f"M {line}\n" for line in text.split("\n")),
+                                                                     "M")
+        return found
+
+    return read
 
 
 def _replan(plan_json: str, how: dict, ctx: Context) -> int:

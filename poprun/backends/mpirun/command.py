@@ -73,7 +73,12 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
       NET``, the control and data planes of the PopRun guide's section 2.2.3 (OpenMPI takes
       CIDR notation for both), before ``-H``. A parameter the global arguments already set is
       not set again: the user's value stands, and mpirun refuses an MCA parameter "listed
-      multiple times on the command line".
+      multiple times on the command line". Without it, for a plan over several hosts, the same
+      two parameters with the subnets (CIDR) of the interfaces on the route to MASTER_ADDR
+      (``plan.network``: :mod:`poprun.planner.network`, read on each host at apply time), those
+      that the plan's ``network.sets`` names (none the user set, include or exclude). CIDR,
+      never interface names: a subnet holds on every host, names may differ, and the words reach
+      the remote orted through a shell.
     - ``-H h1:N1,h2:N2``: the hosts in the order of their first instance, each with its number
       of instances as slots; left out inside a Slurm allocation (``in_allocation``; by default,
       ``SLURM_JOB_ID`` in ``environ``), where OpenMPI takes the hosts and their slots from Slurm:
@@ -111,6 +116,10 @@ def mpirun_command(plan: LaunchPlan, *, mpirun: str = "mpirun", environ: Contain
         for name in SUBNET_PARAMETERS:
             if name not in given_mca:
                 words += ["--mca", name, plan.mpi.host_subnet]
+    elif (subnets := plan.network.mca_value()):  # the hosts' subnets on the route to MASTER_ADDR (docs/network.md)
+        for name in SUBNET_PARAMETERS:
+            if name in plan.network.sets and name not in given_mca:
+                words += ["--mca", name, subnets]
     if plan.mpi.crowded_hosts and YIELD not in given_mca:
         words += ["--mca", YIELD, "1"]
     slots = _slots(plan.instances)
