@@ -25,6 +25,7 @@ import secrets
 import threading
 
 from poprun.core.diagnostic import Diagnostic, DiagnosticError
+from poprun.core.threads import spawn
 from poprun.planner.netroute import RouteAnswer, host_script, parse
 
 TYPE_CHECKING = False  # typing.TYPE_CHECKING without importing typing (start-up)
@@ -86,9 +87,7 @@ def read_routes(backend: object, hosts: tuple[str, ...], master: str, *, environ
     threads = []
     for host in hosts:
         slots.acquire()
-        thread = threading.Thread(target=one, args=(host,), name=f"poprun-route-{host}", daemon=True)
-        thread.start()
-        threads.append(thread)
+        threads.append(spawn(one, args=(host,), name=f"poprun-route-{host}"))
     for thread in threads:
         while thread.is_alive():
             thread.join(0.1)

@@ -6,6 +6,10 @@ Layer: ``poprun.planner``; imports ``poprun.core`` and the traits table (:mod:`t
 A plan is complete and immutable: backends execute it and never decide placement, indices
 or environment. Its JSON form (:mod:`serde`) is versioned and deterministic; the keys of
 ``docs/plan-format.md`` are stable.
+
+Length: one record per key of the plan format, each with its defaults for older plans; the
+format is read here in one place, in the order of docs/plan-format.md (a module per key would
+scatter it without making any record shorter).
 """
 
 from __future__ import annotations

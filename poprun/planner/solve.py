@@ -97,8 +97,7 @@ def _solve(s: Solver, *, require_program: bool) -> p.LaunchPlan | None:
     instances, devices = _devices(s, instances, placement, all_here=here)
     instances = threads(s, instances, all_here=here)
     backend = policy.backend(s, topology, uses_mpi=uses_mpi)
-    net, told = _network(s, instances, traits)
-    instances = tuple(p.with_set(i, told[i.index]) if i.index in told else i for i in instances)
+    instances, net = _network(s, instances, traits)
     members = _membership(s, topology, traits, planned)
     observed = _observe(s)
     # as root, mpirun refuses to start without --allow-run-as-root: real poprun always added it
@@ -164,14 +163,15 @@ def _membership(s: Solver, topology: p.Topology, traits: Traits, backend: str) -
 
 
 def _network(s: Solver, instances: tuple[p.Instance, ...], traits: Traits,
-             ) -> tuple[p.Network, dict[int, dict[str, str]]]:
-    """Return the interface collectives use on each host (poprun.planner.network), and each instance's variables."""
+             ) -> tuple[tuple[p.Instance, ...], p.Network]:
+    """Return the instances with their variables and the interface collectives use on each host (poprun.planner.network)."""
     hosts = {i.host for i in instances}
     if len(hosts) < 2:  # noqa: PLR2004 - one host: nothing to decide (no module to import)
-        return p.Network(reason="one host: the collectives stay on it"), {}
+        return instances, p.Network(reason="one host: the collectives stay on it")
     from poprun.planner.network import network
 
-    return network(s, instances, traits=traits, offline=is_on(s.spec.offline_mode))
+    net, told = network(s, instances, traits=traits, offline=is_on(s.spec.offline_mode))
+    return tuple(p.with_set(i, told[i.index]) if i.index in told else i for i in instances), net
 
 
 def _observe(s: Solver) -> p.Observe:

@@ -222,7 +222,7 @@ def test_the_diff_shows_each_instances_devices_and_the_devices_record() -> None:
 
     assert {("placement", "devices", "0", "0,1", (0,)), ("placement", "devices", "4", "4,5", (1,)),
             ("devices", "per_instance", 1, 2, ()), ("devices", "visibility", "own", "all", ())} <= changes
-    assert "devices" == SECTIONS[-1]
+    assert "devices" in SECTIONS
 
 
 def test_the_launching_shells_cuda_visible_devices_keeps_poprun_to_its_gpus() -> None:
