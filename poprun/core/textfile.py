@@ -28,6 +28,9 @@ _UTF8_BOM = b"\xef\xbb\xbf"
 _WIDE_BOMS = ((b"\xff\xfe\x00\x00", "UTF-32"), (b"\x00\x00\xfe\xff", "UTF-32"), (b"\xff\xfe", "UTF-16"),
               (b"\xfe\xff", "UTF-16"))
 
+# Never wait on what is there: a FIFO opens at once (and is then refused as not a regular file), a terminal is not taken.
+READ_FLAGS = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
 
 def read_text_file(path: str, *, key: str, span: SourceSpan | None = None, name: str | None = None,
                    limit: int = MAX_BYTES) -> str:
@@ -46,9 +49,8 @@ def read_text_file(path: str, *, key: str, span: SourceSpan | None = None, name:
     """
     where = span or SourceSpan(file=path, key_path=key)
     shown = name or path
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, READ_FLAGS)
     except (OSError, ValueError) as exc:  # ValueError: a NUL in the name
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         raise DiagnosticError([error("PR113", f"cannot read '{shown}'", detail=reason, span=where,

@@ -672,9 +672,10 @@ def attribute(path: str, *, limit: int = 4096) -> str | None:
     """
     import stat
 
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+    from poprun.core.textfile import READ_FLAGS
+
     try:
-        fd = os.open(path, flags)
+        fd = os.open(path, READ_FLAGS)
     except (OSError, ValueError):  # ValueError: a NUL in the path
         return None
     try:
